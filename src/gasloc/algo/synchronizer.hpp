@@ -1,0 +1,47 @@
+// A Synchronizer is one distributed algorithm seen from one worker. The worker loop calls it at
+// fixed points of every inner step and never knows which algorithm runs:
+//
+//   grads computed -> after_backward()  (DDP averages gradients here)
+//   optimizer step -> after_step()      (DiLoCo/GASLoC end a round here every H_i steps)
+//
+// Algorithms with state of their own (anchors, outer momentum) expose it for checkpoints.
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "gasloc/comm/communicator.hpp"
+#include "gasloc/core/flat_params.hpp"
+
+namespace gasloc::algo {
+
+using StateDict = std::map<std::string, torch::Tensor>;
+
+class Synchronizer {
+ public:
+  virtual ~Synchronizer() = default;
+  virtual std::string name() const = 0;
+  // After gradients of inner step `step` are in params.grad(), before clipping and the step.
+  virtual void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {}
+  // After the inner optimizer step `step` (1-based). Returns true if a communication round
+  // finished at this step.
+  virtual bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) = 0;
+  // Algorithm state for checkpoints (keys are prefixed by the caller).
+  virtual StateDict state() const { return {}; }
+  virtual void load_state(const StateDict& state) {}
+};
+
+// Single worker, no communication: plain training.
+class NoSync final : public Synchronizer {
+ public:
+  std::string name() const override { return "none"; }
+  bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return false; }
+};
+
+// Builds the synchronizer named by algo.name. Throws ConfigError listing the valid names.
+std::unique_ptr<Synchronizer> make_synchronizer(const std::string& name);
+
+}  // namespace gasloc::algo

@@ -1,0 +1,64 @@
+// How a worker talks to the others. One Communicator per worker (rank). Every algorithm uses
+// only this interface, so the same worker code runs on the in-process simulated cluster and on
+// real processes (Gloo, NCCL) — those backends arrive with the communication issue; this file
+// fixes the contract and provides the single-rank backend.
+//
+// Contract (all backends):
+// - all_reduce_mean, broadcast and barrier are collective: every rank must call them, in the
+//   same order, with tensors of the same shape and dtype. They block until complete.
+// - exchange(peers, send, recv) is collective among the listed peers: each sends `send` to every
+//   peer and receives one tensor from each into recv (same order as peers). It blocks until all
+//   transfers finish. Peers must list each other (symmetric graph).
+// - A call that cannot complete within the backend's timeout throws CommError naming the
+//   operation and the rank(s) concerned; it never hangs.
+// - A Communicator is used by one thread at a time (the worker's).
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace gasloc::comm {
+
+struct CommStats {
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  double idle_s = 0.0;  // time spent waiting for peers
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  virtual void all_reduce_mean(torch::Tensor& t) = 0;
+  virtual void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) = 0;
+  virtual void broadcast(torch::Tensor& t, int root) = 0;
+  virtual void barrier() = 0;
+  // Seconds on this worker's clock: virtual in simulation, wall time since start otherwise.
+  virtual double now() const = 0;
+  // Accounts `seconds` of local compute on the clock (the virtual clock advances; a real clock
+  // ignores it because real time already passed).
+  virtual void advance(double seconds) = 0;
+  virtual CommStats stats() const = 0;
+};
+
+// World of one: collectives are identities. Runs on the real clock.
+class SingleRank final : public Communicator {
+ public:
+  SingleRank();
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  void all_reduce_mean(torch::Tensor&) override {}
+  void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) override;
+  void broadcast(torch::Tensor&, int root) override;
+  void barrier() override {}
+  double now() const override;
+  void advance(double) override {}
+  CommStats stats() const override { return {}; }
+
+ private:
+  int64_t start_ns_;
+};
+
+}  // namespace gasloc::comm

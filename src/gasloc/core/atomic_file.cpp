@@ -1,0 +1,80 @@
+#include "gasloc/core/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "gasloc/core/error.hpp"
+
+namespace gasloc {
+namespace fs = std::filesystem;
+
+namespace {
+// Closes the descriptor and removes the temporary file unless released.
+struct TmpFile {
+  int fd = -1;
+  fs::path path;
+  bool keep = false;
+  ~TmpFile() {
+    if (fd >= 0) ::close(fd);
+    if (!keep) {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  }
+};
+
+[[noreturn]] void fail(const std::string& what, const fs::path& path, int err) {
+  throw Error(what + " '" + path.string() + "': " + std::strerror(err),
+              err == ENOSPC || err == EFBIG || err == EDQUOT
+                  ? "free some disk space; the previous file (if any) was left intact"
+                  : "check that the directory exists and is writable");
+}
+}  // namespace
+
+void write_file_atomic(const fs::path& path, std::string_view bytes) {
+  if (path.has_parent_path()) {
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    if (ec) fail("cannot create directory for", path, ec.value());
+  }
+  TmpFile tmp;
+  tmp.path = path;
+  tmp.path += ".tmp";
+  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (tmp.fd < 0) fail("cannot create", tmp.path, errno);
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t n = ::write(tmp.fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", tmp.path, errno);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(tmp.fd) != 0) fail("cannot sync", tmp.path, errno);
+  if (::close(tmp.fd) != 0) {
+    tmp.fd = -1;
+    fail("cannot close", tmp.path, errno);
+  }
+  tmp.fd = -1;
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0) fail("cannot rename onto", path, errno);
+  tmp.keep = true;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open '" + path.string() + "'", "check that the file exists");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
+  return ss.str();
+}
+
+}  // namespace gasloc

@@ -1,0 +1,17 @@
+// Crash- and full-disk-safe file writes: write to PATH.tmp, fsync, rename over PATH. Either the
+// new file is complete or the previous one is untouched.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace gasloc {
+
+// Writes `bytes` to `path` atomically. Throws gasloc::Error (with errno text) if any write,
+// fsync or rename fails; the temporary file is removed and any previous `path` survives.
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+
+// Reads a whole file. Throws gasloc::Error naming the path if it cannot be opened or read.
+std::string read_file(const std::filesystem::path& path);
+
+}  // namespace gasloc

@@ -1,0 +1,36 @@
+// Errors that reach the user. Library code throws these; only main() turns them into an exit
+// code. Each carries a hint that says what to do about it (llm.c's HINT lines).
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace gasloc {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what, std::string hint = {})
+      : std::runtime_error(what), hint_(std::move(hint)) {}
+  const std::string& hint() const { return hint_; }
+
+ private:
+  std::string hint_;
+};
+
+// A setting that is unknown, mistyped or out of range. The message names the key.
+class ConfigError : public Error {
+  using Error::Error;
+};
+// Input data that is missing, corrupt or unusable (corpora, shards, tokenizers).
+class DataError : public Error {
+  using Error::Error;
+};
+// A checkpoint or weight file that cannot be read or written.
+class CheckpointError : public Error {
+  using Error::Error;
+};
+// A peer or transport failure (later: timeouts, dead ranks).
+class CommError : public Error {
+  using Error::Error;
+};
+
+}  // namespace gasloc
