@@ -1,0 +1,38 @@
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "commands.hpp"
+#include "gasloc/train/trainer.hpp"
+
+namespace gasloc::app {
+
+Action add_train(CLI::App& app) {
+  struct Opts {
+    train::TrainRequest req;
+    std::string device, dtype;
+    bool help_config = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--config,-c", o->req.config_path, "TOML job file (see configs/ and --help-config)");
+  app.add_option("--set,-s", o->req.overrides, "override a setting: section.key=value (repeatable)");
+  app.add_option("--resume", o->req.resume_dir, "continue the run in this directory from its checkpoint");
+  app.add_option("--device", o->device, "cpu or cuda (same as --set train.device=...)");
+  app.add_option("--dtype", o->dtype, "fp32 or bf16 (same as --set train.dtype=...)");
+  app.add_flag("--help-config", o->help_config, "list every setting with its default and doc, then exit");
+  return [o]() {
+    if (o->help_config) {
+      std::cout << train::describe_job();
+      return 0;
+    }
+    auto req = o->req;
+    if (!o->device.empty()) req.overrides.push_back("train.device=" + o->device);
+    if (!o->dtype.empty()) req.overrides.push_back("train.dtype=" + o->dtype);
+    const auto s = train::run_training(req);
+    fmt::print("{} after {} steps: validation loss {:.4f} (run: {})\n", s.interrupted ? "stopped" : "done", s.steps_done,
+               s.final_val_loss, s.run_dir);
+    return s.interrupted ? 130 : 0;
+  };
+}
+
+}  // namespace gasloc::app

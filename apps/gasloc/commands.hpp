@@ -1,0 +1,18 @@
+// Subcommands of the `gasloc` binary. Each file cmd_*.cpp defines one add_* function that
+// declares its options on a CLI11 subcommand and returns the action to run when it is chosen.
+// Actions throw gasloc::Error on bad input; main() prints it and sets the exit code.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace gasloc::app {
+
+using Action = std::function<int()>;
+
+Action add_prepare(CLI::App& app);
+Action add_train(CLI::App& app);
+Action add_model_info(CLI::App& app);
+Action add_export(CLI::App& app);
+
+}  // namespace gasloc::app

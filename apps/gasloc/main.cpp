@@ -1,0 +1,41 @@
+// gasloc: communication-efficient and decentralized LLM pretraining. See README.md.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "commands.hpp"
+#include "gasloc/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gasloc: communication-efficient and decentralized LLM pretraining"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "gasloc 0.1.0");
+  std::vector<std::pair<CLI::App*, gasloc::app::Action>> commands;
+  auto add = [&](const char* name, const char* help, auto adder) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands.emplace_back(sub, adder(*sub));
+  };
+  add("prepare", "tokenize a corpus into train/validation shards", gasloc::app::add_prepare);
+  add("train", "train a model from a TOML job file", gasloc::app::add_train);
+  add("model-info", "print a preset's shapes, parameter count and FLOPs per token", gasloc::app::add_model_info);
+  add("export", "export a run's weights as Hugging Face safetensors + config.json", gasloc::app::add_export);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, action] : commands)
+      if (sub->parsed()) return action();
+  } catch (const gasloc::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

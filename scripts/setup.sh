@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs what gasloc needs on a Debian 12 machine (idempotent), fetches the default corpus,
+# and builds. Safe to run repeatedly: each part is skipped when already done.
+#   scripts/setup.sh            # install + corpus + build
+#   GASLOC_SKIP_BUILD=1 ...     # install + corpus only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libtorch-dev libopenblas0-pthread          # LibTorch 1.13 (CPU); OpenBLAS or it runs ~9x slower
+  libgloo-dev                                # Gloo headers (c10d backend)
+  libsentencepiece-dev                       # tokenizer training and loading
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  gnuplot-nox                                # plots
+  nodejs npm                                 # `npm pack` fetches the default corpus
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Default corpus: the npm package nlp-corpus (100 JSON arrays of English sentences, ~9 MB).
+CORPUS_VERSION=4.4.0
+CORPUS_DIR=data/corpus/nlp-corpus
+if [ ! -f "$CORPUS_DIR/.complete" ]; then
+  echo "setup: fetching the default corpus (npm package nlp-corpus@$CORPUS_VERSION)"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  if (cd "$tmp" && npm pack --silent "nlp-corpus@$CORPUS_VERSION" >/dev/null 2>&1) && tar -xzf "$tmp"/nlp-corpus-*.tgz -C "$tmp"; then
+    rm -rf "$CORPUS_DIR" && mkdir -p "$(dirname "$CORPUS_DIR")"
+    mv "$tmp/package" "$CORPUS_DIR"
+    touch "$CORPUS_DIR/.complete"
+  else
+    echo "setup: npm could not fetch nlp-corpus; falling back to Debian's bible-kjv-text" >&2
+    dpkg-query -W bible-kjv-text >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bible-kjv-text >/dev/null
+    mkdir -p data/corpus/bible-kjv && touch data/corpus/bible-kjv/.complete
+  fi
+fi
+
+if [ -z "${GASLOC_SKIP_BUILD:-}" ]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j"$(nproc)"
+fi

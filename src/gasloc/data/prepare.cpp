@@ -1,0 +1,235 @@
+#include "gasloc/data/prepare.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/core/rng.hpp"
+#include "gasloc/data/corpus.hpp"
+#include "gasloc/data/dataset.hpp"
+#include "gasloc/data/sha256.hpp"
+#include "gasloc/data/shard.hpp"
+#include "gasloc/data/tokenizer.hpp"
+
+namespace gasloc::data {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Independent streams from the one user seed, so that changing how the tokenizer sample is
+// drawn never changes the train/val split.
+constexpr uint64_t kSplitStream = 0x5a17;
+constexpr uint64_t kSampleStream = 0x7e57;
+
+double unit(uint64_t seed, uint64_t k) { return static_cast<double>(random_u64(seed, k) >> 11) * 0x1p-53; }
+
+void validate(const PrepareOptions& opt) {
+  if (opt.inputs.empty()) throw DataError("no input files given", "pass one or more --input FILE");
+  if (opt.out.empty()) throw DataError("no output directory given", "pass --out DIR");
+  if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0))
+    throw DataError(fmt::format("val fraction {} is outside [0, 1)", opt.val_fraction),
+                    "pass --val-fraction between 0 and 1, e.g. 0.01");
+  if (opt.shard_tokens < 1 || opt.shard_tokens > INT32_MAX)
+    throw DataError(fmt::format("shard size {} tokens is outside [1, 2^31)", opt.shard_tokens));
+  if (opt.byte_level && !opt.tokenizer_model.empty())
+    throw DataError("both --byte-level and --tokenizer were given", "choose one tokenizer");
+}
+
+// Document i goes to validation with probability val_fraction, decided from (seed, i) alone.
+std::vector<char> split_documents(size_t n, const PrepareOptions& opt) {
+  if (n < 2)
+    throw DataError(fmt::format("the corpus has {} document(s); at least 2 are needed (one is held out for validation)", n),
+                    "add text; .txt inputs are split into documents at blank lines");
+  const uint64_t s = mix64(opt.seed ^ kSplitStream);
+  std::vector<char> is_val(n);
+  size_t nval = 0;
+  for (size_t i = 0; i < n; ++i) nval += is_val[i] = unit(s, i) < opt.val_fraction;
+  if (nval == 0) is_val[random_below(s, n, n)] = 1;
+  if (nval == n) is_val[random_below(s, n + 1, n)] = 0;
+  return is_val;
+}
+
+Tokenizer make_tokenizer(const PrepareOptions& opt, const std::vector<std::string>& docs,
+                         const std::vector<char>& is_val, const std::function<void(const std::string&)>& say) {
+  if (opt.byte_level) return Tokenizer::byte_level();
+  if (!opt.tokenizer_model.empty()) {
+    say("loading tokenizer " + opt.tokenizer_model.string());
+    return Tokenizer::load_sentencepiece(opt.tokenizer_model);
+  }
+  // Train on the training documents' lines only, so validation text is truly unseen.
+  std::vector<std::string_view> lines;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    if (is_val[d]) continue;
+    std::string_view doc = docs[d];
+    for (size_t pos = 0; pos < doc.size();) {
+      size_t end = std::min(doc.find('\n', pos), doc.size());
+      if (end > pos) lines.push_back(doc.substr(pos, end - pos));
+      pos = end + 1;
+    }
+  }
+  if (static_cast<int64_t>(lines.size()) > kMaxTokenizerTrainLines) {
+    const uint64_t s = mix64(opt.seed ^ kSampleStream);
+    const double keep = static_cast<double>(kMaxTokenizerTrainLines) / static_cast<double>(lines.size());
+    size_t j = 0;
+    for (size_t i = 0; i < lines.size(); ++i)
+      if (unit(s, i) < keep) lines[j++] = lines[i];
+    lines.resize(j);
+  }
+  say(fmt::format("training SentencePiece BPE tokenizer: vocab {}, {} lines", opt.vocab_size, lines.size()));
+  const auto t0 = std::chrono::steady_clock::now();
+  // The training text goes through a temporary file in out/; if out/ is created for it and
+  // training fails, it is removed again so a failed run leaves no directory behind.
+  std::error_code ec;
+  const bool created = !fs::exists(opt.out, ec);
+  fs::create_directories(opt.out, ec);
+  if (ec) throw DataError("cannot create output directory '" + opt.out.string() + "': " + ec.message(),
+                          "check --out and the permissions of its parent");
+  Tokenizer tok;
+  try {
+    tok = Tokenizer::train_bpe(lines, {opt.vocab_size, opt.threads, opt.seed, opt.out});
+  } catch (...) {
+    if (created) fs::remove(opt.out, ec);  // only succeeds while empty
+    throw;
+  }
+  say(fmt::format("tokenizer trained in {:.1f} s",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  return tok;
+}
+
+// Encodes documents on `threads` threads; each thread owns a contiguous range of documents and
+// the ranges are concatenated in order, so the result does not depend on the thread count.
+void encode_all(const Tokenizer& tok, const std::vector<std::string>& docs, const std::vector<char>& is_val,
+                int threads, std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+  const size_t n = docs.size();
+  const size_t nt = std::max<size_t>(1, std::min<size_t>(threads, n));
+  std::vector<std::vector<uint16_t>> tr(nt), va(nt);
+  std::vector<std::exception_ptr> errors(nt);
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < nt; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        for (size_t d = n * t / nt; d < n * (t + 1) / nt; ++d) {
+          auto& out = is_val[d] ? va[t] : tr[t];
+          out.push_back(static_cast<uint16_t>(tok.bos_id()));
+          for (int id : tok.encode(docs[d])) out.push_back(static_cast<uint16_t>(id));
+        }
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (size_t t = 0; t < nt; ++t) {
+    train.insert(train.end(), tr[t].begin(), tr[t].end());
+    val.insert(val.end(), va[t].begin(), va[t].end());
+  }
+}
+
+// Writes `tokens` as prefix_000000.bin, prefix_000001.bin, ... and records their checksums.
+std::vector<std::string> write_shards(const fs::path& dir, const std::string& prefix, const std::vector<uint16_t>& tokens,
+                                      int64_t per_shard, json& sums, const std::function<void(const std::string&)>& say) {
+  std::vector<std::string> names;
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  for (int64_t begin = 0, i = 0; begin < total; begin += per_shard, ++i) {
+    const int64_t end = std::min(total, begin + per_shard);
+    std::vector<uint16_t> part(tokens.begin() + begin, tokens.begin() + end);
+    const std::string name = fmt::format("{}_{:06d}.bin", prefix, i);
+    const std::string bytes = encode_shard(part);
+    write_file_atomic(dir / name, bytes);
+    sums[name] = sha256_hex(bytes);
+    names.push_back(name);
+    say(fmt::format("wrote {} ({} tokens)", (dir / name).string(), end - begin));
+  }
+  return names;
+}
+
+// A previous dataset.json in `dir` is removed before anything is written (so no dataset.json
+// ever describes a mix of old and new shards); its shards that the new run does not
+// overwrite are removed after.
+std::vector<std::string> previous_shards(const fs::path& dir) {
+  std::vector<std::string> old;
+  const fs::path meta = dir / "dataset.json";
+  std::error_code ec;
+  if (!fs::exists(meta, ec)) return old;
+  try {
+    json j = json::parse(read_file(meta));
+    for (const char* key : {"train_shards", "val_shards"})
+      for (const auto& s : j.at(key)) old.push_back(s.get<std::string>());
+    if (j.at("tokenizer").contains("model")) old.push_back(j["tokenizer"]["model"].get<std::string>());
+  } catch (const std::exception&) {
+    // An unreadable old dataset.json lists nothing we could safely delete.
+  }
+  fs::remove(meta, ec);
+  return old;
+}
+
+}  // namespace
+
+PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const std::string&)>& progress) {
+  auto say = [&](const std::string& s) { if (progress) progress(s); };
+  validate(opt);
+  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::vector<std::string> docs;
+  json sources = json::array();
+  for (const auto& in : opt.inputs) {
+    SourceInfo info = read_documents(in, opt.text_field, docs);
+    say(fmt::format("read {}: {} documents, {} bytes", in.string(), info.documents, info.bytes));
+    sources.push_back({{"path", in.string()}, {"bytes", info.bytes}, {"sha256", info.sha256}});
+  }
+  const std::vector<char> is_val = split_documents(docs.size(), opt);
+
+  const Tokenizer tok = make_tokenizer(opt, docs, is_val, say);
+  std::vector<uint16_t> train, val;
+  encode_all(tok, docs, is_val, threads, train, val);
+  say(fmt::format("encoded {} documents: {} train tokens, {} val tokens", docs.size(), train.size(), val.size()));
+
+  // Everything that can fail on bad input has run; only now write the dataset's files.
+  const std::vector<std::string> old = previous_shards(opt.out);
+  json sums = json::object();
+  std::set<std::string> written;
+  const auto train_names = write_shards(opt.out, "train", train, opt.shard_tokens, sums, say);
+  const auto val_names = write_shards(opt.out, "val", val, opt.shard_tokens, sums, say);
+  json tokenizer = {{"kind", tok.kind()}, {"vocab_size", tok.vocab_size()}, {"bos_id", tok.bos_id()}};
+  if (tok.kind() == "sentencepiece") {
+    write_file_atomic(opt.out / "tokenizer.model", tok.serialized_model());
+    tokenizer["model"] = "tokenizer.model";
+    tokenizer["sha256"] = sha256_hex(tok.serialized_model());
+    written.insert("tokenizer.model");
+  }
+  for (auto it = sums.begin(); it != sums.end(); ++it) written.insert(it.key());
+  for (const auto& name : old)
+    if (!written.count(name) && fs::path(name).filename() == name) {
+      std::error_code ec;
+      fs::remove(opt.out / name, ec);
+    }
+  const int64_t n_val_docs = std::count(is_val.begin(), is_val.end(), 1);
+  json meta = {
+      {"format", kDatasetFormat},
+      {"tokenizer", tokenizer},
+      {"train_shards", train_names},
+      {"val_shards", val_names},
+      {"train_tokens", static_cast<int64_t>(train.size())},
+      {"val_tokens", static_cast<int64_t>(val.size())},
+      {"documents", static_cast<int64_t>(docs.size())},
+      {"val_documents", n_val_docs},
+      {"val_fraction", opt.val_fraction},
+      {"seed", opt.seed},
+      {"sources", sources},
+      {"shards_sha256", sums},
+  };
+  write_file_atomic(opt.out / "dataset.json", meta.dump(2) + "\n");
+  say("wrote " + (opt.out / "dataset.json").string());
+  return {static_cast<int64_t>(train.size()), static_cast<int64_t>(val.size()), static_cast<int64_t>(docs.size()),
+          tok.vocab_size(), opt.out};
+}
+
+}  // namespace gasloc::data

@@ -1,0 +1,74 @@
+#include "gasloc/data/sampler.hpp"
+
+#include <fmt/format.h>
+
+#include "gasloc/core/error.hpp"
+#include "gasloc/core/rng.hpp"
+
+namespace gasloc::data {
+namespace {
+
+void check_sizes(int64_t batch_size, int64_t seq_len) {
+  if (batch_size < 1 || seq_len < 1)
+    throw DataError(fmt::format("batch size {} and sequence length {} must both be positive", batch_size, seq_len),
+                    "fix the batch size / sequence length in the job file");
+}
+
+// Builds one batch from window start offsets: one [B, T+1] buffer, split into shifted views
+// and made contiguous so callers may .view() them freely.
+Batch make_batch(const uint16_t* data, const std::vector<int64_t>& starts, int64_t seq_len) {
+  const int64_t b = static_cast<int64_t>(starts.size());
+  torch::Tensor buf = torch::empty({b, seq_len + 1}, torch::kLong);
+  int64_t* out = buf.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    const uint16_t* src = data + starts[i];
+    for (int64_t t = 0; t <= seq_len; ++t) out[i * (seq_len + 1) + t] = src[t];
+  }
+  using torch::indexing::Slice;
+  return {buf.index({Slice(), Slice(0, seq_len)}).contiguous(), buf.index({Slice(), Slice(1, seq_len + 1)}).contiguous()};
+}
+
+}  // namespace
+
+WindowSampler::WindowSampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t batch_size,
+                             int64_t seq_len, uint64_t seed)
+    : tokens_(std::move(tokens)), batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
+  check_sizes(batch_size, seq_len);
+  const int64_t n = tokens_ ? static_cast<int64_t>(tokens_->size()) : 0;
+  if (n < seq_len + 1)
+    throw DataError(fmt::format("the token stream has {} tokens, but a window of seq_len {} needs {} (seq_len + 1)", n,
+                                seq_len, seq_len + 1),
+                    "use a shorter sequence length or prepare more text");
+}
+
+Batch WindowSampler::next() {
+  const uint64_t span = tokens_->size() - static_cast<uint64_t>(seq_len_);  // number of valid starts
+  std::vector<int64_t> starts(batch_size_);
+  for (int64_t i = 0; i < batch_size_; ++i)
+    starts[i] = static_cast<int64_t>(random_below(seed_, position_ + i, span));
+  position_ += batch_size_;
+  return make_batch(tokens_->data(), starts, seq_len_);
+}
+
+std::vector<Batch> validation_batches(const std::vector<uint16_t>& tokens, int64_t batch_size, int64_t seq_len,
+                                      int64_t max_batches) {
+  check_sizes(batch_size, seq_len);
+  const int64_t windows = static_cast<int64_t>(tokens.size()) / (seq_len + 1);
+  int64_t batches = windows / batch_size;
+  if (batches < 1)
+    throw DataError(fmt::format("the validation stream has {} tokens; one batch of {} windows of {} tokens needs {}",
+                                tokens.size(), batch_size, seq_len + 1, batch_size * (seq_len + 1)),
+                    "hold out more text (raise --val-fraction in `gasloc prepare`) or lower the eval batch size / "
+                    "sequence length");
+  if (max_batches > 0) batches = std::min(batches, max_batches);
+  std::vector<Batch> out;
+  out.reserve(batches);
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<int64_t> starts(batch_size);
+    for (int64_t i = 0; i < batch_size; ++i) starts[i] = (b * batch_size + i) * (seq_len + 1);
+    out.push_back(make_batch(tokens.data(), starts, seq_len));
+  }
+  return out;
+}
+
+}  // namespace gasloc::data

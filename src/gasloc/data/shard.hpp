@@ -1,0 +1,29 @@
+// Token shards in llm.c's format, so that shards written by llm.c's dataset scripts (for
+// example fineweb.py) load unchanged and ours load in llm.c:
+//   header: 256 little-endian int32 -- [0] magic 20240520, [1] version 1, [2] token count
+//   body:   token count little-endian uint16 token ids
+// uint16 ids cap the vocabulary at 65536.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace gasloc::data {
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardVersion = 1;
+constexpr int64_t kShardHeaderInts = 256;
+constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+
+// Serializes a shard (header + tokens) into bytes; write_shard writes exactly these.
+std::string encode_shard(const std::vector<uint16_t>& tokens);
+
+// Writes a shard atomically (a crash leaves either the old file or the complete new one).
+void write_shard(const std::filesystem::path& path, const std::vector<uint16_t>& tokens);
+
+// Reads and validates a shard. With vocab_size > 0, every id must be below it. Throws
+// DataError naming the file for a missing, short, foreign, truncated or out-of-vocab shard.
+std::vector<uint16_t> read_shard(const std::filesystem::path& path, int64_t vocab_size = 0);
+
+}  // namespace gasloc::data

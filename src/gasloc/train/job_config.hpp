@@ -1,0 +1,159 @@
+// The job file: one typed section per component (see core/config.hpp for the mechanism).
+// Every field has its default and a one-line doc; `gasloc train --help-config` prints them.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gasloc/model/llama.hpp"
+
+namespace gasloc::train {
+
+struct ModelSection {
+  std::string preset = "tiny";
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t multiple_of = 0;
+  double ffn_dim_multiplier = 0.0;
+  double rope_theta = 500000.0;
+  int64_t max_seq_len = 0;
+  bool tie_embeddings = false;
+  double init_std = 0.02;
+  std::string init_from;
+
+  template <class V>
+  void visit(V&& v) {
+    v("preset", preset, "model shape preset: nano, tiny, small, 134m, 160m, 551m, 1b");
+    v("dim", dim, "residual width C (0 = preset's)");
+    v("n_layers", n_layers, "transformer blocks (0 = preset's)");
+    v("n_heads", n_heads, "query heads (0 = preset's)");
+    v("n_kv_heads", n_kv_heads, "key/value heads for GQA (0 = preset's)");
+    v("multiple_of", multiple_of, "SwiGLU hidden size rounding (0 = preset's)");
+    v("ffn_dim_multiplier", ffn_dim_multiplier, "SwiGLU hidden size factor (0 = preset's)");
+    v("rope_theta", rope_theta, "rotary embedding base");
+    v("max_seq_len", max_seq_len, "longest sequence the model accepts (0 = preset's)");
+    v("tie_embeddings", tie_embeddings, "share the input embedding and the output head");
+    v("init_std", init_std, "std of the normal init; residual outputs use init_std/sqrt(2*n_layers)");
+    v("init_from", init_from, "start from these weights: a directory written by `gasloc export` (HF safetensors)");
+  }
+  // The preset with this section's overrides applied and the dataset's vocabulary.
+  model::LlamaConfig resolve(int64_t vocab_size) const;
+};
+
+struct DataSection {
+  std::string dir = "data/default";
+  int64_t seq_len = 128;
+  int64_t batch_size = 16;
+  int64_t val_batches = 8;
+  int64_t vocab_size = 0;
+
+  template <class V>
+  void visit(V&& v) {
+    v("dir", dir, "prepared dataset directory (gasloc prepare) or a directory of llm.c shards");
+    v("seq_len", seq_len, "tokens per training sequence T");
+    v("batch_size", batch_size, "sequences per inner step and worker B");
+    v("val_batches", val_batches, "batches in the fixed validation set");
+    v("vocab_size", vocab_size, "vocabulary size override (0 = from dataset.json; llm.c shards: 50257)");
+  }
+};
+
+struct OptimSection {
+  std::string name = "adamw";
+  double lr = 3e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  int64_t warmup_steps = 30;
+  std::string decay = "cosine";
+  double min_lr_ratio = 0.1;
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "inner optimizer: adamw");
+    v("lr", lr, "peak learning rate");
+    v("beta1", beta1, "Adam first-moment decay");
+    v("beta2", beta2, "Adam second-moment decay");
+    v("eps", eps, "Adam epsilon");
+    v("weight_decay", weight_decay, "decoupled weight decay, applied to matrices only");
+    v("grad_clip", grad_clip, "max global gradient L2 norm (0 = no clipping)");
+    v("warmup_steps", warmup_steps, "linear warmup steps");
+    v("decay", decay, "decay after warmup: cosine, linear, constant");
+    v("min_lr_ratio", min_lr_ratio, "final lr as a fraction of lr");
+  }
+};
+
+struct TrainSection {
+  int64_t steps = 300;
+  int64_t stop_at = 0;
+  int64_t eval_every = 50;
+  int64_t checkpoint_every = 100;
+  int64_t log_every = 10;
+  uint64_t seed = 1337;
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  int64_t threads = 0;
+  std::string run_dir = "runs/default";
+
+  template <class V>
+  void visit(V&& v) {
+    v("steps", steps, "total inner steps (sets the LR schedule)");
+    v("stop_at", stop_at, "stop with a checkpoint after this step, to resume later (0 = run to steps)");
+    v("eval_every", eval_every, "validation every N steps (0 = only at the end)");
+    v("checkpoint_every", checkpoint_every, "checkpoint every N steps (0 = only at the end)");
+    v("log_every", log_every, "train metrics every N steps");
+    v("seed", seed, "base seed: model init and data (worker r samples with seed + r)");
+    v("device", device, "cpu or cuda");
+    v("dtype", dtype, "fp32, or bf16 (autocast, fp32 master weights)");
+    v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
+    v("run_dir", run_dir, "where run.json, metrics.jsonl and checkpoints go");
+  }
+};
+
+struct AlgoSection {
+  std::string name = "none";
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "distributed algorithm: none (single worker)");
+  }
+};
+
+struct JobConfig {
+  ModelSection model;
+  DataSection data;
+  OptimSection optim;
+  TrainSection train;
+  AlgoSection algo;
+
+  // Calls f(section_name, section) for every section.
+  template <class F>
+  void for_each_section(F&& f) {
+    f("model", model);
+    f("data", data);
+    f("optim", optim);
+    f("train", train);
+    f("algo", algo);
+  }
+  template <class F>
+  void for_each_section(F&& f) const { const_cast<JobConfig*>(this)->for_each_section(f); }
+
+  // Throws ConfigError naming the first invalid key.
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+// Builds a job from parsed JSON (from TOML), then applies "section.key=value" overrides, then
+// validates. Unknown sections and keys are errors.
+JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string>& overrides);
+// Loads a TOML job file (or only defaults when path is empty) with overrides.
+JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides);
+// A table of every key, its type, default and doc.
+std::string describe_job();
+
+}  // namespace gasloc::train

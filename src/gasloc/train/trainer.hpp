@@ -1,0 +1,31 @@
+// Single-worker training run: resolves the job, prepares the run directory, runs the worker
+// loop with evaluation, metrics, progress, checkpoints and clean Ctrl+C handling.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "gasloc/train/job_config.hpp"
+
+namespace gasloc::train {
+
+struct TrainRequest {
+  std::string config_path;             // TOML job file ("" = defaults only)
+  std::vector<std::string> overrides;  // section.key=value
+  std::string resume_dir;              // continue this run from its checkpoint
+  bool quiet = false;                  // no progress lines (tests)
+};
+
+struct TrainSummary {
+  int64_t steps_done = 0;
+  double final_val_loss = 0.0;
+  bool interrupted = false;
+  std::string run_dir;
+  std::vector<double> train_losses;  // one per step run in this invocation
+};
+
+TrainSummary run_training(const TrainRequest& req);
+
+// Set by the SIGINT/SIGTERM handler that run_training installs; exposed for tests.
+void request_stop();
+
+}  // namespace gasloc::train

@@ -1,0 +1,124 @@
+#include "gasloc/train/worker.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include "gasloc/core/error.hpp"
+#include "gasloc/model/hf_export.hpp"
+
+namespace gasloc::train {
+
+AutocastGuard::AutocastGuard(torch::Device device, const std::string& dtype) {
+  if (dtype != "bf16") return;
+  enabled_ = true;
+  cuda_ = device.is_cuda();
+  if (cuda_) {
+    prev_ = at::autocast::is_enabled();
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_enabled(true);
+  } else {
+    prev_ = at::autocast::is_cpu_enabled();
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+  }
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!enabled_) return;
+  if (cuda_) at::autocast::set_enabled(prev_);
+  else at::autocast::set_cpu_enabled(prev_);
+  at::autocast::clear_cache();
+}
+
+Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const data::Dataset& dataset,
+               comm::Communicator& comm, std::unique_ptr<algo::Synchronizer> sync)
+    : job_(job), model_cfg_(model_cfg), comm_(comm), sync_(std::move(sync)), device_(job.train.device) {
+  if (device_.is_cuda() && !torch::cuda::is_available())
+    throw ConfigError("train.device = cuda but no CUDA device is available to this LibTorch",
+                      "use --device cpu, or build against a CUDA LibTorch (scripts/gpu_check.sh)");
+  model_ = model::Llama(model_cfg_);
+  model_->init_weights(job_.train.seed);  // every worker starts from the same weights
+  if (!job_.model.init_from.empty()) model::import_hf(job_.model.init_from, model_);
+  model_->to(device_);
+  params_ = FlatParams(model_->hf_parameters());
+  optim::AdamWOptions o;
+  o.beta1 = job_.optim.beta1;
+  o.beta2 = job_.optim.beta2;
+  o.eps = job_.optim.eps;
+  o.weight_decay = job_.optim.weight_decay;
+  optimizer_ = std::make_unique<optim::AdamW>(params_, o);
+  schedule_.lr = job_.optim.lr;
+  schedule_.warmup_steps = job_.optim.warmup_steps;
+  schedule_.total_steps = job_.train.steps;
+  schedule_.min_lr_ratio = job_.optim.min_lr_ratio;
+  schedule_.decay = job_.optim.decay;
+  sampler_ = std::make_unique<data::WindowSampler>(dataset.train, job_.data.batch_size, job_.data.seq_len,
+                                                   job_.train.seed + static_cast<uint64_t>(comm_.rank()));
+}
+
+StepResult Worker::step() {
+  StepResult r;
+  const int64_t k = optimizer_->steps() + 1;
+  data::Batch batch = sampler_->next();
+  params_.zero_grad();
+  {
+    AutocastGuard autocast(device_, job_.train.dtype);
+    auto loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_));
+    loss.backward();
+    r.loss = loss.item<double>();
+  }
+  sync_->after_backward(k, params_, comm_);
+  r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);
+  r.lr = schedule_.at(k);
+  optimizer_->step(r.lr);
+  r.round_done = sync_->after_step(k, params_, comm_);
+  return r;
+}
+
+double Worker::evaluate(const std::vector<data::Batch>& batches) {
+  torch::NoGradGuard no_grad;
+  double total = 0.0;
+  for (const auto& b : batches) total += model_->loss(b.inputs.to(device_), b.targets.to(device_)).item<double>();
+  return batches.empty() ? 0.0 : total / static_cast<double>(batches.size());
+}
+
+StateDict Worker::state() const {
+  StateDict s;
+  auto* self = const_cast<Worker*>(this);
+  s["params"] = params_.data();
+  s["optim.exp_avg"] = self->optimizer_->exp_avg();
+  s["optim.exp_avg_sq"] = self->optimizer_->exp_avg_sq();
+  s["optim.step"] = torch::tensor(optimizer_->steps(), torch::kInt64);
+  s["sampler.position"] = torch::tensor(static_cast<int64_t>(sampler_->position()), torch::kInt64);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();  // shared handle
+  s["rng.cpu"] = gen.get_state();
+  for (const auto& [k, v] : sync_->state()) s["sync." + k] = v;
+  return s;
+}
+
+void Worker::load_state(const StateDict& s) {
+  auto get = [&](const std::string& key) -> const torch::Tensor& {
+    auto it = s.find(key);
+    if (it == s.end()) throw CheckpointError("checkpoint has no '" + key + "'", "it was written by another optimizer or an older gasloc");
+    return it->second;
+  };
+  const auto& p = get("params");
+  if (p.numel() != params_.numel())
+    throw CheckpointError("checkpoint holds " + std::to_string(p.numel()) + " parameters but this model has " +
+                              std::to_string(params_.numel()),
+                          "the checkpoint is from a different model shape; resume with the same [model] settings");
+  torch::NoGradGuard no_grad;
+  params_.data().copy_(p);
+  optimizer_->exp_avg().copy_(get("optim.exp_avg"));
+  optimizer_->exp_avg_sq().copy_(get("optim.exp_avg_sq"));
+  optimizer_->set_steps(get("optim.step").item<int64_t>());
+  sampler_->set_position(static_cast<uint64_t>(get("sampler.position").item<int64_t>()));
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(get("rng.cpu"));
+  algo::StateDict sync_state;
+  for (const auto& [k, v] : s)
+    if (k.rfind("sync.", 0) == 0) sync_state[k.substr(5)] = v;
+  sync_->load_state(sync_state);
+}
+
+}  // namespace gasloc::train

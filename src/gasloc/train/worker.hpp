@@ -1,0 +1,79 @@
+// One worker: a model replica with its flat parameters, inner optimizer, data sampler and
+// synchronizer. The worker loop is algorithm-agnostic: each inner step it samples a batch,
+// computes the loss and gradients, lets the synchronizer act, clips, steps the optimizer, and
+// lets the synchronizer end a round when it wants to.
+#pragma once
+#include <torch/types.h>
+
+#include <memory>
+#include <vector>
+
+#include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/comm/communicator.hpp"
+#include "gasloc/core/flat_params.hpp"
+#include "gasloc/data/dataset.hpp"
+#include "gasloc/data/sampler.hpp"
+#include "gasloc/model/llama.hpp"
+#include "gasloc/optim/adamw.hpp"
+#include "gasloc/optim/schedule.hpp"
+#include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/job_config.hpp"
+
+namespace gasloc::train {
+
+struct StepResult {
+  double loss = 0.0;       // training loss of this step's batch (before the update)
+  double grad_norm = 0.0;  // global gradient norm before clipping
+  double lr = 0.0;
+  bool round_done = false;  // the synchronizer communicated at this step
+};
+
+class Worker {
+ public:
+  Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const data::Dataset& dataset,
+         comm::Communicator& comm, std::unique_ptr<algo::Synchronizer> sync);
+
+  StepResult step();
+  // Mean validation loss over the batches, always in fp32 so that runs at different training
+  // dtypes are compared on the same footing.
+  double evaluate(const std::vector<data::Batch>& batches);
+
+  int64_t steps_done() const { return optimizer_->steps(); }
+  model::Llama& model() { return model_; }
+  FlatParams& params() { return params_; }
+  const model::LlamaConfig& model_config() const { return model_cfg_; }
+  torch::Device device() const { return device_; }
+
+  // Everything needed to continue bit-exactly.
+  StateDict state() const;
+  // Throws CheckpointError if the state does not fit this worker (other model shape, optimizer).
+  void load_state(const StateDict& state);
+
+ private:
+  JobConfig job_;
+  model::LlamaConfig model_cfg_;
+  comm::Communicator& comm_;
+  std::unique_ptr<algo::Synchronizer> sync_;
+  torch::Device device_;
+  model::Llama model_{nullptr};
+  FlatParams params_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  optim::Schedule schedule_;
+  std::unique_ptr<data::WindowSampler> sampler_;
+};
+
+// RAII: enables autocast to `dtype` on `device` for the current thread (no-op for fp32).
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::Device device, const std::string& dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool enabled_ = false;
+  bool cuda_ = false;
+  bool prev_ = false;
+};
+
+}  // namespace gasloc::train

@@ -1,0 +1,420 @@
+// Tests of the data layer: shard format (and llm.c compatibility), corpus reading, prepare
+// (determinism, errors), dataset directories, samplers.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <initializer_list>
+#include <set>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/core/rng.hpp"
+#include "gasloc/data/corpus.hpp"
+#include "gasloc/data/dataset.hpp"
+#include "gasloc/data/prepare.hpp"
+#include "gasloc/data/sampler.hpp"
+#include "gasloc/data/sha256.hpp"
+#include "gasloc/data/shard.hpp"
+#include "gasloc/data/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+using namespace gasloc::data;
+using gasloc::DataError;
+
+namespace {
+
+// A fresh directory per test, removed afterwards.
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(GASLOC_BINARY_DIR) / "test_data_tmp" / (std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary);
+  out << s;
+}
+
+// Runs fn, expecting a DataError whose message (or hint) contains every given piece.
+template <class F>
+void expect_data_error(F&& fn, std::initializer_list<std::string> pieces) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a DataError";
+  } catch (const DataError& e) {
+    const std::string text = std::string(e.what()) + " | hint: " + e.hint();
+    for (const auto& p : pieces) EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in: " << text;
+    EXPECT_FALSE(e.hint().empty()) << text;
+  }
+}
+
+// Deterministic English-like text: sentences of syllable words, `docs` documents.
+std::vector<std::string> make_docs(int docs, uint64_t seed) {
+  static const char* syl[] = {"ta", "ke", "mon", "ri", "sel", "po", "an", "du", "ver", "li", "go", "thes",
+                              "ba", "nor", "qui", "em", "zo", "fal", "ig", "run"};
+  std::vector<std::string> out;
+  uint64_t k = 0;
+  for (int d = 0; d < docs; ++d) {
+    std::string doc;
+    const int words = 8 + static_cast<int>(gasloc::random_below(seed, k++, 20));
+    for (int w = 0; w < words; ++w) {
+      const int ns = 1 + static_cast<int>(gasloc::random_below(seed, k++, 3));
+      if (w) doc += ' ';
+      for (int s = 0; s < ns; ++s) doc += syl[gasloc::random_below(seed, k++, 20)];
+    }
+    doc += ". Number " + std::to_string(d) + "!";
+    out.push_back(doc);
+  }
+  return out;
+}
+
+void write_json_array(const fs::path& p, const std::vector<std::string>& docs) {
+  write_text(p, nlohmann::json(docs).dump());
+}
+
+std::map<std::string, std::string> dir_files(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files[e.path().filename().string()] = gasloc::read_file(e.path());
+  return files;
+}
+
+}  // namespace
+
+// ---- shards ---------------------------------------------------------------------------------
+
+TEST_F(DataTest, ShardRoundTrip) {
+  std::vector<uint16_t> tokens = {0, 1, 2, 65535, 50256, 7, 7, 300};
+  write_shard(dir_ / "s.bin", tokens);
+  EXPECT_EQ(read_shard(dir_ / "s.bin"), tokens);
+  EXPECT_EQ(fs::file_size(dir_ / "s.bin"), 1024u + 2 * tokens.size());
+  write_shard(dir_ / "empty.bin", {});
+  EXPECT_TRUE(read_shard(dir_ / "empty.bin").empty());
+}
+
+TEST_F(DataTest, ShardRejectsCorruptFiles) {
+  std::string good = encode_shard({1, 2, 3, 4});
+  std::string bad_magic = good;
+  bad_magic[0] = 0x11;
+  write_text(dir_ / "magic.bin", bad_magic);
+  expect_data_error([&] { read_shard(dir_ / "magic.bin"); }, {"magic.bin", "magic", "expected 20240520", "not an llm.c"});
+
+  write_text(dir_ / "trunc.bin", good.substr(0, good.size() - 3));
+  expect_data_error([&] { read_shard(dir_ / "trunc.bin"); }, {"trunc.bin", "truncated", "4 tokens"});
+
+  write_text(dir_ / "short.bin", good.substr(0, 100));
+  expect_data_error([&] { read_shard(dir_ / "short.bin"); }, {"short.bin", "shorter than", "header"});
+
+  std::string v2 = good;
+  v2[4] = 2;
+  write_text(dir_ / "v2.bin", v2);
+  expect_data_error([&] { read_shard(dir_ / "v2.bin"); }, {"v2.bin", "version 2"});
+
+  write_shard(dir_ / "vocab.bin", {5, 9, 300, 1, 400});
+  EXPECT_EQ(read_shard(dir_ / "vocab.bin", 401).size(), 5u);
+  expect_data_error([&] { read_shard(dir_ / "vocab.bin", 300); }, {"vocab.bin", "token id 300", "position 2", "300"});
+
+  expect_data_error([&] { read_shard(dir_ / "nope.bin"); }, {"nope.bin", "does not exist"});
+}
+
+// The bytes llm.c's Python writes (np.zeros(256, int32) header; header.tobytes(); then
+// np.uint16 tokens), built here by hand, independent of encode_shard.
+TEST_F(DataTest, ShardWrittenLikeLlmcPythonLoads) {
+  std::string bytes;
+  auto put32 = [&](int32_t v) { for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((uint32_t(v) >> (8 * i)) & 0xff)); };
+  auto put16 = [&](uint16_t v) { bytes.push_back(static_cast<char>(v & 0xff)); bytes.push_back(static_cast<char>(v >> 8)); };
+  const std::vector<uint16_t> tokens = {50256, 15496, 995, 0, 258, 50255};
+  put32(20240520);
+  put32(1);
+  put32(static_cast<int32_t>(tokens.size()));
+  for (int i = 3; i < 256; ++i) put32(0);
+  for (uint16_t t : tokens) put16(t);
+  write_text(dir_ / "py.bin", bytes);
+  EXPECT_EQ(read_shard(dir_ / "py.bin", 50257), tokens);
+  EXPECT_EQ(encode_shard(tokens), bytes);  // and ours is byte-identical to llm.c's
+}
+
+TEST_F(DataTest, LlmcDirectoryOpensWithGpt2Vocab) {
+  std::vector<uint16_t> train(3000), val(500);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint16_t>((i * 7919) % 50257);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = static_cast<uint16_t>((i * 104729) % 50257);
+  std::vector<uint16_t> train2 = {50256, 1, 2, 3};
+  write_shard(dir_ / "fineweb_train_000001.bin", train);
+  write_shard(dir_ / "fineweb_train_000002.bin", train2);
+  write_shard(dir_ / "fineweb_val_000000.bin", val);
+  write_text(dir_ / "README.txt", "not a shard");
+  Dataset ds = Dataset::open(dir_);
+  EXPECT_EQ(ds.vocab_size, 50257);
+  EXPECT_EQ(ds.tokenizer_kind, "gpt2");
+  EXPECT_EQ(ds.bos_id, 50256);
+  ASSERT_EQ(ds.train->size(), train.size() + train2.size());
+  EXPECT_TRUE(std::equal(train.begin(), train.end(), ds.train->begin()));  // file-name order
+  EXPECT_EQ((*ds.train)[train.size()], 50256);
+  EXPECT_EQ(*ds.val, val);
+  // A smaller override vocab makes the GPT-2 ids invalid.
+  expect_data_error([&] { Dataset::open(dir_, 1000); }, {"fineweb_train_000001.bin", ">= the vocabulary size 1000"});
+  write_shard(dir_ / "tiny_shakespeare_val.bin", val);  // llm.c's unnumbered names count too
+  EXPECT_EQ(Dataset::open(dir_).val->size(), 2 * val.size());
+  fs::remove(dir_ / "fineweb_val_000000.bin");
+  fs::remove(dir_ / "tiny_shakespeare_val.bin");
+  expect_data_error([&] { Dataset::open(dir_); }, {"no llm.c validation shards"});
+  expect_data_error([&] { Dataset::open(dir_ / "missing"); }, {"does not exist", "gasloc prepare"});
+}
+
+// ---- corpus reading -------------------------------------------------------------------------
+
+TEST_F(DataTest, ReadsTxtJsonlAndJson) {
+  EXPECT_EQ(split_text_documents("a\nb\n\n\nc\r\n \r\nd\n"), (std::vector<std::string>{"a\nb", "c", "d"}));
+  write_text(dir_ / "a.jsonl", "{\"text\": \"one\"}\n\n{\"text\": \"two\", \"id\": 3}\n");
+  write_text(dir_ / "b.json", R"(["x", "", "y"])");
+  write_text(dir_ / "c.json", R"([{"body": "p"}, {"body": "q"}])");
+  std::vector<std::string> docs;
+  EXPECT_EQ(read_documents(dir_ / "a.jsonl", "text", docs).documents, 2);
+  EXPECT_EQ(read_documents(dir_ / "b.json", "text", docs).documents, 2);
+  auto info = read_documents(dir_ / "c.json", "body", docs);
+  EXPECT_EQ(info.documents, 2);
+  EXPECT_EQ(info.bytes, 30);
+  EXPECT_EQ(docs, (std::vector<std::string>{"one", "two", "x", "y", "p", "q"}));
+  expect_data_error([&] { read_documents(dir_ / "c.json", "text", docs); }, {"c.json", "element 0", "--text-field"});
+}
+
+TEST_F(DataTest, Sha256KnownVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 h;  // a million 'a', fed in uneven pieces
+  std::string chunk(997, 'a');
+  size_t left = 1000000;
+  while (left) { size_t n = std::min(left, chunk.size()); h.update(std::string_view(chunk).substr(0, n)); left -= n; }
+  EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// ---- prepare --------------------------------------------------------------------------------
+
+TEST_F(DataTest, PrepareSentencePieceIsDeterministic) {
+  write_json_array(dir_ / "corpus.json", make_docs(1500, 7));
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "corpus.json"};
+  opt.vocab_size = 400;
+  opt.val_fraction = 0.05;
+  opt.threads = 1;
+  opt.out = dir_ / "out1";
+  std::vector<std::string> log;
+  PrepareResult r1 = prepare(opt, [&](const std::string& s) { log.push_back(s); });
+  opt.out = dir_ / "out2";
+  opt.threads = 2;  // thread count must not change the output
+  PrepareResult r2 = prepare(opt);
+  EXPECT_FALSE(log.empty());
+  EXPECT_EQ(r1.documents, 1500);
+  EXPECT_EQ(r1.vocab_size, 400);
+  EXPECT_GT(r1.val_tokens, 0);
+  EXPECT_EQ(r1.train_tokens, r2.train_tokens);
+
+  auto f1 = dir_files(dir_ / "out1"), f2 = dir_files(dir_ / "out2");
+  ASSERT_EQ(f1.size(), 4u);  // train_000000.bin val_000000.bin tokenizer.model dataset.json
+  for (const auto& name : {"train_000000.bin", "val_000000.bin", "tokenizer.model", "dataset.json"}) {
+    ASSERT_TRUE(f1.count(name) && f2.count(name)) << name;
+    EXPECT_TRUE(f1[name] == f2[name]) << name << " differs between runs";
+  }
+
+  auto meta = nlohmann::json::parse(f1["dataset.json"]);
+  EXPECT_EQ(meta["format"], "gasloc-dataset-1");
+  EXPECT_EQ(meta["tokenizer"]["kind"], "sentencepiece");
+  EXPECT_EQ(meta["tokenizer"]["vocab_size"], 400);
+  EXPECT_EQ(meta["train_tokens"], r1.train_tokens);
+  EXPECT_EQ(meta["shards_sha256"]["train_000000.bin"], sha256_hex(f1["train_000000.bin"]));
+  EXPECT_EQ(meta["sources"][0]["sha256"], sha256_hex(gasloc::read_file(dir_ / "corpus.json")));
+
+  Dataset ds = Dataset::open(dir_ / "out1");
+  EXPECT_EQ(ds.vocab_size, 400);
+  EXPECT_EQ(static_cast<int64_t>(ds.train->size()), r1.train_tokens);
+  Tokenizer tok = Tokenizer::load_sentencepiece(ds.tokenizer_model);
+  EXPECT_EQ((*ds.train)[0], tok.bos_id());
+  EXPECT_EQ(std::count(ds.train->begin(), ds.train->end(), tok.bos_id()) +
+                std::count(ds.val->begin(), ds.val->end(), tok.bos_id()),
+            1500);  // one BOS per document
+  const std::string text = "monri selpo 1234 — ünïcode ✓ and  two  spaces";
+  EXPECT_EQ(tok.decode(tok.encode(text)), text);  // byte fallback + identity normalization
+}
+
+TEST_F(DataTest, PrepareByteLevelRoundTrip) {
+  write_text(dir_ / "a.txt", "first document\nline two\n\nsecond ✓ document\n\n\nthird\n");
+  write_text(dir_ / "b.jsonl", "{\"text\": \"fourth\"}\n{\"text\": \"fifth\"}\n");
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "a.txt", dir_ / "b.jsonl"};
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+  opt.val_fraction = 0.2;
+  PrepareResult r = prepare(opt);
+  EXPECT_EQ(r.documents, 5);
+  EXPECT_EQ(r.vocab_size, 257);
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "tokenizer.model"));
+  Dataset ds = Dataset::open(dir_ / "out");
+  EXPECT_EQ(ds.tokenizer_kind, "byte");
+  EXPECT_EQ(ds.bos_id, 256);
+  std::vector<int> all(ds.train->begin(), ds.train->end());
+  all.insert(all.end(), ds.val->begin(), ds.val->end());
+  EXPECT_EQ(std::count(all.begin(), all.end(), 256), 5);
+  const Tokenizer tok = Tokenizer::byte_level();
+  const std::string text = "any bytes: \x01\xff ✓ \n";
+  EXPECT_EQ(tok.decode(tok.encode(text)), text);
+  // Decoding the dataset gives back the documents' text (order: train then val).
+  std::string decoded = tok.decode(all);
+  for (const char* doc : {"first document\nline two", "second ✓ document", "third", "fourth", "fifth"})
+    EXPECT_NE(decoded.find(doc), std::string::npos) << doc;
+  EXPECT_EQ(decoded.size(), std::string("first document\nline twosecond ✓ documentthirdfourthfifth").size());
+}
+
+TEST_F(DataTest, PrepareSplitsLargeTrainStreamsIntoShards) {
+  write_json_array(dir_ / "c.json", make_docs(200, 3));
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "c.json"};
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+  opt.shard_tokens = 2000;
+  PrepareResult r = prepare(opt);
+  const int64_t expect_shards = (r.train_tokens + 1999) / 2000;
+  ASSERT_GT(expect_shards, 2);
+  EXPECT_TRUE(fs::exists(dir_ / "out" / fmt::format("train_{:06d}.bin", expect_shards - 1)));
+  EXPECT_FALSE(fs::exists(dir_ / "out" / fmt::format("train_{:06d}.bin", expect_shards)));
+  EXPECT_EQ(static_cast<int64_t>(Dataset::open(dir_ / "out").train->size()), r.train_tokens);
+
+  // Without dataset.json (an interrupted prepare) the shards are not mistaken for llm.c's.
+  const std::string meta = gasloc::read_file(dir_ / "out" / "dataset.json");
+  fs::remove(dir_ / "out" / "dataset.json");
+  expect_data_error([&] { Dataset::open(dir_ / "out"); }, {"no dataset.json", "gasloc prepare"});
+  write_text(dir_ / "out" / "dataset.json", meta);
+
+  // Re-preparing into the same directory removes the shards the new dataset no longer uses.
+  opt.shard_tokens = 100'000'000;
+  prepare(opt);
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "train_000001.bin"));
+  EXPECT_EQ(static_cast<int64_t>(Dataset::open(dir_ / "out").train->size()), r.train_tokens);
+}
+
+TEST_F(DataTest, PrepareErrorsAreClear) {
+  PrepareOptions opt;
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+
+  opt.inputs = {dir_ / "missing.jsonl"};
+  expect_data_error([&] { prepare(opt); }, {"missing.jsonl", "does not exist"});
+
+  write_text(dir_ / "empty.txt", "\n  \n");
+  opt.inputs = {dir_ / "empty.txt"};
+  expect_data_error([&] { prepare(opt); }, {"empty.txt", "no text"});
+
+  write_text(dir_ / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ok too\"}\n{text: oops}\n");
+  opt.inputs = {dir_ / "bad.jsonl"};
+  expect_data_error([&] { prepare(opt); }, {"bad.jsonl", "line 3", "not valid JSON"});
+
+  write_text(dir_ / "nofield.jsonl", "{\"text\": \"ok\"}\n{\"content\": \"x\"}\n");
+  opt.inputs = {dir_ / "nofield.jsonl"};
+  expect_data_error([&] { prepare(opt); }, {"nofield.jsonl", "line 2", "\"text\"", "--text-field"});
+
+  write_text(dir_ / "doc.csv", "a,b\n");
+  opt.inputs = {dir_ / "doc.csv"};
+  expect_data_error([&] { prepare(opt); }, {"doc.csv", "unsupported extension"});
+
+  write_text(dir_ / "one.txt", "a single document\n");
+  opt.inputs = {dir_ / "one.txt"};
+  expect_data_error([&] { prepare(opt); }, {"1 document", "at least 2"});
+
+  write_json_array(dir_ / "small.json", make_docs(30, 1));
+  opt.inputs = {dir_ / "small.json"};
+  opt.byte_level = false;
+  opt.vocab_size = 8192;
+  expect_data_error([&] { prepare(opt); }, {"vocab size 8192", "--vocab-size", "--byte-level"});
+
+  opt.vocab_size = 260;  // 3 specials + 256 bytes leave room for 1 character, the text has ~30
+  expect_data_error([&] { prepare(opt); }, {"vocab size 260", "required_chars", "raise --vocab-size"});
+
+  opt.tokenizer_model = dir_ / "nope.model";
+  expect_data_error([&] { prepare(opt); }, {"nope.model", "does not exist"});
+  write_text(dir_ / "garbage.model", "this is not a protobuf");
+  opt.tokenizer_model = dir_ / "garbage.model";
+  expect_data_error([&] { prepare(opt); }, {"garbage.model", "cannot load SentencePiece model"});
+
+  EXPECT_FALSE(fs::exists(dir_ / "out")) << "a failed prepare must not create the output directory";
+}
+
+// ---- samplers -------------------------------------------------------------------------------
+
+namespace {
+std::shared_ptr<const std::vector<uint16_t>> ramp(size_t n) {
+  auto v = std::make_shared<std::vector<uint16_t>>(n);
+  for (size_t i = 0; i < n; ++i) (*v)[i] = static_cast<uint16_t>(i % 60000);
+  return v;
+}
+}  // namespace
+
+TEST(Sampler, DeterministicAndResumable) {
+  auto tokens = ramp(10000);
+  WindowSampler a(tokens, 4, 16, 42), b(tokens, 4, 16, 42);
+  std::vector<Batch> seq;
+  for (int i = 0; i < 5; ++i) {
+    seq.push_back(a.next());
+    Batch other = b.next();
+    EXPECT_TRUE(torch::equal(seq.back().inputs, other.inputs));
+  }
+  EXPECT_EQ(a.position(), 20u);
+  WindowSampler c(tokens, 4, 16, 42);
+  c.set_position(3 * 4);  // resume after three batches
+  Batch resumed = c.next();
+  EXPECT_TRUE(torch::equal(resumed.inputs, seq[3].inputs));
+  EXPECT_TRUE(torch::equal(resumed.targets, seq[3].targets));
+  EXPECT_EQ(c.position(), 16u);
+  EXPECT_FALSE(torch::equal(seq[0].inputs, seq[1].inputs));
+}
+
+TEST(Sampler, SeedsDifferAndTargetsAreShiftedInputs) {
+  auto tokens = ramp(50000);
+  WindowSampler a(tokens, 8, 32, 1), b(tokens, 8, 32, 2);
+  Batch x = a.next(), y = b.next();
+  EXPECT_FALSE(torch::equal(x.inputs, y.inputs));
+  ASSERT_EQ(x.inputs.sizes(), (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(x.inputs.dtype(), torch::kLong);
+  EXPECT_EQ(x.targets.dtype(), torch::kLong);
+  EXPECT_TRUE(x.inputs.is_contiguous() && x.targets.is_contiguous());
+  using torch::indexing::Slice;
+  EXPECT_TRUE(torch::equal(x.inputs.index({Slice(), Slice(1, torch::indexing::None)}), x.targets.index({Slice(), Slice(0, -1)})));
+  // Each row is a contiguous window of the stream (the ramp makes consecutive ids).
+  for (int r = 0; r < 8; ++r) {
+    const int64_t start = x.inputs[r][0].item<int64_t>();
+    EXPECT_EQ(x.targets[r][31].item<int64_t>(), start + 32);
+  }
+}
+
+TEST(Sampler, CoversWholeStreamIncludingLastWindow) {
+  auto tokens = ramp(20);  // T = 4: 16 valid starts, 0..15
+  WindowSampler s(tokens, 1, 4, 9);
+  std::set<int64_t> starts;
+  for (int i = 0; i < 2000; ++i) starts.insert(s.next().inputs[0][0].item<int64_t>());
+  EXPECT_EQ(starts.size(), 16u);
+  EXPECT_EQ(*starts.rbegin(), 15);
+  expect_data_error([&] { WindowSampler(ramp(16), 1, 16, 0); }, {"16 tokens", "seq_len 16", "17"});
+}
+
+TEST(Sampler, ValidationBatchesAreFixed) {
+  auto tokens = ramp(1000);
+  auto v1 = validation_batches(*tokens, 3, 10, 100), v2 = validation_batches(*tokens, 3, 10, 100);
+  ASSERT_EQ(v1.size(), 1000u / 11 / 3);  // 90 windows -> 30 batches
+  ASSERT_EQ(v1.size(), v2.size());
+  for (size_t i = 0; i < v1.size(); ++i) {
+    EXPECT_TRUE(torch::equal(v1[i].inputs, v2[i].inputs));
+    EXPECT_TRUE(torch::equal(v1[i].targets, v2[i].targets));
+  }
+  EXPECT_EQ(v1[0].inputs[1][0].item<int64_t>(), 11);  // stride seq_len + 1
+  EXPECT_EQ(v1[1].inputs[0][0].item<int64_t>(), 33);
+  EXPECT_EQ(validation_batches(*tokens, 3, 10, 4).size(), 4u);
+  expect_data_error([&] { validation_batches(*ramp(30), 3, 10, 4); }, {"30 tokens", "33", "--val-fraction"});
+}

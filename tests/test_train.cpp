@@ -1,0 +1,190 @@
+// Trainer end to end on the nano preset and a byte-level dataset: bit-exact resume, Ctrl+C,
+// checkpoints that survive a full disk, and refusals that lose nothing.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/data/prepare.hpp"
+#include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/trainer.hpp"
+
+using namespace gasloc;
+namespace fs = std::filesystem;
+
+namespace {
+// One directory per process: ctest runs the tests of this file as parallel processes.
+const fs::path kRoot = fs::path(GASLOC_BINARY_DIR) / "test_train_tmp" / std::to_string(::getpid());
+
+class Trainer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    fs::remove_all(kRoot);
+    fs::create_directories(kRoot);
+    std::ofstream f(kRoot / "corpus.txt");
+    // Varied, learnable text: enough tokens for i.i.d. windows and a validation split.
+    for (int i = 0; i < 400; ++i)
+      f << "Document " << i << ": the quick brown fox " << (i % 7) << " jumps over the lazy dog " << (i * 13 % 11)
+        << ".\n\n";
+    f.close();
+    data::PrepareOptions o;
+    o.inputs = {kRoot / "corpus.txt"};
+    o.out = kRoot / "data";
+    o.byte_level = true;
+    o.val_fraction = 0.1;
+    data::prepare(o);
+  }
+  static void TearDownTestSuite() { fs::remove_all(kRoot); }
+
+  static train::TrainRequest request(const std::string& run, std::vector<std::string> extra = {}) {
+    train::TrainRequest r;
+    r.quiet = true;
+    r.overrides = {"model.preset=nano", "data.dir=" + (kRoot / "data").string(), "data.seq_len=32", "data.batch_size=4",
+                   "data.val_batches=2", "train.steps=100", "train.eval_every=25", "train.checkpoint_every=0",
+                   "train.log_every=10", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
+                   "train.run_dir=" + (kRoot / run).string()};
+    r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+    return r;
+  }
+};
+}  // namespace
+
+TEST_F(Trainer, ResumeIsBitExact) {
+  const auto full = train::run_training(request("full"));
+  ASSERT_EQ(full.train_losses.size(), 100u);
+  EXPECT_LT(full.train_losses.back(), full.train_losses.front());  // it learns
+
+  const auto first = train::run_training(request("halves", {"train.stop_at=50"}));
+  ASSERT_EQ(first.steps_done, 50);
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = (kRoot / "halves").string();
+  const auto second = train::run_training(again);
+  ASSERT_EQ(second.steps_done, 100);
+  ASSERT_EQ(second.train_losses.size(), 50u);
+  for (size_t i = 0; i < 50; ++i) {
+    EXPECT_EQ(first.train_losses[i], full.train_losses[i]) << "step " << i + 1;
+    EXPECT_EQ(second.train_losses[i], full.train_losses[50 + i]) << "step " << 51 + i;
+  }
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+  auto a = train::load_checkpoint(kRoot / "full" / "checkpoint.pt");
+  auto b = train::load_checkpoint(kRoot / "halves" / "checkpoint.pt");
+  EXPECT_TRUE(torch::equal(a.tensors.at("params"), b.tensors.at("params")));
+  EXPECT_TRUE(torch::equal(a.tensors.at("optim.exp_avg_sq"), b.tensors.at("optim.exp_avg_sq")));
+
+  // metrics.jsonl has one train line per log_every and one eval line per eval_every, no duplicates.
+  std::ifstream m(kRoot / "halves" / "metrics.jsonl");
+  std::string line;
+  int train_lines = 0, eval_lines = 0;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    (j["event"] == "train" ? train_lines : eval_lines)++;
+    EXPECT_TRUE(j.contains("wall_time_s"));
+  }
+  EXPECT_EQ(train_lines, 10);
+  EXPECT_EQ(eval_lines, 4);
+  auto run = nlohmann::json::parse(read_file(kRoot / "halves" / "run.json"));
+  EXPECT_EQ(run["config"]["model"]["preset"], "nano");
+  EXPECT_EQ(run["model"]["vocab_size"], 257);
+}
+
+TEST_F(Trainer, RefusesAnotherModelShapeAndExistingRuns) {
+  train::run_training(request("shape", {"train.steps=10", "train.eval_every=0"}));
+  const auto before = read_file(kRoot / "shape" / "checkpoint.pt");
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = (kRoot / "shape").string();
+  r.overrides = {"model.n_layers=3"};
+  try {
+    train::run_training(r);
+    ADD_FAILURE() << "resuming with another model shape must fail";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("differs"), std::string::npos) << e.what();
+  }
+  // A fresh run into a directory that holds a checkpoint is refused, nothing overwritten.
+  EXPECT_THROW(train::run_training(request("shape", {"train.steps=10"})), CheckpointError);
+  EXPECT_EQ(read_file(kRoot / "shape" / "checkpoint.pt"), before);
+  // --resume of something that is not a run.
+  r.overrides.clear();
+  r.resume_dir = (kRoot / "nope").string();
+  EXPECT_THROW(train::run_training(r), CheckpointError);
+}
+
+TEST_F(Trainer, CorruptCheckpointIsAClearError) {
+  write_file_atomic(kRoot / "garbage.pt", "this is not a checkpoint");
+  try {
+    train::load_checkpoint(kRoot / "garbage.pt");
+    ADD_FAILURE() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt checkpoint"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Trainer, FullDiskKeepsThePreviousCheckpoint) {
+  train::Checkpoint a;
+  a.meta = {{"step", 1}};
+  a.tensors["x"] = torch::arange(10, torch::kFloat32);
+  const auto path = kRoot / "disk" / "checkpoint.pt";
+  train::save_checkpoint(path, a);
+  const auto size = fs::file_size(path);
+
+  train::Checkpoint big;
+  big.meta = {{"step", 2}};
+  big.tensors["x"] = torch::ones({1 << 20}, torch::kFloat32);  // 4 MB: beyond the limit below
+  // Simulate a full disk: the file-size limit makes write() fail with EFBIG, as ENOSPC would.
+  auto prev_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit low = old;
+  low.rlim_cur = size * 4;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  bool threw = false;
+  try {
+    train::save_checkpoint(path, big);
+  } catch (const CheckpointError& e) {
+    threw = true;
+    EXPECT_NE(std::string(e.hint()).find("left intact"), std::string::npos) << e.hint();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, prev_handler);
+  EXPECT_TRUE(threw);
+  auto back = train::load_checkpoint(path);
+  EXPECT_EQ(back.meta["step"], 1);
+  EXPECT_TRUE(torch::equal(back.tensors.at("x"), a.tensors.at("x")));
+  EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
+}
+
+TEST_F(Trainer, InterruptWritesACheckpointAndResumes) {
+  const auto run = kRoot / "interrupt";
+  std::atomic<bool> done{false};
+  // Send SIGINT once training is under way (the first metrics line exists), like Ctrl+C.
+  std::thread killer([&] {
+    while (!done.load()) {
+      if (fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0) {
+        std::raise(SIGINT);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  auto s = train::run_training(request("interrupt", {"train.steps=100000", "train.log_every=1"}));
+  done = true;
+  killer.join();
+  EXPECT_TRUE(s.interrupted);
+  EXPECT_LT(s.steps_done, 100000);
+  auto ckpt = train::load_checkpoint(run / "checkpoint.pt");
+  EXPECT_EQ(ckpt.meta["step"], s.steps_done);
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  r.overrides = {"train.steps=" + std::to_string(s.steps_done + 3)};
+  auto resumed = train::run_training(r);
+  EXPECT_EQ(resumed.steps_done, s.steps_done + 3);
+  EXPECT_FALSE(resumed.interrupted);
+}
