@@ -14,8 +14,9 @@ PACKAGES=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox                                # plots
-  nodejs npm                                 # `npm pack` fetches the default corpus
 )
+# `npm pack` fetches the default corpus; some machines ship npm with their own Node.js build.
+command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
