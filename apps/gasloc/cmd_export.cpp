@@ -40,7 +40,18 @@ Action add_export(CLI::App& app) {
       torch::NoGradGuard no_grad;
       flat.data().copy_(it->second);
     }
-    model::export_hf(o->out, m, o->dtype);
+    // The tokenizer travels with the weights: its BOS id goes into config.json and its model
+    // file is copied next to them (SentencePiece datasets only).
+    model::HfSpecialTokens special;
+    const fs::path data_dir = info.value("dataset", nlohmann::json::object()).value("dir", std::string());
+    if (!data_dir.empty() && fs::exists(data_dir / "dataset.json")) {
+      auto ds = nlohmann::json::parse(read_file(data_dir / "dataset.json"), nullptr, false);
+      if (!ds.is_discarded() && ds.contains("tokenizer") && ds["tokenizer"].contains("bos_id"))
+        special.bos_token_id = ds["tokenizer"]["bos_id"].get<int64_t>();
+    }
+    model::export_hf(o->out, m, o->dtype, special);
+    if (fs::exists(data_dir / "tokenizer.model"))
+      fs::copy_file(data_dir / "tokenizer.model", fs::path(o->out) / "tokenizer.model", fs::copy_options::overwrite_existing);
     fmt::print("exported step {} of '{}' ({:.2f}M parameters, {}) to {}\n", ckpt.meta.value("step", int64_t{0}), o->run,
                static_cast<double>(mc.num_params()) / 1e6, o->dtype, o->out);
     return 0;

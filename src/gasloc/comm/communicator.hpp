@@ -37,9 +37,10 @@ class Communicator {
   virtual void barrier() = 0;
   // Seconds on this worker's clock: virtual in simulation, wall time since start otherwise.
   virtual double now() const = 0;
-  // Accounts `seconds` of local compute on the clock (the virtual clock advances; a real clock
-  // ignores it because real time already passed).
-  virtual void advance(double seconds) = 0;
+  // Accounts `inner_steps` inner steps of local compute on this worker's clock: the virtual
+  // clock advances by inner_steps * (its per-step compute time); a real clock ignores it
+  // because real time already passed.
+  virtual void compute(int64_t inner_steps) = 0;
   virtual CommStats stats() const = 0;
 };
 
@@ -54,7 +55,7 @@ class SingleRank final : public Communicator {
   void broadcast(torch::Tensor&, int root) override;
   void barrier() override {}
   double now() const override;
-  void advance(double) override {}
+  void compute(int64_t) override {}
   CommStats stats() const override { return {}; }
 
  private:

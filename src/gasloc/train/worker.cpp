@@ -71,6 +71,7 @@ StepResult Worker::step() {
   r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);
   r.lr = schedule_.at(k);
   optimizer_->step(r.lr);
+  comm_.compute(1);
   r.round_done = sync_->after_step(k, params_, comm_);
   return r;
 }
