@@ -2,12 +2,14 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <iostream>
 
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // line by line even into a pipe: `gasloc launch` shows ranks live
   CLI::App app{"gasloc: communication-efficient and decentralized LLM pretraining"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "gasloc 0.1.0");
@@ -20,6 +22,9 @@ int main(int argc, char** argv) {
   add("train", "train a model from a TOML job file", gasloc::app::add_train);
   add("model-info", "print a preset's shapes, parameter count and FLOPs per token", gasloc::app::add_model_info);
   add("export", "export a run's weights as Hugging Face safetensors + config.json", gasloc::app::add_export);
+  add("launch", "start N ranks of a command on this host (torchrun-style environment)", gasloc::app::add_launch);
+  add("comm-check", "check the communication backend inside a launched process group", gasloc::app::add_comm_check);
+  add("topo", "print a gossip topology's mixing matrix, degree, bytes per round and spectral gap", gasloc::app::add_topo);
 
   try {
     app.parse(argc, argv);

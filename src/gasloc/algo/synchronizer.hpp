@@ -24,6 +24,8 @@ class Synchronizer {
  public:
   virtual ~Synchronizer() = default;
   virtual std::string name() const = 0;
+  // Once, before the first inner step, with the initial parameters (anchors start there).
+  virtual void init(FlatParams& params) {}
   // After gradients of inner step `step` are in params.grad(), before clipping and the step.
   virtual void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {}
   // After the inner optimizer step `step` (1-based). Returns true if a communication round
@@ -41,7 +43,6 @@ class NoSync final : public Synchronizer {
   bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return false; }
 };
 
-// Builds the synchronizer named by algo.name. Throws ConfigError listing the valid names.
-std::unique_ptr<Synchronizer> make_synchronizer(const std::string& name);
+// make_synchronizer (algo_config.hpp) builds the one named by algo.name.
 
 }  // namespace gasloc::algo

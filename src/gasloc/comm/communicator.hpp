@@ -6,11 +6,16 @@
 // Contract (all backends):
 // - all_reduce_mean, broadcast and barrier are collective: every rank must call them, in the
 //   same order, with tensors of the same shape and dtype. They block until complete.
-// - exchange(peers, send, recv) is collective among the listed peers: each sends `send` to every
-//   peer and receives one tensor from each into recv (same order as peers). It blocks until all
-//   transfers finish. Peers must list each other (symmetric graph).
+// - exchange(peers, send, recv) sends `send` to every listed peer and receives one tensor from
+//   each into recv (resized to peers.size(), same order as peers; fresh tensors, never views of
+//   another rank's buffer). It blocks until all its transfers finish. Peers must list each other
+//   (symmetric graph), be distinct and not the caller, and send the same shape and dtype. Every
+//   rank calls exchange, in the same order relative to the other collectives, passing an empty
+//   list when it has no neighbours this round, so that a backend may match calls by their order
+//   (the in-process backend does, and checks it).
 // - A call that cannot complete within the backend's timeout throws CommError naming the
-//   operation and the rank(s) concerned; it never hangs.
+//   operation and the rank(s) concerned; it never hangs. After a CommError the communicator is
+//   unusable: later calls throw CommError too.
 // - A Communicator is used by one thread at a time (the worker's).
 #pragma once
 #include <torch/types.h>

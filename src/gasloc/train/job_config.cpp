@@ -66,7 +66,8 @@ void JobConfig::validate() const {
   require(train.dtype == "fp32" || train.dtype == "bf16", "train.dtype", "must be fp32 or bf16, got '" + train.dtype + "'");
   require(train.threads >= 0, "train.threads", "must be >= 0");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
-  require(algo.name == "none", "algo.name", "unknown algorithm '" + algo.name + "'; valid in this build: none");
+  // `gasloc train` runs one worker until multi-worker clusters land (cluster.workers).
+  algo.validate(1);
 }
 
 nlohmann::json JobConfig::to_json() const {

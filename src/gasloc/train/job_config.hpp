@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gasloc/algo/algo_config.hpp"
 #include "gasloc/model/llama.hpp"
 
 namespace gasloc::train {
@@ -115,21 +116,13 @@ struct TrainSection {
   }
 };
 
-struct AlgoSection {
-  std::string name = "none";
-
-  template <class V>
-  void visit(V&& v) {
-    v("name", name, "distributed algorithm: none (single worker)");
-  }
-};
 
 struct JobConfig {
   ModelSection model;
   DataSection data;
   OptimSection optim;
   TrainSection train;
-  AlgoSection algo;
+  algo::AlgoConfig algo;
 
   // Calls f(section_name, section) for every section.
   template <class F>

@@ -119,7 +119,7 @@ TrainSummary run_training(const TrainRequest& req) {
   if (!req.quiet) print_config(job, mc);
 
   comm::SingleRank comm;
-  Worker worker(job, mc, dataset, comm, algo::make_synchronizer(job.algo.name));
+  Worker worker(job, mc, dataset, comm, algo::make_synchronizer(job.algo, comm.world(), job.train.seed));
   const int64_t start_step = ckpt ? ckpt->meta.value("step", int64_t{0}) : 0;
   if (ckpt) {
     worker.load_state(ckpt->tensors);

@@ -52,6 +52,7 @@ Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const 
   schedule_.total_steps = job_.train.steps;
   schedule_.min_lr_ratio = job_.optim.min_lr_ratio;
   schedule_.decay = job_.optim.decay;
+  sync_->init(params_);
   sampler_ = std::make_unique<data::WindowSampler>(dataset.train, job_.data.batch_size, job_.data.seq_len,
                                                    job_.train.seed + static_cast<uint64_t>(comm_.rank()));
 }

@@ -1,0 +1,380 @@
+// `gasloc launch -n N -- COMMAND ARGS...`: starts N ranks of COMMAND on this host with the
+// torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+// prefixes their output with [rank i], forwards Ctrl+C/SIGTERM, and when one rank fails stops
+// the others and says which rank failed, how, and what it printed last. Never leaves a rank
+// behind: ranks also die with the launcher (PR_SET_PDEATHSIG).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <optional>
+
+#include "commands.hpp"
+#include "gasloc/core/error.hpp"
+
+extern char** environ;
+
+namespace gasloc::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kTailLines = 20;
+
+// Signals reach the loop through a self-pipe, so that no work happens in the handler.
+int g_signal_pipe[2] = {-1, -1};
+void on_signal(int sig) {
+  const int saved = errno;
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] auto _ = ::write(g_signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+// A free TCP port: bind port 0 on every interface (where the rank-0 store will listen), read
+// the port the OS chose, release it. Another process could take it before rank 0 binds it;
+// rank 0 then reports the port in use.
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw CommError(fmt::format("launch: cannot open a socket to pick a port: {}", std::strerror(errno)));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    throw CommError("launch: cannot pick a free port: " + err, "pass one with --master-port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// COMMAND as a path for execve: "gasloc" means this very binary (so the ranks run the same
+// build as the launcher); a name without '/' is searched in PATH.
+std::string resolve(const std::string& cmd) {
+  if (cmd.find('/') != std::string::npos) return cmd;
+  if (cmd == "gasloc") {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    const std::string full = dir + "/" + cmd;
+    if (::access(full.c_str(), X_OK) == 0) return full;
+    start = end + 1;
+  }
+  throw Error(fmt::format("launch: command '{}' not found in PATH", cmd), "give its path, e.g. ./build/" + cmd);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  return "unknown status";
+}
+
+bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1;  // read ends of its stdout and stderr pipes
+  std::string out_partial, err_partial;
+  std::deque<std::string> tail;  // last lines of output, both streams
+  bool running = false;
+  int status = 0;
+};
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Emits the complete lines in `buf` with the rank prefix; keeps a trailing partial line.
+void emit_lines(Rank& r, std::string& buf, int to_fd, bool flush_partial) {
+  size_t start = 0;
+  std::string out;
+  for (;;) {
+    const size_t nl = buf.find('\n', start);
+    if (nl == std::string::npos) break;
+    std::string line = buf.substr(start, nl - start);
+    out += fmt::format("[rank {}] {}\n", r.index, line);
+    r.tail.push_back(std::move(line));
+    if (r.tail.size() > kTailLines) r.tail.pop_front();
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flush_partial && !buf.empty()) {
+    out += fmt::format("[rank {}] {}\n", r.index, buf);
+    r.tail.push_back(buf);
+    if (r.tail.size() > kTailLines) r.tail.pop_front();
+    buf.clear();
+  }
+  if (!out.empty()) write_all(to_fd, out);
+}
+
+// Reads what is available on one of a rank's pipes; closes it at end of file.
+void drain(Rank& r, int& fd, std::string& buf, int to_fd) {
+  char chunk[65536];
+  const ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n > 0) {
+    buf.append(chunk, static_cast<size_t>(n));
+    emit_lines(r, buf, to_fd, false);
+  } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+    emit_lines(r, buf, to_fd, true);
+    ::close(fd);
+    fd = -1;
+  }
+}
+
+void signal_all(std::vector<Rank>& ranks, int sig) {
+  for (auto& r : ranks)
+    if (r.running) ::kill(-r.pid, sig);  // its process group: the rank and anything it started
+}
+
+struct Opts {
+  int n = 0;
+  int port = 0;
+  std::string addr = "127.0.0.1";
+  double timeout = 0, grace = 10;
+  std::string bandwidth;
+  std::vector<std::string> cmd;
+};
+
+int run_launch(const Opts& o) {
+  if (o.n < 1) throw Error("launch: -n must be at least 1");
+  if (o.cmd.empty()) throw Error("launch: no command given", "usage: gasloc launch -n N -- COMMAND ARGS...");
+  const int port = o.port > 0 ? o.port : pick_free_port();
+  const std::string exe = resolve(o.cmd[0]);
+
+  // Everything the children need is prepared before fork(): between fork and exec only
+  // async-signal-safe calls are allowed.
+  std::vector<std::string> base_env;
+  auto overridden = [](const std::string& kv) {
+    for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
+                          "TORCHELASTIC_USE_AGENT_STORE=", "GASLOC_COMM_TIMEOUT=", "GASLOC_BANDWIDTH_LIMIT="})
+      if (kv.rfind(k, 0) == 0) return true;
+    return false;
+  };
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!overridden(*e)) base_env.emplace_back(*e);
+  // Inherited settings the launcher did not override stay as they are.
+  if (o.timeout > 0) base_env.push_back(fmt::format("GASLOC_COMM_TIMEOUT={}", o.timeout));
+  else if (const char* v = std::getenv("GASLOC_COMM_TIMEOUT")) base_env.push_back(std::string("GASLOC_COMM_TIMEOUT=") + v);
+  if (!o.bandwidth.empty()) base_env.push_back("GASLOC_BANDWIDTH_LIMIT=" + o.bandwidth);
+  else if (const char* v = std::getenv("GASLOC_BANDWIDTH_LIMIT")) base_env.push_back(std::string("GASLOC_BANDWIDTH_LIMIT=") + v);
+  std::vector<std::vector<std::string>> envs(o.n, base_env);
+  for (int i = 0; i < o.n; ++i)
+    for (auto kv : {fmt::format("RANK={}", i), fmt::format("WORLD_SIZE={}", o.n), fmt::format("LOCAL_RANK={}", i),
+                    fmt::format("LOCAL_WORLD_SIZE={}", o.n), "MASTER_ADDR=" + o.addr, fmt::format("MASTER_PORT={}", port)})
+      envs[i].push_back(kv);
+  std::vector<std::vector<char*>> envps(o.n);
+  for (int i = 0; i < o.n; ++i) {
+    for (auto& kv : envs[i]) envps[i].push_back(kv.data());
+    envps[i].push_back(nullptr);
+  }
+  std::vector<std::string> args = o.cmd;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string exec_error = fmt::format("launch: cannot run {}: ", exe);
+
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("launch: pipe failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  struct sigaction old_int {}, old_term {}, old_hup {}, old_chld {};
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+  ::sigaction(SIGHUP, &sa, &old_hup);
+  ::sigaction(SIGCHLD, &sa, &old_chld);  // wakes poll() when a rank exits
+
+  const pid_t launcher = ::getpid();
+  const auto t_start = Clock::now();
+  std::vector<Rank> ranks(o.n);
+  for (int i = 0; i < o.n; ++i) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw Error("launch: pipe failed");
+    // Signals stay blocked across fork() until the child has reset its handlers: a signal that
+    // arrived in between would otherwise run the launcher's handler in the child and be
+    // reported to the launcher through the inherited self-pipe.
+    sigset_t all, saved;
+    sigfillset(&all);
+    ::sigprocmask(SIG_BLOCK, &all, &saved);
+    const pid_t pid = ::fork();
+    if (pid != 0) ::sigprocmask(SIG_SETMASK, &saved, nullptr);
+    if (pid < 0) throw Error(fmt::format("launch: fork failed: {}", std::strerror(errno)));
+    if (pid == 0) {
+      // Child: own process group (signals come from the launcher only, once), dies with the
+      // launcher, stdin from /dev/null, stdout/stderr into the launcher's pipes.
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(127);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::sigaction(s, &dfl, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      const int devnull = ::open("/dev/null", O_RDONLY);
+      if (devnull >= 0) ::dup2(devnull, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execve(exe.c_str(), argv.data(), envps[i].data());
+      [[maybe_unused]] auto w1 = ::write(2, exec_error.data(), exec_error.size());
+      const char* e = ::strerror(errno);
+      [[maybe_unused]] auto w2 = ::write(2, e, std::strlen(e));
+      [[maybe_unused]] auto w3 = ::write(2, "\n", 1);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also from the parent: no race with the first signal_all
+    ::close(out[1]);
+    ::close(err[1]);
+    ranks[i] = Rank{i, pid, out[0], err[0], {}, {}, {}, true, 0};
+  }
+
+  int first_failed = -1;   // the rank whose failure stopped the job
+  bool interrupted = false;
+  std::optional<Clock::time_point> kill_at;  // SIGKILL whoever is left at this time
+  std::optional<Clock::time_point> drain_until;
+  for (;;) {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Rank*, int>> owner{{nullptr, 0}};
+    for (auto& r : ranks) {
+      if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0}), owner.emplace_back(&r, 1);
+      if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0}), owner.emplace_back(&r, 2);
+    }
+    ::poll(fds.data(), fds.size(), 100);
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank& r = *owner[k].first;
+      if (owner[k].second == 1) drain(r, r.out_fd, r.out_partial, 1);
+      else drain(r, r.err_fd, r.err_partial, 2);
+    }
+    // Signals to the launcher.
+    char sig = 0;
+    while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+      if (sig == SIGCHLD) continue;
+      if (sig == SIGINT && interrupted) {
+        write_all(2, "launch: second interrupt: killing every rank\n");
+        signal_all(ranks, SIGKILL);
+        continue;
+      }
+      interrupted = true;
+      write_all(2, fmt::format("launch: got {}; forwarding it to every rank\n", ::strsignal(sig)));
+      signal_all(ranks, sig == SIGHUP ? SIGTERM : sig);
+      // Ctrl+C lets the ranks checkpoint for as long as they need (a second Ctrl+C kills);
+      // SIGTERM (e.g. from a scheduler) gets the grace period.
+      if (sig != SIGINT && !kill_at) kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace));
+    }
+    // Exited ranks.
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      for (auto& r : ranks) {
+        if (r.pid != pid || !r.running) continue;
+        r.running = false;
+        r.status = status;
+        if (failed(status) && first_failed < 0 && !interrupted) {
+          first_failed = r.index;
+          const double t = std::chrono::duration<double>(Clock::now() - t_start).count();
+          write_all(2, fmt::format("launch: rank {} failed with {} after {:.1f} s; stopping the other ranks\n", r.index,
+                                   describe_status(status), t));
+          signal_all(ranks, SIGTERM);
+          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace));
+        }
+      }
+    }
+    if (kill_at && Clock::now() >= *kill_at) {
+      bool any = false;
+      for (auto& r : ranks) any = any || r.running;
+      if (any) write_all(2, fmt::format("launch: ranks still running {:g} s after SIGTERM; killing them\n", o.grace));
+      signal_all(ranks, SIGKILL);
+      kill_at.reset();
+    }
+    bool running = false, open = false;
+    for (auto& r : ranks) {
+      running = running || r.running;
+      open = open || r.out_fd >= 0 || r.err_fd >= 0;
+    }
+    if (!running && !open) break;
+    if (!running) {
+      // Every rank exited but a pipe is still open (a process a rank started keeps it): read
+      // what is there for a moment, then stop listening.
+      if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(1);
+      if (Clock::now() >= *drain_until) {
+        for (auto& r : ranks) {
+          for (int* fd : {&r.out_fd, &r.err_fd})
+            if (*fd >= 0) ::close(*fd), *fd = -1;
+          emit_lines(r, r.out_partial, 1, true);
+          emit_lines(r, r.err_partial, 2, true);
+        }
+        break;
+      }
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
+  ::sigaction(SIGCHLD, &old_chld, nullptr);
+  ::close(g_signal_pipe[0]);
+  ::close(g_signal_pipe[1]);
+
+  if (first_failed >= 0) {
+    const Rank& f = ranks[first_failed];
+    std::string msg = fmt::format("launch: rank {} of {} failed with {}. {}\n", f.index, o.n, describe_status(f.status),
+                                  f.tail.empty() ? "It printed nothing." : fmt::format("Its last {} lines:", f.tail.size()));
+    for (const auto& line : f.tail) msg += "  | " + line + "\n";
+    for (const auto& r : ranks)
+      if (r.index != f.index && failed(r.status)) msg += fmt::format("launch: rank {} ended with {}\n", r.index, describe_status(r.status));
+    write_all(2, msg);
+    const int s = f.status;
+    return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+  }
+  if (interrupted) {
+    for (const auto& r : ranks)
+      if (failed(r.status)) return WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
+    return 130;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_launch(CLI::App& app) {
+  auto o = std::make_shared<Opts>();
+  app.add_option("-n,--nproc", o->n, "number of ranks (processes) to start on this host")->required();
+  app.add_option("--master-port", o->port, "port of the rendezvous store that rank 0 hosts (default: a free one)");
+  app.add_option("--master-addr", o->addr, "address of rank 0 as the ranks reach it")->capture_default_str();
+  app.add_option("--timeout", o->timeout, "communication timeout of the ranks in seconds (GASLOC_COMM_TIMEOUT; default 60)");
+  app.add_option("--bandwidth-limit", o->bandwidth,
+                 "throttle the ranks' links (GASLOC_BANDWIDTH_LIMIT): BYTES_PER_S for all, or RANK=BYTES_PER_S,...");
+  app.add_option("--grace", o->grace, "seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str();
+  app.add_option("command", o->cmd, "the command every rank runs, after --")->required();
+  app.footer("example: gasloc launch -n 4 -- gasloc comm-check");
+  return [o]() { return run_launch(*o); };
+}
+
+}  // namespace gasloc::app

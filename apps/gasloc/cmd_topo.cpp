@@ -1,0 +1,130 @@
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+
+#include "commands.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/model/llama.hpp"
+#include "gasloc/topology/spectral.hpp"
+#include "gasloc/topology/topology.hpp"
+
+namespace gasloc::app {
+
+namespace {
+
+const char* describe(topology::Kind k) {
+  switch (k) {
+    case topology::Kind::complete: return "complete graph, W = 11^T/n, run as an all-reduce";
+    case topology::Kind::one_peer: return "random matching, a fresh permutation every round";
+    case topology::Kind::two_peer: return "random ring, a fresh permutation every round";
+    case topology::Kind::ring: return "fixed ring i-1, i, i+1";
+    case topology::Kind::exp: return "one-peer exponential graph, i XOR 2^(t mod log2 n)";
+  }
+  return "";
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(v[i]);
+  return s;
+}
+
+void print_round(const topology::Topology& t, int64_t round) {
+  const int n = t.size();
+  if (t.is_random()) {
+    const auto pi = t.permutation(round);
+    if (n <= 64) fmt::print("permutation pi_{}: [{}]\n", round, join(pi));
+  }
+  if (n <= 16) {
+    const auto w = t.mixing_matrix(round);
+    fmt::print("mixing matrix W_{} (row i: the weights worker i gives each worker; . = 0):\n     ", round);
+    for (int j = 0; j < n; ++j) fmt::print("{:>6}", j);
+    fmt::print("\n");
+    for (int i = 0; i < n; ++i) {
+      fmt::print("{:>5}", i);
+      for (int j = 0; j < n; ++j) {
+        const double v = w[i * n + j];
+        if (v == 0.0) fmt::print("{:>6}", ".");
+        else fmt::print("{:>6.3f}", v);
+      }
+      fmt::print("\n");
+    }
+    return;
+  }
+  // Summarize rows by their number of nonzeros (each row's weights are all equal).
+  std::map<size_t, int> by_size;
+  for (const auto& row : t.mixing_rows(round)) ++by_size[row.size()];
+  fmt::print("mixing matrix W_{} omitted (n > 16):", round);
+  for (auto [size, count] : by_size) fmt::print(" {} row(s) with {} weight(s) of {:.4g};", count, size, 1.0 / size);
+  const int shown = std::min(n, 8);
+  fmt::print(" peers of ranks 0..{}:\n", shown - 1);
+  for (int i = 0; i < shown; ++i) fmt::print("  {:>5}: [{}]\n", i, join(t.peers(i, round)));
+}
+
+}  // namespace
+
+Action add_topo(CLI::App& app) {
+  struct Opts {
+    std::string topology;
+    int n = 0;
+    uint64_t seed = 1337;
+    int64_t round = 0;
+    int64_t rounds = 2000;
+    std::string preset = "tiny";
+    std::string wire_dtype = "bf16";
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--topology,-t", o->topology, "complete, 1peer, 2peer, ring, exp")->required();
+  app.add_option("-n,--workers", o->n, "number of workers")->required();
+  app.add_option("--seed", o->seed, "gossip seed (every worker draws round t's graph from (seed, t))")->capture_default_str();
+  app.add_option("--round", o->round, "round whose mixing matrix to print")->capture_default_str();
+  app.add_option("--rounds", o->rounds, "rounds averaged to estimate the spectral gap of random graphs")->capture_default_str();
+  app.add_option("--preset,-p", o->preset, "model preset whose parameters form the message")->capture_default_str();
+  app.add_option("--wire-dtype", o->wire_dtype, "bf16 or fp32: bytes per parameter on the wire")->capture_default_str();
+  return [o]() {
+    if (o->wire_dtype != "bf16" && o->wire_dtype != "fp32")
+      throw ConfigError("--wire-dtype must be bf16 or fp32, got '" + o->wire_dtype + "'");
+    const topology::Topology t(topology::parse_kind(o->topology), o->n, o->seed);
+    const int n = t.size();
+    fmt::print("topology {} ({}), n = {}, seed {}\n", topology::to_string(t.kind()), describe(t.kind()), n, o->seed);
+    if (t.fell_back())
+      fmt::print("note: {} needs n >= 3; with n = {} it fell back to {}\n", topology::to_string(t.requested_kind()), n,
+                 topology::to_string(t.kind()));
+    print_round(t, o->round);
+
+    const int deg = topology::max_degree(t);
+    const auto params = model::LlamaConfig::preset(o->preset).num_params();
+    const int64_t bytes_per_param = o->wire_dtype == "bf16" ? 2 : 4;
+    const int64_t message = params * bytes_per_param;
+    const double sent = topology::bytes_per_worker_per_round(t, message);
+    fmt::print("degree: {}{}\n", deg,
+               t.is_all_reduce() ? " (but run as a ring all-reduce)"
+               : t.kind() == topology::Kind::one_peer && n % 2 ? " (one worker sits out each round)" : "");
+    fmt::print("message: preset {} ({} parameters, default vocab) x {} bytes ({}) = {:.2f} MB\n", o->preset, params,
+               bytes_per_param, o->wire_dtype, static_cast<double>(message) / 1e6);
+    fmt::print("bytes sent per worker per round: {:.2f} MB ({})\n", sent / 1e6,
+               t.is_all_reduce() ? "ring all-reduce, 2(n-1)/n x message" : fmt::format("{} x message", deg));
+
+    const double gap = topology::spectral_gap(t, o->rounds);
+    const double closed = topology::spectral_gap_closed_form(t);
+    if (t.is_random())
+      fmt::print("spectral gap 1 - lambda_2(E[W^T W]): {:.4f} (estimated over {} rounds; closed form {:.4f})\n", gap,
+                 o->rounds, closed);
+    else
+      fmt::print("spectral gap 1 - lambda_2(E[W^T W]): {:.4f} (exact, over {} round{})\n", gap, t.period(),
+                 t.period() == 1 ? "" : "s");
+    const double decay = 1.0 - gap;
+    if (decay < 1e-12)
+      fmt::print("consensus decay factor per round: 0 (exact consensus after one round)\n");
+    else
+      fmt::print("consensus decay factor per round: {:.4f} (expected consensus distance shrinks 100x in ~{:.1f} rounds)\n",
+                 decay, std::log(0.01) / std::log(decay));
+    if (t.kind() == topology::Kind::exp && n > 2)
+      fmt::print("note: exp's product over {} consecutive rounds is exactly 11^T/n (exact consensus), which the gap "
+                 "of E[W^T W] does not show\n", t.period());
+    return 0;
+  };
+}
+
+}  // namespace gasloc::app

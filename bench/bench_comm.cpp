@@ -1,0 +1,305 @@
+// Communication on loopback: the Gloo backend's exchange (1peer pairs 0-1, 2-3, ...; 2peer ring)
+// and all-reduce of 25 MB and 100 MB fp32 buffers with 2, 4 and 8 processes, side by side with
+// the same transfers over plain TCP sockets measured in the same run, so the ratio says how
+// much of loopback's throughput the backend delivers.
+//
+//   build/bench_comm [--procs 2,4,8] [--sizes-mb 25,100] [--reps 3]
+//
+// The binary launches its own ranks: it hosts a rendezvous store on a free port and re-executes
+// itself once per rank with RANK/WORLD_SIZE/MASTER_* set (as gasloc launch would).
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <barrier>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "gasloc/comm/gloo.hpp"
+#include "gasloc/comm/rendezvous.hpp"
+
+using namespace gasloc;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::vector<int> procs = {2, 4, 8};
+  std::vector<double> sizes_mb = {25, 100};
+  int reps = 3;
+  std::string worker_out;  // set in a rank process
+};
+
+template <class T>
+std::vector<T> parse_list(const std::string& s) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(static_cast<T>(std::stod(x)));
+  return out;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--procs") a.procs = parse_list<int>(v);
+    else if (k == "--sizes-mb") a.sizes_mb = parse_list<double>(v);
+    else if (k == "--reps") a.reps = std::stoi(v);
+    else if (k == "--worker-out") a.worker_out = v;
+    else throw std::runtime_error("unknown option " + k);
+  }
+  return a;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int> pair_peers(int r, int n) { return (r ^ 1) < n ? std::vector<int>{r ^ 1} : std::vector<int>{}; }
+std::vector<int> ring_peers(int r, int n) {
+  return n == 2 ? std::vector<int>{1 - r} : std::vector<int>{(r + n - 1) % n, (r + 1) % n};
+}
+
+// ---- raw TCP -------------------------------------------------------------------------------
+
+// A connected pair of loopback TCP sockets.
+std::pair<int, int> socket_pair() {
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0 ||
+      ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("raw: cannot listen");
+  const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("raw: cannot connect");
+  const int s = ::accept(ls, nullptr, nullptr);
+  ::close(ls);
+  for (int fd : {c, s}) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return {c, s};
+}
+
+// One rank's side of the raw transfers: for each socket, bytes to send and to receive.
+struct RawEnd {
+  int fd;
+  size_t to_send, to_recv;
+  char* dst;
+};
+
+// Moves every end's bytes with non-blocking sockets and poll(), one thread per rank: the design
+// of Gloo's TCP transport (one event loop per process) with nothing else on top.
+void run_rank(std::vector<RawEnd> ends, const char* src) {
+  std::vector<size_t> sent(ends.size(), 0), got(ends.size(), 0);
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> idx;
+    for (size_t i = 0; i < ends.size(); ++i) {
+      short ev = 0;
+      if (sent[i] < ends[i].to_send) ev |= POLLOUT;
+      if (got[i] < ends[i].to_recv) ev |= POLLIN;
+      if (ev) fds.push_back({ends[i].fd, ev, 0}), idx.push_back(i);
+    }
+    if (fds.empty()) return;
+    ::poll(fds.data(), fds.size(), 1000);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      auto& e = ends[idx[k]];
+      const size_t i = idx[k];
+      if (fds[k].revents & POLLIN) {
+        const ssize_t n = ::recv(e.fd, e.dst + got[i], e.to_recv - got[i], MSG_DONTWAIT);
+        if (n > 0) got[i] += static_cast<size_t>(n);
+        else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) throw std::runtime_error("raw: recv failed");
+      }
+      if (fds[k].revents & POLLOUT) {
+        const ssize_t n = ::send(e.fd, src + sent[i], e.to_send - sent[i], MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) sent[i] += static_cast<size_t>(n);
+        else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) throw std::runtime_error("raw: send failed");
+      }
+    }
+  }
+}
+
+// Seconds to move `bytes` over each directed link (from, to) of n ranks at once (ranks as
+// threads, each running its own event loop; receive buffers touched beforehand): what the
+// backend's transfers cost with nothing but TCP. Median of `reps` after a warm-up.
+double raw_seconds(int n, const std::vector<std::pair<int, int>>& links, size_t bytes, int reps) {
+  std::vector<char> src(bytes, 1);
+  // An exchange's two directions over an edge share one connection, as Gloo's pair does.
+  std::map<std::pair<int, int>, std::pair<int, int>> conn;  // (lo, hi) -> (fd at lo, fd at hi)
+  for (auto [a, b] : links) {
+    const auto key = std::minmax(a, b);
+    if (!conn.count(key)) conn[key] = socket_pair();
+  }
+  std::vector<std::vector<char>> dst;
+  dst.reserve(links.size());
+  std::vector<std::vector<RawEnd>> ends(n);
+  auto end_of = [&](int r, int fd) -> RawEnd& {
+    for (auto& e : ends[r])
+      if (e.fd == fd) return e;
+    return ends[r].emplace_back(RawEnd{fd, 0, 0, nullptr});
+  };
+  for (auto [a, b] : links) {
+    const auto key = std::minmax(a, b);
+    const int fa = a < b ? conn[key].first : conn[key].second, fb = a < b ? conn[key].second : conn[key].first;
+    end_of(a, fa).to_send += bytes;
+    dst.emplace_back(bytes, 0);
+    RawEnd& eb = end_of(b, fb);
+    eb.to_recv += bytes;
+    eb.dst = dst.back().data();
+  }
+  std::vector<double> times;
+  for (int rep = 0; rep <= reps; ++rep) {
+    std::barrier sync(n + 1);
+    std::vector<std::thread> th;
+    for (int r = 0; r < n; ++r)
+      th.emplace_back([&, r] {
+        sync.arrive_and_wait();
+        run_rank(ends[r], src.data());
+      });
+    const auto t0 = Clock::now();
+    sync.arrive_and_wait();
+    for (auto& t : th) t.join();
+    if (rep > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  for (auto& [k, fds] : conn) ::close(fds.first), ::close(fds.second);
+  return median(times);
+}
+
+// The directed links of each pattern: an exchange moves the buffer both ways over each edge;
+// a ring all-reduce moves 2(n-1)/n of it one way around the ring.
+std::vector<std::pair<int, int>> links_of(const std::string& op, int n) {
+  std::vector<std::pair<int, int>> l;
+  for (int r = 0; r < n; ++r) {
+    if (op == "allreduce") l.emplace_back(r, (r + 1) % n);
+    else
+      for (int p : op == "pairs" ? pair_peers(r, n) : ring_peers(r, n)) l.emplace_back(r, p);
+  }
+  return l;
+}
+
+// ---- a rank ----------------------------------------------------------------------------------
+
+int worker(const Args& a) {
+  const auto opts = comm::gloo_options_from_env();
+  comm::GlooCommunicator c(opts);
+  const int r = c.rank(), n = c.world();
+  nlohmann::json out = nlohmann::json::array();
+  for (double mb : a.sizes_mb) {
+    const auto numel = static_cast<int64_t>(mb * 1e6 / 4);
+    torch::Tensor send = torch::ones({numel}), buf = torch::ones({numel});
+    std::vector<torch::Tensor> recv;
+    for (const std::string op : {"pairs", "ring", "allreduce"}) {
+      std::vector<double> times;
+      for (int rep = 0; rep <= a.reps; ++rep) {
+        c.barrier();
+        const auto t0 = Clock::now();
+        if (op == "allreduce") c.all_reduce_mean(buf);
+        else c.exchange(op == "pairs" ? pair_peers(r, n) : ring_peers(r, n), send, recv);
+        // The operation ends when its slowest rank is done: gather every rank's time (rank r
+        // fills slot r; the mean times n is the vector of times) and keep the largest.
+        auto t = torch::zeros({n}, torch::kDouble);
+        t[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+        c.all_reduce_mean(t);
+        if (rep > 0) times.push_back(t.max().item<double>() * n);
+      }
+      if (r == 0) out.push_back({{"op", op}, {"n", n}, {"mb", mb}, {"seconds", median(times)}});
+    }
+  }
+  if (r == 0) std::ofstream(a.worker_out) << out.dump() << "\n";
+  return 0;
+}
+
+// Runs n rank processes of this binary; returns rank 0's results.
+nlohmann::json run_ranks(const Args& a, int n) {
+  comm::StoreHost host("127.0.0.1", 0, 300);
+  const std::string out = fmt::format("/tmp/bench_comm_{}_{}.json", ::getpid(), n);
+  std::vector<std::string> sizes;
+  for (double s : a.sizes_mb) sizes.push_back(fmt::format("{}", s));
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(host.port()).c_str(), 1);
+      ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+      ::setenv("GASLOC_COMM_TIMEOUT", "300", 1);
+      const std::string reps = std::to_string(a.reps), sz = join(sizes);
+      ::execl("/proc/self/exe", "bench_comm", "--sizes-mb", sz.c_str(), "--reps", reps.c_str(), "--worker-out",
+              out.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t p : pids) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) throw std::runtime_error(fmt::format("a rank of the {}-process run failed", n));
+  std::ifstream f(out);
+  auto j = nlohmann::json::parse(f);
+  std::remove(out.c_str());
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    if (!a.worker_out.empty()) return worker(a);
+    torch::set_num_threads(1);
+    fmt::print("bench_comm: Gloo backend on loopback vs plain TCP sockets ({} cores; median of {} after a warm-up)\n",
+               std::thread::hardware_concurrency(), a.reps);
+    for (double mb : a.sizes_mb) {
+      const double t = raw_seconds(2, {{0, 1}}, static_cast<size_t>(mb * 1e6), a.reps);
+      fmt::print("raw loopback TCP, one socket pair, one direction, {} MB: {:.2f} GB/s\n", mb, mb * 1e6 / t / 1e9);
+    }
+    fmt::print("\n| op | procs | MB | Gloo ms | Gloo GB/s per rank | raw TCP ms (same transfers) | raw GB/s per rank | "
+               "Gloo / raw |\n|---|---|---|---|---|---|---|---|\n");
+    for (int n : a.procs) {
+      const auto results = run_ranks(a, n);
+      for (const auto& row : results) {
+        const std::string op = row["op"];
+        const double mb = row["mb"], t = row["seconds"];
+        const auto bytes = static_cast<size_t>(mb * 1e6);
+        // Bytes each rank sends: the buffer to each peer, or 2(n-1)/n of it for the all-reduce.
+        const double k = op == "pairs" ? 1.0 : op == "ring" ? (n == 2 ? 1.0 : 2.0) : 2.0 * (n - 1) / n;
+        const size_t per_link = op == "allreduce" ? static_cast<size_t>(bytes * k) : bytes;
+        const double raw = raw_seconds(n, links_of(op, n), per_link, a.reps);
+        const std::string label = op == "pairs" ? "exchange 1peer" : op == "ring" ? "exchange 2peer (ring)" : "all-reduce";
+        fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.0f}% |\n", label, n, mb, t * 1e3,
+                   k * bytes / t / 1e9, raw * 1e3, k * bytes / raw / 1e9, 100 * raw / t);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_comm: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,33 @@
+// [algo] section of the job file: which synchronizer runs and its settings.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gasloc/algo/synchronizer.hpp"
+
+namespace gasloc::algo {
+
+struct AlgoConfig {
+  std::string name = "none";
+  int64_t H = 30;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  std::string topology = "2peer";
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "none, allreduce, diloco, gasloc, dadam, local_dadam");
+    v("H", H, "inner steps per round (diloco, gasloc, local_dadam)");
+    v("outer_lr", outer_lr, "outer learning rate eta (diloco, gasloc)");
+    v("outer_momentum", outer_momentum, "outer Nesterov momentum mu in [0, 1) (diloco, gasloc)");
+    v("topology", topology, "gossip graph: complete, 1peer, 2peer, ring, exp (gasloc, dadam, local_dadam)");
+  }
+  // Throws ConfigError naming the key; `world` is the number of workers.
+  void validate(int world) const;
+};
+
+// The synchronizer for one worker. `seed` seeds the shared gossip graphs (same on every worker).
+std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed);
+
+}  // namespace gasloc::algo

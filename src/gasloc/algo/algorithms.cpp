@@ -1,0 +1,168 @@
+#include "gasloc/algo/algorithms.hpp"
+
+#include <torch/torch.h>
+
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::algo {
+
+void AllReduceSync::after_backward(int64_t, FlatParams& params, comm::Communicator& comm) {
+  comm.all_reduce_mean(params.grad());
+}
+
+bool RoundCounter::step_done() { return ++steps_ >= H_; }
+
+void RoundCounter::save(StateDict& s) const {
+  s["round"] = torch::tensor(round_, torch::kInt64);
+  s["steps_in_round"] = torch::tensor(steps_, torch::kInt64);
+}
+
+void RoundCounter::load(const StateDict& s) {
+  auto get = [&](const char* k) {
+    auto it = s.find(k);
+    if (it == s.end()) throw CheckpointError(std::string("checkpoint lacks the algorithm's '") + k + "'",
+                                             "it was written by another algorithm; resume with the same algo.name");
+    return it->second.item<int64_t>();
+  };
+  round_ = get("round");
+  steps_ = get("steps_in_round");
+}
+
+namespace {
+void save_outer(const std::unique_ptr<OuterNesterov>& outer, StateDict& s) {
+  if (!outer) return;
+  s["theta"] = outer->theta();
+  if (outer->momentum().defined()) s["momentum"] = outer->momentum();
+}
+
+void load_outer(std::unique_ptr<OuterNesterov>& outer, const OuterOptions& opts, const StateDict& s) {
+  auto it = s.find("theta");
+  if (it == s.end()) throw CheckpointError("checkpoint lacks the outer anchor theta", "resume with the same algo.name");
+  outer = std::make_unique<OuterNesterov>(it->second, opts);
+  if (outer->momentum().defined()) {
+    auto m = s.find("momentum");
+    if (m == s.end()) throw CheckpointError("checkpoint lacks the outer momentum", "resume with the same algo settings");
+    outer->momentum().copy_(m->second);
+  }
+}
+
+void check_finite(const torch::Tensor& t, int peer, const char* what) {
+  if (!torch::isfinite(t).all().item<bool>())
+    throw CommError(std::string(what) + ": rank " + std::to_string(peer) +
+                        " sent non-finite values (NaN or Inf); the round was rejected and the parameters are unchanged",
+                    "that worker diverged: lower optim.lr or restart it from its last checkpoint");
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+void DiLoCoSync::init(FlatParams& params) { outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_); }
+
+bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(outer_, "DiLoCoSync::init was not called");
+  if (!rounds_.step_done()) return false;
+  auto mean = params.data().clone();
+  comm.all_reduce_mean(mean);
+  check_finite(mean, -1, "diloco all-reduce");
+  outer_->step(mean);
+  params.data().copy_(outer_->theta());
+  rounds_.next_round();
+  return true;
+}
+
+StateDict DiLoCoSync::state() const {
+  StateDict s;
+  rounds_.save(s);
+  save_outer(outer_, s);
+  return s;
+}
+
+void DiLoCoSync::load_state(const StateDict& s) {
+  rounds_.load(s);
+  load_outer(outer_, outer_opts_, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
+                         comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  if (topo.is_all_reduce()) {
+    auto mean = phi.clone();
+    comm.all_reduce_mean(mean);
+    check_finite(mean, -1, "all-reduce");
+    return mean;
+  }
+  const int me = comm.rank();
+  const auto peers = topo.peers(me, round);
+  std::vector<torch::Tensor> recv;
+  comm.exchange(peers, phi, recv);
+  for (size_t k = 0; k < peers.size(); ++k) check_finite(recv[k], peers[k], "gossip exchange");
+  torch::Tensor m;
+  for (const auto& [j, w] : topo.mixing_row(me, round)) {
+    const torch::Tensor* src = &phi;
+    if (j != me) src = &recv[std::find(peers.begin(), peers.end(), j) - peers.begin()];
+    if (!m.defined()) m = *src * w;
+    else m.add_(*src, w);
+  }
+  return m;
+}
+
+GossipSync::GossipSync(int64_t H, OuterOptions outer, topology::Topology topo, std::string name)
+    : rounds_(H), outer_opts_(outer), topo_(std::move(topo)), name_(std::move(name)) {}
+
+void GossipSync::init(FlatParams& params) { outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_); }
+
+bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(outer_, "GossipSync::init was not called");
+  if (!rounds_.step_done()) return false;
+  auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm);
+  outer_->step(m);
+  params.data().copy_(outer_->theta());
+  rounds_.next_round();
+  return true;
+}
+
+StateDict GossipSync::state() const {
+  StateDict s;
+  rounds_.save(s);
+  save_outer(outer_, s);
+  return s;
+}
+
+void GossipSync::load_state(const StateDict& s) {
+  rounds_.load(s);
+  load_outer(outer_, outer_opts_, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+bool LocalDAdamSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
+  if (!rounds_.step_done()) return false;
+  auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm);
+  torch::NoGradGuard no_grad;
+  params.data().copy_(m);
+  rounds_.next_round();
+  return true;
+}
+
+StateDict LocalDAdamSync::state() const {
+  StateDict s;
+  rounds_.save(s);
+  return s;
+}
+
+void LocalDAdamSync::load_state(const StateDict& s) { rounds_.load(s); }
+
+// ---------------------------------------------------------------------------------------------
+
+void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
+  // Round t = step - 1: the gradient was taken at the pre-mixing x_i; mix x before AdamW moves it.
+  auto m = gossip_mix(topo_, step - 1, params.data(), comm);
+  torch::NoGradGuard no_grad;
+  params.data().copy_(m);
+}
+
+}  // namespace gasloc::algo

@@ -1,0 +1,108 @@
+// The synchronizers of DESIGN.md section 3, one small class each. All run unchanged on any
+// Communicator backend. Notation: phi_i live parameters (the flat buffer), theta_i the outer
+// anchor, b_i the outer momentum, H local steps per round, W_t the round's mixing matrix.
+#pragma once
+#include <memory>
+
+#include "gasloc/algo/outer.hpp"
+#include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/topology/topology.hpp"
+
+namespace gasloc::algo {
+
+// All-Reduce AdamW (DDP): gradients are averaged every step, so every worker takes the same
+// AdamW step; equals one worker with n times the batch.
+class AllReduceSync final : public Synchronizer {
+ public:
+  std::string name() const override { return "allreduce"; }
+  void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return false; }
+};
+
+// Counts inner steps into rounds of H_i steps and keeps the round number for checkpoints.
+class RoundCounter {
+ public:
+  explicit RoundCounter(int64_t H) : H_(H) {}
+  // Called after each inner step; true when the current round's local steps are done.
+  bool step_done();
+  int64_t round() const { return round_; }  // rounds completed so far
+  void next_round() { ++round_, steps_ = 0; }
+  void save(StateDict& s) const;
+  void load(const StateDict& s);
+
+ private:
+  int64_t H_, round_ = 0, steps_ = 0;
+};
+
+// DiLoCo: H local steps, then theta <- outer step towards mean_i phi_i (all-reduce), phi <- theta.
+// Written on its own, without the gossip machinery, as the reference GASLoC must reduce to.
+class DiLoCoSync final : public Synchronizer {
+ public:
+  DiLoCoSync(int64_t H, OuterOptions outer) : rounds_(H), outer_opts_(outer) {}
+  std::string name() const override { return "diloco"; }
+  void init(FlatParams& params) override;
+  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  StateDict state() const override;
+  void load_state(const StateDict& s) override;
+
+ private:
+  RoundCounter rounds_;
+  OuterOptions outer_opts_;
+  std::unique_ptr<OuterNesterov> outer_;
+};
+
+// GASLoC: H_i local steps, exchange phi with this round's gossip neighbours, m_i = sum_j
+// W_t[i,j] phi_j (j ascending), outer Nesterov step on theta_i, phi_i <- theta_i. The complete
+// topology mixes with an all-reduce. eta = 1, mu = 0 is Local-DAdam up to rounding.
+class GossipSync : public Synchronizer {
+ public:
+  GossipSync(int64_t H, OuterOptions outer, topology::Topology topo, std::string name = "gasloc");
+  std::string name() const override { return name_; }
+  void init(FlatParams& params) override;
+  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  StateDict state() const override;
+  void load_state(const StateDict& s) override;
+
+ protected:
+  RoundCounter rounds_;
+  OuterOptions outer_opts_;
+  topology::Topology topo_;
+  std::string name_;
+  std::unique_ptr<OuterNesterov> outer_;
+};
+
+// Local-DAdam: H local AdamW steps, then theta_i <- sum_j W_ij phi_j exactly (no outer step).
+class LocalDAdamSync final : public Synchronizer {
+ public:
+  LocalDAdamSync(int64_t H, topology::Topology topo) : rounds_(H), topo_(std::move(topo)) {}
+  std::string name() const override { return "local_dadam"; }
+  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  StateDict state() const override;
+  void load_state(const StateDict& s) override;
+
+ private:
+  RoundCounter rounds_;
+  topology::Topology topo_;
+};
+
+// DAdam, combine-then-adapt: every step x_i <- sum_j W_ij x_j - lr * d_i, with d_i computed
+// from the gradient at the pre-mixing x_i. The mixing happens between backward and the AdamW
+// step; Adam state is never exchanged.
+class DAdamSync final : public Synchronizer {
+ public:
+  explicit DAdamSync(topology::Topology topo) : topo_(std::move(topo)) {}
+  std::string name() const override { return "dadam"; }
+  void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return true; }
+
+ private:
+  topology::Topology topo_;
+};
+
+// m = sum_j W_t[rank, j] phi_j over the row (self included), in the row's order (j ascending)
+// so that every backend gives the same bits. Rejects non-finite tensors from peers with a
+// CommError naming the peer, before anything is modified.
+torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
+                         comm::Communicator& comm);
+
+}  // namespace gasloc::algo

@@ -1,0 +1,30 @@
+// The outer optimizer shared by DiLoCo and GASLoC: SGD with Nesterov momentum (dampening 0)
+// on the pseudo-gradient Delta = theta - m, where m is the (global or gossip) average of the
+// workers' live parameters after their local steps:
+//   b <- mu * b + Delta;  theta <- theta - eta * (Delta + mu * b)
+// mu = 0 skips the momentum buffer (and its memory) entirely.
+#pragma once
+#include <torch/types.h>
+
+namespace gasloc::algo {
+
+struct OuterOptions {
+  double lr = 0.7;        // eta
+  double momentum = 0.9;  // mu
+};
+
+class OuterNesterov {
+ public:
+  OuterNesterov(const torch::Tensor& theta0, OuterOptions opts);
+  // Applies one outer step towards `mixed` (m). `theta` is updated in place.
+  void step(const torch::Tensor& mixed);
+  torch::Tensor& theta() { return theta_; }
+  torch::Tensor& momentum() { return b_; }  // undefined when mu = 0
+  const OuterOptions& options() const { return opts_; }
+
+ private:
+  OuterOptions opts_;
+  torch::Tensor theta_, b_;
+};
+
+}  // namespace gasloc::algo

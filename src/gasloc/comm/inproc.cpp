@@ -1,0 +1,303 @@
+// The threading half of the in-process backend: the rendezvous of the ranks on a shared call
+// (inproc_call.hpp holds the rules), failure propagation, the worker threads.
+//
+// A call goes through two meeting points, both under one mutex with one condition variable:
+//   1. arrive: each rank deposits its entry; the last one settles the call (checks, prices).
+//   2. data:   each rank, without the lock, reads the others' tensors (its all-reduce chunk,
+//              its peers' sends, the root's tensor); then waits until everyone has finished
+//              reading, because only then may anyone return and modify its own tensor.
+// Every wait ends on success, on the cluster's first failure, on a missing rank that has
+// already returned from run()'s function, or at the deadline; it never hangs.
+#include "gasloc/comm/inproc.hpp"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "gasloc/comm/inproc_call.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::comm {
+
+using inproc::Call;
+using inproc::Op;
+using inproc::op_name;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace detail {
+
+struct RankState {
+  double clock = 0.0;
+  CommStats stats;
+  int64_t seq = 0;      // collective calls this rank has entered; numbers its next call
+  bool exited = false;  // its run() function has returned: it will enter no more calls
+};
+
+struct InProcState {
+  InProcState(int n, NetworkModel model, double timeout_s)
+      : n(n), model(std::move(model)), timeout_s(timeout_s), ranks(n) {}
+  const int n;
+  const NetworkModel model;
+  const double timeout_s;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  std::vector<RankState> ranks;
+  std::map<int64_t, Call> calls;   // live calls by number (at most two: ranks leaving #s, entering #s+1)
+  std::string failure;             // the first failure ("rank 3 failed: ..."); empty while healthy
+  std::exception_ptr failure_exc;  // what run() rethrows for it
+  bool running = false;
+
+  // Records the first failure and wakes every waiting rank; later failures are its consequences.
+  // Caller holds mu.
+  void fail(const std::string& what, std::exception_ptr exc) {
+    if (!failure.empty()) return;
+    failure = what;
+    failure_exc = exc;
+    cv.notify_all();
+  }
+  // Records a failure this backend detected and returns the CommError to throw for it.
+  CommError comm_failure(Op op, const std::string& what) {
+    CommError err(std::string(op_name(op)) + ": " + what);
+    fail(what, std::make_exception_ptr(err));
+    return err;
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) s += fmt::format(" and {} more", ranks.size() - 8);
+  return s;
+}
+
+class InProcComm final : public Communicator {
+ public:
+  InProcComm(detail::InProcState& s, int rank) : s_(s), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world() const override { return s_.n; }
+
+  // Communication is not differentiable: no autograd graph across ranks (NoGradGuard is per thread).
+  void all_reduce_mean(torch::Tensor& t) override {
+    torch::NoGradGuard no_grad;
+    inproc::Entry e;
+    if (t.defined()) e.tensor = t.reshape({-1});
+    const torch::Tensor mean = call(Op::AllReduceMean, std::move(e), [&](const Call& c) {
+      // Rank r reduces elements [numel*r/n, numel*(r+1)/n) of the result, summing in rank order:
+      // every element gets the same operations whichever rank computes it, so the result does
+      // not depend on n's split, and all ranks then copy the same bits.
+      const int64_t numel = c.result.numel(), lo = numel * rank_ / s_.n, len = numel * (rank_ + 1) / s_.n - lo;
+      if (len == 0) return;
+      auto out = c.result.narrow(0, lo, len);
+      out.copy_(c.entries[0].tensor.narrow(0, lo, len));
+      for (int r = 1; r < s_.n; ++r) out.add_(c.entries[r].tensor.narrow(0, lo, len));
+      out.div_(s_.n);
+    });
+    t.copy_(mean.view(t.sizes()));
+  }
+
+  void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) override {
+    torch::NoGradGuard no_grad;
+    inproc::Entry e;
+    e.tensor = send;
+    e.peers = peers;
+    std::vector<torch::Tensor> got;
+    call(Op::Exchange, std::move(e), [&](const Call& c) {
+      got.reserve(peers.size());
+      for (int j : peers) got.push_back(c.entries[j].tensor.clone(torch::MemoryFormat::Contiguous));
+    });
+    recv = std::move(got);
+  }
+
+  void broadcast(torch::Tensor& t, int root) override {
+    torch::NoGradGuard no_grad;
+    inproc::Entry e;
+    e.tensor = t;
+    e.root = root;
+    call(Op::Broadcast, std::move(e), [&](const Call& c) {
+      if (rank_ != root) t.copy_(c.entries[root].tensor);
+    });
+  }
+
+  void barrier() override { call(Op::Barrier, {}, [](const Call&) {}); }
+
+  double now() const override {
+    std::lock_guard lk(s_.mu);
+    return s_.ranks[rank_].clock;
+  }
+
+  void compute(int64_t inner_steps) override {
+    if (inner_steps < 0) throw CommError(fmt::format("compute: rank {} got a negative step count {}", rank_, inner_steps));
+    std::lock_guard lk(s_.mu);
+    s_.ranks[rank_].clock += static_cast<double>(inner_steps) * s_.model.step_time(rank_);
+  }
+
+  CommStats stats() const override {
+    std::lock_guard lk(s_.mu);
+    return s_.ranks[rank_].stats;
+  }
+
+ private:
+  // One collective call of this rank (see the file comment). `data` reads the others' entries
+  // once everyone has arrived; the return value is the call's result tensor (all-reduce).
+  torch::Tensor call(Op op, inproc::Entry e, const std::function<void(const Call&)>& data) {
+    const auto deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                                   std::chrono::duration<double>(s_.timeout_s));
+    std::unique_lock lk(s_.mu);
+    if (!s_.failure.empty()) throw CommError(std::string(op_name(op)) + ": " + s_.failure);
+    auto& me = s_.ranks[rank_];
+    const int64_t seq = me.seq++;
+    Call& c = s_.calls.try_emplace(seq, s_.n, seq).first->second;
+    e.present = true;
+    e.op = op;
+    e.clock = me.clock;
+    c.entries[rank_] = std::move(e);
+    if (++c.arrived == s_.n) {
+      inproc::settle(c, s_.model);
+      if (!c.error.empty()) s_.fail(c.error, std::make_exception_ptr(CommError(c.error)));
+      s_.cv.notify_all();
+    }
+    wait(lk, op, c, deadline, true);
+    if (!c.error.empty()) throw CommError(c.error);
+
+    lk.unlock();
+    try {
+      data(c);
+    } catch (const std::exception& ex) {
+      lk.lock();
+      throw s_.comm_failure(op, fmt::format("rank {} failed in call #{}: {}", rank_, seq, ex.what()));
+    }
+    lk.lock();
+    c.entries[rank_].data_done = true;
+    if (++c.data_done == s_.n) s_.cv.notify_all();
+    wait(lk, op, c, deadline, false);
+
+    const auto& o = c.out[rank_];
+    me.clock = o.clock.end_s;
+    me.stats.idle_s += o.clock.idle_s;
+    me.stats.bytes_sent += o.sent;
+    me.stats.bytes_received += o.received;
+    torch::Tensor result = c.result;
+    if (++c.left == s_.n) s_.calls.erase(seq);
+    return result;
+  }
+
+  // Waits until everyone has arrived at `c` (arrival) or finished reading (!arrival). Throws
+  // CommError on the cluster's failure, on a missing rank that has returned from its worker
+  // function, or at the deadline.
+  void wait(std::unique_lock<std::mutex>& lk, Op op, Call& c, SteadyClock::time_point deadline, bool arrival) {
+    auto done = [&] { return arrival ? c.ready : c.data_done == s_.n; };
+    auto missing = [&](bool exited_only) {
+      std::vector<int> m;
+      for (int r = 0; r < s_.n; ++r) {
+        const bool there = arrival ? c.entries[r].present : c.entries[r].data_done;
+        if (!there && (!exited_only || s_.ranks[r].exited)) m.push_back(r);
+      }
+      return m;
+    };
+    const char* what = arrival ? "to enter" : "to finish";
+    while (!done()) {
+      if (!s_.failure.empty()) throw CommError(std::string(op_name(op)) + ": " + s_.failure);
+      if (arrival) {
+        if (auto gone = missing(true); !gone.empty())
+          throw s_.comm_failure(op, fmt::format("{} returned from the worker function without entering {} call #{} "
+                                                "(rank {} waits in it)",
+                                                ranks_text(gone), op_name(op), c.seq, rank_));
+      }
+      if (s_.cv.wait_until(lk, deadline) == std::cv_status::timeout && !done() && s_.failure.empty())
+        throw s_.comm_failure(op, fmt::format("rank {} timed out after {:g} s waiting for {} {} {} call #{}", rank_,
+                                              s_.timeout_s, ranks_text(missing(false)), what, op_name(op), c.seq));
+    }
+  }
+
+  detail::InProcState& s_;
+  const int rank_;
+};
+
+}  // namespace
+
+InProcCluster::InProcCluster(int n, NetworkModel model, double timeout_s) {
+  if (n < 1) throw ConfigError(fmt::format("InProcCluster: the world size must be >= 1, got {}", n));
+  if (!std::isfinite(timeout_s) || timeout_s <= 0)
+    throw ConfigError(fmt::format("InProcCluster: timeout_s must be a finite number > 0, got {}", timeout_s));
+  model.validate(n);
+  state_ = std::make_unique<detail::InProcState>(n, std::move(model), timeout_s);
+  for (int r = 0; r < n; ++r) comms_.push_back(std::make_unique<InProcComm>(*state_, r));
+}
+
+InProcCluster::~InProcCluster() = default;
+
+int InProcCluster::world() const { return state_->n; }
+
+const NetworkModel& InProcCluster::model() const { return state_->model; }
+
+Communicator& InProcCluster::comm(int rank) {
+  comm_at(rank, "comm");
+  return *comms_[rank];
+}
+
+void InProcCluster::run(const std::function<void(int, Communicator&)>& f) {
+  auto& s = *state_;
+  {
+    std::lock_guard lk(s.mu);
+    if (s.running) throw CommError("InProcCluster::run: already running (run() is not reentrant)");
+    if (!s.failure.empty())
+      throw CommError("InProcCluster::run: the cluster failed earlier (" + s.failure + ")",
+                      "a failed in-process cluster stays failed; create a new one");
+    s.running = true;
+    for (auto& r : s.ranks) r.exited = false;
+  }
+  auto worker = [&](int r) {
+    try {
+      f(r, *comms_[r]);
+    } catch (const std::exception& e) {
+      std::lock_guard lk(s.mu);
+      s.fail(fmt::format("rank {} failed: {}", r, e.what()), std::current_exception());
+    } catch (...) {
+      std::lock_guard lk(s.mu);
+      s.fail(fmt::format("rank {} failed: unknown exception", r), std::current_exception());
+    }
+    std::lock_guard lk(s.mu);
+    s.ranks[r].exited = true;
+    s.cv.notify_all();  // ranks waiting for it must learn it will never come
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(s.n);
+  try {
+    for (int r = 0; r < s.n; ++r) threads.emplace_back(worker, r);
+  } catch (const std::exception& e) {
+    // The missing ranks never arrive: fail the started ones rather than let them time out.
+    std::lock_guard lk(s.mu);
+    s.fail(fmt::format("could not start the thread of rank {}: {}", threads.size(), e.what()), std::current_exception());
+  }
+  for (auto& t : threads) t.join();
+
+  std::lock_guard lk(s.mu);
+  s.running = false;
+  for (auto& r : s.ranks) r.exited = false;  // comm() stays usable from the caller's own threads
+  if (s.failure_exc) std::rethrow_exception(s.failure_exc);
+}
+
+const Communicator& InProcCluster::comm_at(int rank, const char* what) const {
+  if (rank < 0 || rank >= state_->n)
+    throw CommError(fmt::format("InProcCluster::{}: rank {} is outside a world of {}", what, rank, state_->n));
+  return *comms_[rank];
+}
+
+CommStats InProcCluster::stats(int rank) const { return comm_at(rank, "stats").stats(); }
+
+double InProcCluster::clock(int rank) const { return comm_at(rank, "clock").now(); }
+
+}  // namespace gasloc::comm

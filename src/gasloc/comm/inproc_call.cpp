@@ -1,0 +1,157 @@
+#include "gasloc/comm/inproc_call.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <set>
+
+namespace gasloc::comm::inproc {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::AllReduceMean: return "all_reduce_mean";
+    case Op::Exchange: return "exchange";
+    case Op::Broadcast: return "broadcast";
+    case Op::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+namespace {
+
+// "" when rank r's tensor `a` can meet rank q's tensor `b`, else why not, naming both ranks.
+std::string mismatch(const char* op, int r, const torch::Tensor& a, int q, const torch::Tensor& b) {
+  if (a.numel() != b.numel()) return fmt::format("{}: rank {} sent {} elements, rank {} sent {}", op, r, a.numel(), q, b.numel());
+  if (a.sizes() != b.sizes())
+    return fmt::format("{}: rank {} sent shape [{}], rank {} sent shape [{}]", op, r, fmt::join(a.sizes(), ", "), q,
+                       fmt::join(b.sizes(), ", "));
+  if (a.scalar_type() != b.scalar_type())
+    return fmt::format("{}: rank {} sent {}, rank {} sent {}", op, r, c10::toString(a.scalar_type()), q,
+                       c10::toString(b.scalar_type()));
+  if (a.device() != b.device()) return fmt::format("{}: rank {} sent a tensor on {}, rank {} on {}", op, r, a.device().str(), q, b.device().str());
+  return {};
+}
+
+std::string undefined(const char* op, int r) { return fmt::format("{}: rank {} passed an undefined tensor", op, r); }
+
+std::string check_all_reduce(const Call& c) {
+  const auto& e = c.entries;
+  for (int r = 0; r < static_cast<int>(e.size()); ++r) {
+    if (!e[r].tensor.defined()) return undefined("all_reduce_mean", r);
+    if (!e[r].tensor.is_floating_point())
+      return fmt::format("all_reduce_mean: rank {} passed a {} tensor; only floating-point tensors can be averaged", r,
+                         c10::toString(e[r].tensor.scalar_type()));
+    if (auto m = mismatch("all_reduce_mean", r, e[r].tensor, 0, e[0].tensor); !m.empty()) return m;
+  }
+  return {};
+}
+
+std::string check_broadcast(const Call& c) {
+  const auto& e = c.entries;
+  const int n = static_cast<int>(e.size()), root = e[0].root;
+  for (int r = 1; r < n; ++r)
+    if (e[r].root != root) return fmt::format("broadcast: rank {} passed root {}, rank 0 passed root {}", r, e[r].root, root);
+  if (root < 0 || root >= n) return fmt::format("broadcast: root {} is outside a world of {}", root, n);
+  for (int r = 0; r < n; ++r) {
+    if (!e[r].tensor.defined()) return undefined("broadcast", r);
+    if (auto m = mismatch("broadcast", r, e[r].tensor, root, e[root].tensor); !m.empty()) return m;
+  }
+  return {};
+}
+
+// Peer lists must be valid and symmetric; every rank with peers must send the same shape and
+// dtype (one message size per round, which is what the cost model prices).
+std::string check_exchange(const Call& c) {
+  const auto& e = c.entries;
+  const int n = static_cast<int>(e.size());
+  int first = -1;  // the first rank with peers: the others' sends are compared with its
+  for (int r = 0; r < n; ++r) {
+    std::set<int> seen;
+    for (int j : e[r].peers) {
+      if (j < 0 || j >= n) return fmt::format("exchange: rank {} lists peer {}, outside a world of {}", r, j, n);
+      if (j == r) return fmt::format("exchange: rank {} lists itself as a peer", r);
+      if (!seen.insert(j).second) return fmt::format("exchange: rank {} lists peer {} twice", r, j);
+      const auto& back = e[j].peers;
+      if (std::find(back.begin(), back.end(), r) == back.end())
+        return fmt::format("exchange: rank {} lists rank {} as a peer but rank {} does not list rank {} (its peers: [{}])",
+                           r, j, j, r, fmt::join(back, ", "));
+    }
+    if (e[r].peers.empty()) continue;
+    if (!e[r].tensor.defined()) return undefined("exchange", r);
+    if (first < 0) first = r;
+    if (auto m = mismatch("exchange", r, e[r].tensor, first, e[first].tensor); !m.empty()) return m;
+  }
+  return {};
+}
+
+std::string check(const Call& c) {
+  const auto& e = c.entries;
+  for (size_t r = 1; r < e.size(); ++r)
+    if (e[r].op != e[0].op)
+      return fmt::format("collective mismatch: rank 0 called {}, rank {} called {}", op_name(e[0].op), r, op_name(e[r].op));
+  switch (e[0].op) {
+    case Op::AllReduceMean: return check_all_reduce(c);
+    case Op::Exchange: return check_exchange(c);
+    case Op::Broadcast: return check_broadcast(c);
+    case Op::Barrier: return {};
+  }
+  return {};
+}
+
+int64_t tensor_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+void price(Call& c, const NetworkModel& m) {
+  auto& e = c.entries;
+  const int n = static_cast<int>(e.size());
+  std::vector<double> t(n);
+  for (int r = 0; r < n; ++r) t[r] = e[r].clock;
+  std::vector<ClockUpdate> clocks;
+  switch (e[0].op) {
+    case Op::AllReduceMean: {
+      const int64_t P = m.message_bytes(tensor_bytes(e[0].tensor));
+      clocks = all_reduce_clocks(m, static_cast<double>(P), t);
+      for (auto& o : c.out) o.sent = o.received = ring_allreduce_bytes(P, n);
+      c.result = torch::empty({e[0].tensor.numel()}, e[0].tensor.options());
+      break;
+    }
+    case Op::Exchange: {
+      std::vector<std::vector<int>> peers(n);
+      int64_t P = 0;
+      for (int r = 0; r < n; ++r) {
+        peers[r] = e[r].peers;
+        if (!peers[r].empty()) P = m.message_bytes(tensor_bytes(e[r].tensor));
+      }
+      clocks = exchange_clocks(m, static_cast<double>(P), peers, t);
+      for (int r = 0; r < n; ++r) c.out[r].sent = c.out[r].received = P * static_cast<int64_t>(peers[r].size());
+      break;
+    }
+    case Op::Broadcast: {
+      // Priced as a pipelined chain root -> root+1 -> ... (mod n): each rank but the last
+      // forwards P bytes once, each rank but the root receives them once.
+      const int root = e[0].root;
+      const int64_t P = m.message_bytes(tensor_bytes(e[root].tensor));
+      clocks = broadcast_clocks(m, static_cast<double>(P), t);
+      for (int r = 0; r < n; ++r) {
+        const int pos = (r - root + n) % n;
+        c.out[r].sent = pos < n - 1 ? P : 0;
+        c.out[r].received = pos > 0 ? P : 0;
+      }
+      break;
+    }
+    case Op::Barrier: clocks = barrier_clocks(t); break;
+  }
+  for (int r = 0; r < n; ++r) c.out[r].clock = clocks[r];
+}
+
+}  // namespace
+
+void settle(Call& call, const NetworkModel& model) {
+  call.error = check(call);
+  if (!call.error.empty()) call.error += fmt::format(" (collective call #{})", call.seq);
+  else price(call, model);
+  call.ready = true;
+}
+
+}  // namespace gasloc::comm::inproc

@@ -1,0 +1,132 @@
+#include "gasloc/comm/network_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::comm {
+
+namespace {
+
+[[noreturn]] void bad_field(const std::string& field, const std::string& why) {
+  throw ConfigError("network model: " + field + " " + why, "fix '" + field + "' in the network settings");
+}
+
+void check_positive(const std::string& field, double v) {
+  if (!std::isfinite(v) || v <= 0) bad_field(field, "must be a finite number > 0, got " + std::to_string(v));
+}
+
+void check_non_negative(const std::string& field, double v) {
+  if (!std::isfinite(v) || v < 0) bad_field(field, "must be a finite number >= 0, got " + std::to_string(v));
+}
+
+void check_per_rank(const std::string& field, const std::vector<double>& v, int world) {
+  if (!v.empty() && static_cast<int>(v.size()) != world)
+    bad_field(field, "has " + std::to_string(v.size()) + " entries; it needs one per rank (" + std::to_string(world) +
+                         ") or none");
+  for (size_t r = 0; r < v.size(); ++r) check_positive(field + "[" + std::to_string(r) + "]", v[r]);
+}
+
+// The per-rank factor of a list that may be empty (= 1 everywhere).
+double factor(const std::vector<double>& v, int rank, const char* field) {
+  if (v.empty()) return 1.0;
+  if (rank < 0 || rank >= static_cast<int>(v.size()))
+    throw CommError(std::string("network model: no ") + field + " entry for rank " + std::to_string(rank));
+  return v[rank];
+}
+
+double max_of(const std::vector<double>& t) { return t.empty() ? 0.0 : *std::max_element(t.begin(), t.end()); }
+
+double min_bandwidth(const NetworkModel& m, int n) {
+  double b = m.bandwidth(0);
+  for (int r = 1; r < n; ++r) b = std::min(b, m.bandwidth(r));
+  return b;
+}
+
+// Every worker starts at max t and ends `seconds` later.
+std::vector<ClockUpdate> synchronized(const std::vector<double>& t, double seconds) {
+  const double start = max_of(t);
+  std::vector<ClockUpdate> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) out[i] = {start + seconds, start - t[i]};
+  return out;
+}
+
+}  // namespace
+
+void NetworkModel::validate(int world) const {
+  if (world < 1) throw ConfigError("network model: world must be >= 1, got " + std::to_string(world));
+  check_non_negative("step_time_s", step_time_s);
+  check_positive("bandwidth_Bps", bandwidth_Bps);
+  check_non_negative("latency_s", latency_s);
+  check_per_rank("slowdown", slowdown, world);
+  check_per_rank("bandwidth_scale", bandwidth_scale, world);
+  if (simulated_message_bytes < 0)
+    bad_field("simulated_message_bytes", "must be >= 0, got " + std::to_string(simulated_message_bytes));
+}
+
+double NetworkModel::step_time(int rank) const { return step_time_s * factor(slowdown, rank, "slowdown"); }
+
+double NetworkModel::bandwidth(int rank) const { return bandwidth_Bps * factor(bandwidth_scale, rank, "bandwidth_scale"); }
+
+double pair_exchange_seconds(double P, double B_i, double B_j, int k_i, int k_j, double latency_s) {
+  if (k_i < 1 || k_j < 1)
+    throw CommError("pair_exchange_seconds: neighbour counts must be >= 1, got " + std::to_string(k_i) + " and " +
+                    std::to_string(k_j));
+  return latency_s + P / std::min(B_i / k_i, B_j / k_j);
+}
+
+double ring_allreduce_seconds(double P, int n, double min_B, double latency_s) {
+  if (n <= 1) return 0.0;
+  return 2.0 * (n - 1) * latency_s + 2.0 * (n - 1) / n * P / min_B;
+}
+
+double broadcast_seconds(double P, int n, double min_B, double latency_s) {
+  if (n <= 1) return 0.0;
+  return latency_s + P / min_B;
+}
+
+int64_t ring_allreduce_bytes(int64_t P, int n) {
+  if (n <= 1) return 0;
+  return 2 * static_cast<int64_t>(n - 1) * P / n;
+}
+
+std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, double P, const std::vector<std::vector<int>>& peers,
+                                         const std::vector<double>& t) {
+  const int n = static_cast<int>(t.size());
+  if (static_cast<int>(peers.size()) != n)
+    throw CommError("exchange_clocks: " + std::to_string(peers.size()) + " peer lists for " + std::to_string(n) + " clocks");
+  std::vector<ClockUpdate> out(n);
+  for (int i = 0; i < n; ++i) {
+    out[i].end_s = t[i];
+    if (peers[i].empty()) continue;
+    const int k_i = static_cast<int>(peers[i].size());
+    double latest_start = t[i], latest_end = t[i];
+    for (int j : peers[i]) {
+      if (j < 0 || j >= n) throw CommError("exchange_clocks: rank " + std::to_string(i) + " lists peer " + std::to_string(j));
+      const int k_j = static_cast<int>(peers[j].size());
+      const double start = std::max(t[i], t[j]);
+      latest_start = std::max(latest_start, start);
+      latest_end = std::max(latest_end, start + pair_exchange_seconds(P, m.bandwidth(i), m.bandwidth(j), k_i, k_j, m.latency_s));
+    }
+    out[i] = {latest_end, latest_start - t[i]};
+  }
+  return out;
+}
+
+std::vector<ClockUpdate> all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t) {
+  const int n = static_cast<int>(t.size());
+  if (n == 0) return {};
+  return synchronized(t, ring_allreduce_seconds(P, n, min_bandwidth(m, n), m.latency_s));
+}
+
+std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const std::vector<double>& t) {
+  const int n = static_cast<int>(t.size());
+  if (n == 0) return {};
+  return synchronized(t, broadcast_seconds(P, n, min_bandwidth(m, n), m.latency_s));
+}
+
+std::vector<ClockUpdate> barrier_clocks(const std::vector<double>& t) { return synchronized(t, 0.0); }
+
+}  // namespace gasloc::comm

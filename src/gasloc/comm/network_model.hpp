@@ -1,0 +1,66 @@
+// The cost model of the simulated cluster (DESIGN.md section 5): how long compute and messages
+// take on each worker's virtual clock. Pure functions of their arguments, free of tensors and
+// threads, so the in-process backend, the Gloo backend's link throttling and the time-budget
+// local-step policy all price a round the same way.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace gasloc::comm {
+
+struct NetworkModel {
+  double step_time_s = 0.1;               // compute time of one inner step on an unimpeded worker
+  double bandwidth_Bps = 125e6;           // bytes/s per worker (1 Gbit/s), full duplex
+  double latency_s = 1e-3;                // per message
+  std::vector<double> slowdown;           // per-rank factor on step_time_s; empty = all 1
+  std::vector<double> bandwidth_scale;    // per-rank factor on bandwidth_Bps; empty = all 1
+  int64_t simulated_message_bytes = 0;    // price every message as this many bytes (0 = actual bytes)
+
+  // Throws ConfigError naming the field when a value is out of range, not finite, or a per-rank
+  // list is neither empty nor `world` long.
+  void validate(int world) const;
+  // Compute time of one inner step on `rank` (step_time_s * slowdown[rank]).
+  double step_time(int rank) const;
+  // Bandwidth of `rank` in bytes/s (bandwidth_Bps * bandwidth_scale[rank]).
+  double bandwidth(int rank) const;
+  // The size a message of `actual_bytes` is priced (and counted in CommStats) as.
+  int64_t message_bytes(int64_t actual_bytes) const {
+    return simulated_message_bytes > 0 ? simulated_message_bytes : actual_bytes;
+  }
+};
+
+// Seconds for workers i and j to swap P-byte messages: l + P / min(B_i / k_i, B_j / k_j). A
+// worker with k simultaneous neighbours shares its bandwidth equally among them, so the slower
+// end of the link (after sharing) sets the pace.
+double pair_exchange_seconds(double P, double B_i, double B_j, int k_i, int k_j, double latency_s);
+// Seconds of a bandwidth-optimal ring all-reduce of P bytes over n workers:
+// 2(n-1) l + 2(n-1)/n * P / min_B (reduce-scatter then all-gather, each n-1 steps); 0 for n = 1.
+double ring_allreduce_seconds(double P, int n, double min_B, double latency_s);
+// Seconds of a broadcast of P bytes: l + P / min_B (a pipelined chain, whose throughput is that
+// of its slowest link); 0 for n = 1.
+double broadcast_seconds(double P, int n, double min_B, double latency_s);
+// Bytes each worker sends (and receives) in a ring all-reduce: 2(n-1)/n * P, rounded down.
+int64_t ring_allreduce_bytes(int64_t P, int n);
+
+// Where one worker's clock lands after a communication call, and how much of that it spent
+// waiting for others (CommStats::idle_s).
+struct ClockUpdate {
+  double end_s = 0.0;
+  double idle_s = 0.0;
+};
+
+// The clocks after an exchange round: peers[i] lists worker i's neighbours (symmetric), t[i] is
+// its clock at entry. Each transfer (i, j) starts at max(t_i, t_j) and takes
+// pair_exchange_seconds; worker i ends at its latest transfer end and idles from t_i to its
+// latest transfer start. A worker without neighbours keeps its clock.
+std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, double P, const std::vector<std::vector<int>>& peers,
+                                         const std::vector<double>& t);
+// All-reduce: starts at max t, takes ring_allreduce_seconds with the slowest bandwidth; every
+// clock ends there.
+std::vector<ClockUpdate> all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t);
+// Broadcast: starts at max t, takes broadcast_seconds with the slowest bandwidth.
+std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const std::vector<double>& t);
+// Barrier: every clock becomes max t (no message cost: it synchronizes, it does not transfer).
+std::vector<ClockUpdate> barrier_clocks(const std::vector<double>& t);
+
+}  // namespace gasloc::comm

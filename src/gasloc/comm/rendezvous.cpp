@@ -1,0 +1,300 @@
+#include "gasloc/comm/rendezvous.hpp"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gasloc/comm/gloo.hpp"
+#include "gasloc/core/error.hpp"
+#ifdef GASLOC_WITH_NCCL
+#include "gasloc/comm/nccl.hpp"
+#endif
+
+namespace gasloc::comm {
+
+namespace {
+
+const char* kLaunchHint =
+    "run every rank under `gasloc launch -n N -- COMMAND ...` (or torchrun), which sets RANK, WORLD_SIZE, "
+    "MASTER_ADDR and MASTER_PORT";
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Whole-string integer: "4x" and "" are errors, not 4 and 0 (std::stoi would accept "4x").
+bool parse_int(const std::string& text, long long& out) {
+  const std::string s = trim(text);
+  if (s.empty()) return false;
+  const char* first = s.data() + (s[0] == '+' ? 1 : 0);
+  auto [p, ec] = std::from_chars(first, s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_double(const std::string& text, double& out) {
+  const std::string s = trim(text);
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && std::isfinite(out);
+}
+
+long long require_int(const std::function<const char*(const char*)>& lookup, const char* name) {
+  const char* v = lookup(name);
+  if (v == nullptr) throw CommError(fmt::format("{} is not set", name), kLaunchHint);
+  long long x = 0;
+  if (!parse_int(v, x)) throw CommError(fmt::format("{}='{}' is not an integer", name, v), kLaunchHint);
+  return x;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string this_host() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// A process that exited but was not reaped yet (a zombie) still answers kill(pid, 0), so read
+// its state from /proc instead.
+bool process_running(long pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+std::string key(const std::string& what, int rank) { return what + "/" + std::to_string(rank); }
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+}  // namespace
+
+double parse_bandwidth_limit(const std::string& spec_in, int rank) {
+  const std::string spec = trim(spec_in);
+  if (spec.empty()) return 0;
+  double v = 0;
+  if (spec.find('=') == std::string::npos) {
+    if (!parse_double(spec, v) || v < 0)
+      throw CommError(fmt::format("GASLOC_BANDWIDTH_LIMIT='{}' is not a bandwidth in bytes/s", spec),
+                      "use a number such as 1e8, or per-rank entries such as 2=1e7,3=5e7");
+    return v;
+  }
+  double mine = 0;
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto eq = item.find('=');
+    long long r = 0;
+    if (eq == std::string::npos || !parse_int(item.substr(0, eq), r) || !parse_double(item.substr(eq + 1), v) || v < 0)
+      throw CommError(fmt::format("GASLOC_BANDWIDTH_LIMIT entry '{}' is not RANK=BYTES_PER_S", trim(item)),
+                      "use a number such as 1e8, or per-rank entries such as 2=1e7,3=5e7");
+    if (r == rank) mine = v;
+  }
+  return mine;
+}
+
+void validate(const GlooOptions& o) {
+  if (o.world < 1) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", o.world), kLaunchHint);
+  if (o.rank < 0 || o.rank >= o.world)
+    throw CommError(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", o.rank, o.world),
+                    "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
+  if (o.master_addr.empty()) throw CommError("MASTER_ADDR is empty", kLaunchHint);
+  // Port 0 only makes sense for a rank that hosts the store (the OS picks the port).
+  const int lo = (o.rank == 0 && !o.connect_only) ? 0 : 1;
+  if (o.master_port < lo || o.master_port > 65535)
+    throw CommError(fmt::format("MASTER_PORT={} is outside {}..65535", o.master_port, lo), kLaunchHint);
+  if (!(o.timeout_s > 0)) throw CommError(fmt::format("the communication timeout must be positive, not {} s", o.timeout_s));
+  if (!(o.bandwidth_limit_Bps >= 0))
+    throw CommError(fmt::format("the bandwidth limit must be >= 0 bytes/s (0 = unlimited), not {}", o.bandwidth_limit_Bps));
+}
+
+GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>& lookup) {
+  GlooOptions o;
+  // Check presence of all four first, so that a bare run names every missing variable at once.
+  std::string missing;
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    if (lookup(name) == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  if (!missing.empty())
+    throw CommError(fmt::format("{} {} not set: this command must run as one rank of a process group", missing,
+                                missing.find(',') == std::string::npos ? "is" : "are"),
+                    kLaunchHint);
+  const long long world = require_int(lookup, "WORLD_SIZE");
+  const long long rank = require_int(lookup, "RANK");
+  const long long port = require_int(lookup, "MASTER_PORT");
+  if (world < 1 || world > (1 << 20)) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", world), kLaunchHint);
+  if (rank < 0 || rank >= world)
+    throw CommError(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", rank, world),
+                    "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
+  if (port < 1 || port > 65535) throw CommError(fmt::format("MASTER_PORT={} is outside 1..65535", port), kLaunchHint);
+  o.world = static_cast<int>(world);
+  o.rank = static_cast<int>(rank);
+  o.master_port = static_cast<int>(port);
+  o.master_addr = trim(lookup("MASTER_ADDR"));
+  if (const char* v = lookup("LOCAL_RANK")) {
+    long long lr = 0;
+    if (!parse_int(v, lr) || lr < 0) throw CommError(fmt::format("LOCAL_RANK='{}' is not a non-negative integer", v));
+    o.local_rank = static_cast<int>(lr);
+  }
+  if (const char* v = lookup("GASLOC_COMM_TIMEOUT")) {
+    if (!parse_double(v, o.timeout_s) || o.timeout_s <= 0)
+      throw CommError(fmt::format("GASLOC_COMM_TIMEOUT='{}' is not a positive number of seconds", v));
+  }
+  if (const char* v = lookup("GASLOC_BANDWIDTH_LIMIT")) o.bandwidth_limit_Bps = parse_bandwidth_limit(v, o.rank);
+  if (const char* v = lookup("GLOO_SOCKET_IFNAME")) o.interface = trim(v);
+  if (const char* v = lookup("TORCHELASTIC_USE_AGENT_STORE")) o.connect_only = trim(v) == "True" || trim(v) == "1";
+  validate(o);
+  return o;
+}
+
+GlooOptions gloo_options_from_env() {
+  return gloo_options_from_env([](const char* name) { return std::getenv(name); });
+}
+
+c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
+  validate(o);
+  const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(o.master_port);
+  so.isServer = o.rank == 0 && !o.connect_only;
+  so.numWorkers = c10::nullopt;  // we wait for the ranks ourselves, to name the missing ones
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> tcp;
+  try {
+    tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    if (so.isServer && (msg.find("in use") != std::string::npos || msg.find("errno: 98") != std::string::npos))
+      throw CommError(fmt::format("rank 0 cannot host the rendezvous store on port {}: the port is already in use",
+                                  o.master_port),
+                      fmt::format("choose another port (gasloc launch --master-port P, or MASTER_PORT), or stop the "
+                                  "process that holds it (ss -ltnp | grep :{})",
+                                  o.master_port));
+    if (so.isServer)
+      throw CommError(fmt::format("rank 0 cannot host the rendezvous store on port {}: {}", o.master_port,
+                                  msg.substr(0, msg.find('\n'))));
+    throw CommError(fmt::format("rank {} could not reach the rendezvous store at {} within {} s: {}", o.rank, where,
+                                o.timeout_s, msg.substr(0, msg.find('\n'))),
+                    "is rank 0 running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?");
+  }
+  // Keys of this job live under one prefix, so a store shared with an agent (torchrun) that
+  // restarts workers does not mix attempts.
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      std::string("gasloc/") + (attempt != nullptr ? attempt : "0"), tcp);
+  try {
+    // WORLD_SIZE: the first rank to arrive sets it; every other rank compares.
+    const auto agreed = text(store->compareSet("world", {}, bytes(std::to_string(o.world))));
+    if (agreed != std::to_string(o.world))
+      throw CommError(fmt::format("rank {} has WORLD_SIZE={} but another rank joined the store at {} with WORLD_SIZE={}",
+                                  o.rank, o.world, where, agreed),
+                      "every rank must get the same WORLD_SIZE");
+    if (store->add(key("rank", o.rank), 1) != 1)
+      throw CommError(fmt::format("two processes claim RANK={} at the store {}", o.rank, where),
+                      "every rank needs a distinct RANK in 0..WORLD_SIZE-1");
+    store->set(key("proc", o.rank), bytes(fmt::format("{} {}", this_host(), ::getpid())));
+    // Wait for everyone by polling check(): unlike a blocking wait() it tells us who is missing
+    // when the deadline passes.
+    std::vector<std::string> keys;
+    for (int r = 0; r < o.world; ++r) keys.push_back(key("rank", r));
+    const double deadline = now_s() + o.timeout_s;
+    for (int sleep_ms = 1; !store->check(keys); sleep_ms = std::min(50, sleep_ms * 2)) {
+      if (now_s() > deadline) {
+        std::string missing;
+        int n = 0;
+        for (int r = 0; r < o.world; ++r)
+          if (!store->check({key("rank", r)})) missing += (n++ ? ", " : "") + std::to_string(r);
+        throw CommError(fmt::format("rendezvous timed out after {} s on rank {}: rank{} {} of {} never joined the store "
+                                    "at {}",
+                                    o.timeout_s, o.rank, n > 1 ? "s" : "", missing, o.world, where),
+                        "they may not have started, may have crashed, or were given another MASTER_PORT or WORLD_SIZE");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    }
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    throw CommError(fmt::format("rank {}: rendezvous at {} failed: {}", o.rank, where, msg.substr(0, msg.find('\n'))),
+                    "rank 0 (which hosts the store) may have exited");
+  }
+  return store;
+}
+
+std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world) {
+  const std::string host = this_host();
+  std::string out;
+  try {
+    for (int r = 0; r < world; ++r) {
+      if (r == self_rank) continue;
+      const std::string v = text(store.get(key("proc", r)));
+      const auto sp = v.rfind(' ');
+      if (sp == std::string::npos || v.substr(0, sp) != host) continue;
+      long long pid = 0;
+      if (!parse_int(v.substr(sp + 1), pid) || pid == ::getpid()) continue;  // ranks as threads: no verdict
+      if (!process_running(static_cast<long>(pid)))
+        out += fmt::format("{}rank {} (pid {}) is no longer running", out.empty() ? "; confirmed: " : ", ", r, pid);
+    }
+  } catch (const std::exception&) {
+    return "; the rendezvous store is unreachable too (rank 0, which hosts it, may have died)";
+  }
+  return out;
+}
+
+StoreHost::StoreHost(const std::string& addr, int port, double timeout_s) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  try {
+    auto s = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    port_ = s->getPort();
+    store_ = s;
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    throw CommError(fmt::format("cannot host a rendezvous store on {}:{}: {}", addr, port, msg.substr(0, msg.find('\n'))));
+  }
+}
+
+StoreHost::~StoreHost() = default;
+
+int StoreHost::port() const { return port_; }
+
+bool nccl_available() {
+#ifdef GASLOC_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> make_process_communicator(const std::string& backend, const GlooOptions& o) {
+  if (backend == "gloo") return std::make_unique<GlooCommunicator>(o);
+  if (backend == "nccl") {
+#ifdef GASLOC_WITH_NCCL
+    return std::make_unique<NcclCommunicator>(o);
+#else
+    throw CommError("this gasloc was built without NCCL (its LibTorch has no CUDA)",
+                    "use --backend gloo, or build against a CUDA LibTorch (scripts/gpu_check.sh shows how)");
+#endif
+  }
+  throw CommError(fmt::format("unknown communication backend '{}'", backend), "use gloo or nccl");
+}
+
+}  // namespace gasloc::comm

@@ -1,0 +1,239 @@
+// Synchronizers on the in-process cluster, each pinned to a simpler algorithm it must reduce
+// to (DESIGN.md section 3) or to hand-computed values. Tolerances are stated per test.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/algorithms.hpp"
+#include "gasloc/comm/inproc.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/data/dataset.hpp"
+#include "gasloc/data/sampler.hpp"
+#include "gasloc/train/worker.hpp"
+#include "test_util.hpp"
+
+using namespace gasloc;
+
+namespace {
+struct ClusterRun {
+  std::vector<torch::Tensor> params;            // final phi per rank
+  std::vector<std::vector<double>> losses;      // per rank, per step
+};
+
+class Algo : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = test_util::temp_root("test_algo");
+    data_ = test_util::make_byte_dataset(root_);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
+
+  // n workers of the nano job, each with the synchronizer made from `a`, for `steps` inner steps.
+  static ClusterRun run(int n, const algo::AlgoConfig& a, int64_t steps, std::vector<std::string> extra = {}) {
+    const auto job = test_util::nano_job(data_, extra);
+    const auto ds = data::Dataset::open(job.data.dir);
+    const auto mc = job.model.resolve(ds.vocab_size);
+    comm::InProcCluster cluster(n);
+    std::vector<std::unique_ptr<train::Worker>> workers;
+    for (int r = 0; r < n; ++r)
+      workers.push_back(std::make_unique<train::Worker>(job, mc, ds, cluster.comm(r), algo::make_synchronizer(a, n, job.train.seed)));
+    ClusterRun out;
+    out.losses.resize(n);
+    cluster.run([&](int r, comm::Communicator&) {
+      for (int64_t s = 0; s < steps; ++s) out.losses[r].push_back(workers[r]->step().loss);
+    });
+    for (auto& w : workers) out.params.push_back(w->params().data().clone());
+    return out;
+  }
+
+  static algo::AlgoConfig cfg(const std::string& name, int64_t H = 5, double eta = 0.7, double mu = 0.9,
+                              const std::string& topo = "2peer") {
+    algo::AlgoConfig a;
+    a.name = name;
+    a.H = H;
+    a.outer_lr = eta;
+    a.outer_momentum = mu;
+    a.topology = topo;
+    return a;
+  }
+
+  static inline std::filesystem::path root_, data_;
+};
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+}  // namespace
+
+TEST_F(Algo, GasLocOnTheCompleteGraphIsDiLoCo) {
+  // n = 4, H = 5, 4 rounds. Same operations in the same order: bitwise equal.
+  const auto diloco = run(4, cfg("diloco"), 20);
+  const auto gasloc = run(4, cfg("gasloc", 5, 0.7, 0.9, "complete"), 20);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(torch::equal(diloco.params[r], gasloc.params[r])) << "rank " << r;
+    EXPECT_EQ(diloco.losses[r], gasloc.losses[r]) << "rank " << r;
+  }
+  // After a DiLoCo round all workers hold the same theta.
+  EXPECT_TRUE(torch::equal(diloco.params[0], diloco.params[3]));
+  // And the outer step did something: eta = 0.7, mu = 0.9 differs from plain averaging.
+  const auto avg = run(4, cfg("gasloc", 5, 1.0, 0.0, "complete"), 20);
+  EXPECT_GT(max_diff(avg.params[0], diloco.params[0]), 1e-4);
+}
+
+TEST_F(Algo, GasLocWithUnitLrAndNoMomentumIsLocalDAdam) {
+  // theta - 1 * (theta - m) equals m up to one rounding per round: 1e-6 absolute over 4 rounds.
+  const auto gasloc = run(4, cfg("gasloc", 5, 1.0, 0.0, "1peer"), 20);
+  const auto local = run(4, cfg("local_dadam", 5, 0.7, 0.9, "1peer"), 20);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(max_diff(gasloc.params[r], local.params[r]), 1e-6) << "rank " << r;
+  // Gossip (unlike DiLoCo) leaves the workers apart after a round.
+  EXPECT_GT(max_diff(local.params[0], local.params[1]) + max_diff(local.params[0], local.params[2]), 1e-5);
+}
+
+TEST_F(Algo, DiLoCoWithOneWorkerOneStepUnitLrIsAdamW) {
+  // n = 1, H = 1, eta = 1, mu = 0: theta <- phi after every step (up to rounding: 1e-6).
+  const auto diloco = run(1, cfg("diloco", 1, 1.0, 0.0), 20);
+  const auto plain = run(1, cfg("none"), 20);
+  EXPECT_LT(max_diff(diloco.params[0], plain.params[0]), 1e-6);
+  for (size_t s = 0; s < 20; ++s) EXPECT_NEAR(diloco.losses[0][s], plain.losses[0][s], 1e-5) << "step " << s + 1;
+}
+
+TEST_F(Algo, AllReduceEqualsOneWorkerWithNTimesTheBatch) {
+  const int n = 3;
+  const int64_t steps = 6;
+  const auto ddp = run(n, cfg("allreduce"), steps);
+  // Reference: one model whose batch is the concatenation of the n workers' batches.
+  const auto job = test_util::nano_job(data_);
+  const auto ds = data::Dataset::open(job.data.dir);
+  model::Llama m(job.model.resolve(ds.vocab_size));
+  m->init_weights(job.train.seed);
+  FlatParams flat(m->hf_parameters());
+  optim::AdamWOptions o;
+  o.weight_decay = job.optim.weight_decay;
+  optim::AdamW opt(flat, o);
+  optim::Schedule sched{job.optim.lr, job.optim.warmup_steps, job.train.steps, job.optim.min_lr_ratio, job.optim.decay};
+  std::vector<data::WindowSampler> samplers;
+  for (int r = 0; r < n; ++r) samplers.emplace_back(ds.train, job.data.batch_size, job.data.seq_len, job.train.seed + r);
+  for (int64_t k = 1; k <= steps; ++k) {
+    std::vector<torch::Tensor> xs, ys;
+    for (auto& s : samplers) {
+      auto b = s.next();
+      xs.push_back(b.inputs);
+      ys.push_back(b.targets);
+    }
+    flat.zero_grad();
+    m->loss(torch::cat(xs), torch::cat(ys)).backward();
+    optim::clip_grad_norm(flat.grad(), job.optim.grad_clip);
+    opt.step(sched.at(k));
+  }
+  // Gradient sums differ in order only; Adam's normalization keeps the effect near fp32 rounding.
+  for (int r = 0; r < n; ++r) EXPECT_LT(max_diff(ddp.params[r], flat.data()), 2e-5) << "rank " << r;
+  EXPECT_TRUE(torch::equal(ddp.params[0], ddp.params[2]));  // replicas stay identical
+}
+
+TEST_F(Algo, LocalDAdamWithOneStepIsAdaptThenCombine) {
+  // Reference: every worker takes its own AdamW step (no communication), then x_i <- sum_j
+  // W_t[i,j] x_j with the dense mixing matrix, written out here. Tolerance: 1e-6 over 8 steps.
+  const int n = 5;
+  const int64_t steps = 8;
+  const auto a = cfg("local_dadam", 1, 0.7, 0.9, "2peer");
+  const auto got = run(n, a, steps);
+  const auto job = test_util::nano_job(data_);
+  const auto ds = data::Dataset::open(job.data.dir);
+  const auto mc = job.model.resolve(ds.vocab_size);
+  comm::InProcCluster ranks(n);  // only for ranks (sampler seeds); no collective is called
+  std::vector<std::unique_ptr<train::Worker>> ref;
+  for (int r = 0; r < n; ++r) ref.push_back(std::make_unique<train::Worker>(job, mc, ds, ranks.comm(r), std::make_unique<algo::NoSync>()));
+  topology::Topology topo(topology::Kind::two_peer, n, job.train.seed);
+  for (int64_t t = 0; t < steps; ++t) {
+    for (auto& w : ref) w->step();
+    torch::NoGradGuard ng;
+    const auto W = topo.mixing_matrix(t);
+    std::vector<torch::Tensor> x;
+    for (auto& w : ref) x.push_back(w->params().data().clone());
+    for (int i = 0; i < n; ++i) {
+      auto mixed = torch::zeros_like(x[i]);
+      for (int j = 0; j < n; ++j)
+        if (W[i * n + j] != 0) mixed.add_(x[j], W[i * n + j]);
+      ref[i]->params().data().copy_(mixed);
+    }
+  }
+  for (int r = 0; r < n; ++r) EXPECT_LT(max_diff(got.params[r], ref[r]->params().data()), 1e-6) << "rank " << r;
+}
+
+TEST_F(Algo, HandComputedThreeWorkerOnePeerRound) {
+  // 3 workers, 1peer: one pair averages, the odd one out keeps its own phi. eta = 0.7, mu = 0.9,
+  // b starts at 0, so b = Delta and theta = theta0 - eta * (1 + mu) * Delta.
+  const uint64_t seed = 11;
+  topology::Topology topo(topology::Kind::one_peer, 3, seed);
+  const auto pi = topo.permutation(0);
+  auto theta0 = [](int r) { return std::vector<double>{r + 1.0, -(r + 1.0)}; };
+  auto phi = [](int r) { return std::vector<double>{r + 1.0 + 0.5 * r, -(r + 1.0) + 1.0}; };
+  std::vector<std::vector<double>> theta_got(3), b_got(3);
+  comm::InProcCluster cluster(3);
+  cluster.run([&](int r, comm::Communicator& c) {
+    const auto t0 = theta0(r), p = phi(r);
+    auto w = torch::tensor(std::vector<float>(t0.begin(), t0.end()));
+    FlatParams fp({{"w", w}});
+    algo::GossipSync sync(1, {0.7, 0.9}, topo);
+    sync.init(fp);
+    fp.data().copy_(torch::tensor(std::vector<float>(p.begin(), p.end())));
+    EXPECT_TRUE(sync.after_step(1, fp, c));
+    auto st = sync.state();
+    for (int k = 0; k < 2; ++k) {
+      theta_got[r].push_back(fp.data()[k].item<double>());
+      b_got[r].push_back(st.at("momentum")[k].item<double>());
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    const int partner = r == pi[0] ? pi[1] : r == pi[1] ? pi[0] : -1;
+    for (int k = 0; k < 2; ++k) {
+      const double m = partner < 0 ? phi(r)[k] : 0.5 * (phi(r)[k] + phi(partner)[k]);
+      const double delta = theta0(r)[k] - m;
+      EXPECT_NEAR(b_got[r][k], delta, 1e-6) << "rank " << r << " k " << k;
+      EXPECT_NEAR(theta_got[r][k], theta0(r)[k] - 0.7 * (1 + 0.9) * delta, 1e-6) << "rank " << r << " k " << k;
+    }
+  }
+}
+
+TEST_F(Algo, NonFinitePeerIsRejectedWithoutCorruptingParameters) {
+  algo::AlgoConfig a = cfg("gasloc", 1, 0.7, 0.9, "1peer");
+  std::string error;
+  torch::Tensor before, after;
+  comm::InProcCluster cluster(2);
+  cluster.run([&](int r, comm::Communicator& c) {
+    FlatParams fp({{"w", torch::ones({4})}});
+    auto sync = algo::make_synchronizer(a, 2, 3);
+    sync->init(fp);
+    if (r == 1) fp.data().fill_(std::numeric_limits<float>::quiet_NaN());
+    else fp.data().fill_(2.0f);
+    if (r == 0) before = fp.data().clone();
+    try {
+      sync->after_step(1, fp, c);
+    } catch (const CommError& e) {
+      if (r == 0) error = e.what();
+    }
+    if (r == 0) after = fp.data().clone();
+  });
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
+  EXPECT_TRUE(torch::equal(before, after));
+}
+
+TEST_F(Algo, BadSettingsNameTheKey) {
+  auto expect = [](algo::AlgoConfig a, int n, const std::string& needle) {
+    try {
+      a.validate(n);
+      ADD_FAILURE() << "expected ConfigError mentioning " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect(cfg("gasloc", 0), 4, "algo.H");
+  expect(cfg("gasloc", 5, 0.0), 4, "algo.outer_lr");
+  expect(cfg("gasloc", 5, 0.7, 1.0), 4, "algo.outer_momentum");
+  expect(cfg("gasloc", 5, 0.7, -0.1), 4, "algo.outer_momentum");
+  expect(cfg("gasloc", 5, 0.7, 0.9, "star"), 4, "algo.topology");
+  expect(cfg("gasloc", 5, 0.7, 0.9, "1peer"), 1, "algo.topology");
+  expect(cfg("magic"), 4, "diloco");  // the message lists the valid names
+  expect(cfg("none"), 4, "algo.name");
+}

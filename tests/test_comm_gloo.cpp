@@ -1,0 +1,637 @@
+// The Gloo backend: ranks as threads of this process (each its own GlooCommunicator over real
+// TCP on loopback, meeting at a store on an OS-assigned port), checked against exact values and
+// against the in-process reference; then real processes through `gasloc launch` and
+// `gasloc comm-check`; and the failures users hit: dead or silent peers, mismatched buffers,
+// bad environment, a port in use. Every failure must be a CommError that names the rank, fast.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "gasloc/comm/gloo.hpp"
+#include "gasloc/comm/inproc.hpp"
+#include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/core/error.hpp"
+
+using namespace gasloc;
+using namespace gasloc::comm;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Runs f(rank, comm) for n Gloo ranks as threads; returns each rank's error ("" = none).
+// `tweak` may change a rank's options (timeout, world, limit) before it joins.
+std::vector<std::string> run_gloo(int n, const std::function<void(int, Communicator&)>& f, double timeout_s = 20,
+                                  const std::function<void(GlooOptions&)>& tweak = {}) {
+  StoreHost host("127.0.0.1", 0, timeout_s);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        GlooOptions o;
+        o.rank = r;
+        o.world = n;
+        o.master_addr = "127.0.0.1";
+        o.master_port = host.port();
+        o.timeout_s = timeout_s;
+        o.connect_only = true;
+        if (tweak) tweak(o);
+        GlooCommunicator c(o);
+        f(r, c);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (errors[r].empty()) errors[r] = "(empty message)";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+torch::Tensor integer_data(int r, int64_t numel) {
+  return (torch::arange(numel, torch::kInt64).remainder(1000) * (r + 1) - 7 * r).to(torch::kFloat);
+}
+torch::Tensor noise_data(int r, int64_t numel) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(99 + r));
+  return torch::randn({numel}, gen, torch::kFloat) * 3;
+}
+torch::Tensor rank_order_mean(int n, const std::function<torch::Tensor(int)>& input) {
+  torch::Tensor s = input(0).clone();
+  for (int r = 1; r < n; ++r) s.add_(input(r));
+  return s.div_(n);
+}
+torch::Tensor message(int r, int round, int64_t numel) {
+  return torch::arange(numel, torch::kFloat).mul_(0.5).add_(static_cast<double>(10000 * r + round));
+}
+std::vector<int> pair_peers(int r, int n) { return (r ^ 1) < n ? std::vector<int>{r ^ 1} : std::vector<int>{}; }
+std::vector<int> ring_peers(int r, int n) {
+  return n == 2 ? std::vector<int>{1 - r} : std::vector<int>{(r + n - 1) % n, (r + 1) % n};
+}
+
+std::string getenv_or(const char* k, const std::string& d) {
+  const char* v = std::getenv(k);
+  return v ? v : d;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Environment parsing.
+
+namespace {
+GlooOptions parse_env(std::map<std::string, std::string> env) {
+  return gloo_options_from_env([&](const char* k) -> const char* {
+    auto it = env.find(k);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+std::string env_error(std::map<std::string, std::string> env) {
+  try {
+    parse_env(std::move(env));
+  } catch (const CommError& e) {
+    return std::string(e.what()) + " | " + e.hint();
+  }
+  return "";
+}
+const std::map<std::string, std::string> kGoodEnv = {
+    {"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29555"}};
+}  // namespace
+
+TEST(GlooEnv, ReadsTorchrunVariables) {
+  auto env = kGoodEnv;
+  env["LOCAL_RANK"] = "1";
+  env["GASLOC_COMM_TIMEOUT"] = "7.5";
+  env["GASLOC_BANDWIDTH_LIMIT"] = "0=1e6,1=2.5e7";
+  const auto o = parse_env(env);
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.world, 4);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29555);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_DOUBLE_EQ(o.timeout_s, 7.5);
+  EXPECT_DOUBLE_EQ(o.bandwidth_limit_Bps, 2.5e7);
+  EXPECT_FALSE(o.connect_only);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  EXPECT_TRUE(parse_env(env).connect_only);
+  EXPECT_DOUBLE_EQ(parse_bandwidth_limit("1e8", 3), 1e8);
+  EXPECT_DOUBLE_EQ(parse_bandwidth_limit("2=5", 3), 0);
+}
+
+TEST(GlooEnv, MissingVariablesAreNamedWithHowToLaunch) {
+  auto e = env_error({});
+  EXPECT_NE(e.find("RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"), std::string::npos) << e;
+  EXPECT_NE(e.find("gasloc launch -n N"), std::string::npos) << e;
+  EXPECT_NE(e.find("torchrun"), std::string::npos) << e;
+  auto env = kGoodEnv;
+  env.erase("MASTER_PORT");
+  e = env_error(env);
+  EXPECT_NE(e.find("MASTER_PORT is not set"), std::string::npos) << e;
+}
+
+TEST(GlooEnv, BadValuesAreClearErrors) {
+  auto bad = [](const char* k, const char* v) {
+    auto env = kGoodEnv;
+    env[k] = v;
+    return env_error(env);
+  };
+  EXPECT_NE(bad("WORLD_SIZE", "four").find("WORLD_SIZE='four' is not an integer"), std::string::npos);
+  EXPECT_NE(bad("RANK", "1x").find("RANK='1x' is not an integer"), std::string::npos);
+  EXPECT_NE(bad("RANK", "4").find("RANK=4 is outside [0, WORLD_SIZE=4)"), std::string::npos);
+  EXPECT_NE(bad("RANK", "-1").find("RANK=-1 is outside"), std::string::npos);
+  EXPECT_NE(bad("WORLD_SIZE", "0").find("WORLD_SIZE=0 must be at least 1"), std::string::npos);
+  EXPECT_NE(bad("MASTER_PORT", "70000").find("MASTER_PORT=70000 is outside 1..65535"), std::string::npos);
+  EXPECT_NE(bad("MASTER_PORT", "0").find("MASTER_PORT=0 is outside"), std::string::npos);
+  EXPECT_NE(bad("LOCAL_RANK", "a").find("LOCAL_RANK='a'"), std::string::npos);
+  EXPECT_NE(bad("GASLOC_COMM_TIMEOUT", "-3").find("GASLOC_COMM_TIMEOUT"), std::string::npos);
+  EXPECT_NE(bad("GASLOC_BANDWIDTH_LIMIT", "fast").find("GASLOC_BANDWIDTH_LIMIT"), std::string::npos);
+}
+
+TEST(GlooTokenBucket, PacesToTheRate) {
+  TokenBucket unlimited;
+  EXPECT_EQ(unlimited.take(1e12), 0.0);
+  TokenBucket b(1e6, 0);  // 1 MB/s, no burst
+  EXPECT_NEAR(b.take(5e5), 0.5, 0.01);  // half a second of debt
+  // Right away, another 0.5 MB: the first debt is not repaid yet, so the wait adds up.
+  EXPECT_NEAR(b.take(5e5), 1.0, 0.02);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ranks as threads.
+
+TEST(GlooThreads, AllReduceMeanOfIntegerDataIsExact) {
+  for (int n : {2, 3, 4, 8}) {
+    const int64_t N = 10007;
+    std::vector<torch::Tensor> out(n);
+    expect_no_errors(run_gloo(n, [&](int r, Communicator& c) {
+      EXPECT_EQ(c.rank(), r);
+      EXPECT_EQ(c.world(), n);
+      auto t = integer_data(r, N);
+      c.all_reduce_mean(t);
+      out[r] = t;
+    }));
+    const auto ref = rank_order_mean(n, [&](int r) { return integer_data(r, N); });
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(out[r].defined() && torch::equal(out[r], ref)) << "n=" << n << " rank " << r;
+  }
+}
+
+TEST(GlooThreads, AllReduceMeanOfRandomDataMatchesRankOrderMean) {
+  for (int n : {2, 3, 4, 8}) {
+    const int64_t N = 50000;
+    std::vector<torch::Tensor> out(n);
+    expect_no_errors(run_gloo(n, [&](int r, Communicator& c) {
+      auto t = noise_data(r, N).view({100, 500});  // any shape; a non-contiguous one too
+      c.all_reduce_mean(t);
+      out[r] = t.reshape({-1});
+      auto nc = noise_data(r, N).view({500, 100}).t();
+      c.all_reduce_mean(nc);
+      EXPECT_TRUE(torch::allclose(nc.t().reshape({-1}), out[r], 0, 1e-6));
+    }));
+    const auto ref = rank_order_mean(n, [&](int r) { return noise_data(r, N); });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(out[r].defined());
+      EXPECT_LE((out[r] - ref).abs().max().item<double>(), 1e-6) << "n=" << n << " rank " << r;
+      EXPECT_TRUE(torch::equal(out[r], out[0])) << "every rank holds the same bits";
+    }
+  }
+}
+
+TEST(GlooThreads, ExchangeOnPairsAndRingReturnsPeersTensorsExactly) {
+  for (int n : {2, 3, 4, 8}) {
+    const int64_t N = 30011;
+    expect_no_errors(run_gloo(n, [&](int r, Communicator& c) {
+      std::vector<torch::Tensor> recv;
+      for (int round = 0; round < 4; ++round) {  // alternate graphs: the tags keep rounds apart
+        const auto peers = round % 2 == 0 ? pair_peers(r, n) : ring_peers(r, n);
+        c.exchange(peers, message(r, round, N), recv);
+        ASSERT_EQ(recv.size(), peers.size());
+        for (size_t k = 0; k < peers.size(); ++k)
+          EXPECT_TRUE(torch::equal(recv[k], message(peers[k], round, N)))
+              << "n=" << n << " rank " << r << " round " << round << " from " << peers[k];
+      }
+      const auto s = c.stats();
+      EXPECT_GT(s.bytes_sent, 0);
+      EXPECT_EQ(s.bytes_sent, s.bytes_received);
+      EXPECT_GE(s.idle_s, 0.0);
+    }));
+  }
+}
+
+TEST(GlooThreads, KeptReceiveTensorsAreNotOverwritten) {
+  expect_no_errors(run_gloo(2, [&](int r, Communicator& c) {
+    std::vector<torch::Tensor> recv;
+    c.exchange({1 - r}, message(r, 0, 100), recv);
+    const torch::Tensor kept = recv[0];
+    c.exchange({1 - r}, message(r, 1, 100), recv);
+    EXPECT_TRUE(torch::equal(kept, message(1 - r, 0, 100)));
+    EXPECT_TRUE(torch::equal(recv[0], message(1 - r, 1, 100)));
+  }));
+}
+
+TEST(GlooThreads, BroadcastBarrierAndClock) {
+  expect_no_errors(run_gloo(3, [&](int r, Communicator& c) {
+    auto t = r == 1 ? message(1, 5, 1000) : torch::zeros({1000});
+    c.broadcast(t, 1);
+    EXPECT_TRUE(torch::equal(t, message(1, 5, 1000)));
+    const double t0 = c.now();
+    c.barrier();
+    EXPECT_GE(c.now(), t0);
+    c.compute(10);  // a real clock ignores it
+    auto bad = torch::zeros({4});
+    std::vector<torch::Tensor> recv;
+    EXPECT_THROW(c.broadcast(bad, 3), CommError);     // no rank 3
+    EXPECT_THROW(c.exchange({r}, bad, recv), CommError);  // not with itself
+  }));
+}
+
+TEST(GlooThreads, MatchesTheInProcessReference) {
+  const int n = 4;
+  const int64_t N = 20000;
+  struct Out {
+    torch::Tensor ints, floats;
+    std::vector<std::vector<torch::Tensor>> recv;
+  };
+  auto body = [&](std::vector<Out>& out) {
+    return [&](int r, Communicator& c) {
+      auto a = integer_data(r, N);
+      c.all_reduce_mean(a);
+      auto b = noise_data(r, N);
+      c.all_reduce_mean(b);
+      out[r].ints = a;
+      out[r].floats = b;
+      for (int round = 0; round < 2; ++round) {
+        std::vector<torch::Tensor> recv;
+        c.exchange(round == 0 ? pair_peers(r, n) : ring_peers(r, n), message(r, round, N), recv);
+        out[r].recv.push_back(recv);
+      }
+    };
+  };
+  std::vector<Out> ref(n), got(n);
+  InProcCluster cluster(n);
+  cluster.run(body(ref));
+  expect_no_errors(run_gloo(n, body(got)));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(torch::equal(got[r].ints, ref[r].ints)) << "rank " << r;
+    EXPECT_LE((got[r].floats - ref[r].floats).abs().max().item<double>(), 1e-6) << "rank " << r;
+    ASSERT_EQ(got[r].recv.size(), ref[r].recv.size());
+    for (size_t k = 0; k < ref[r].recv.size(); ++k) {
+      ASSERT_EQ(got[r].recv[k].size(), ref[r].recv[k].size());
+      for (size_t j = 0; j < ref[r].recv[k].size(); ++j) EXPECT_TRUE(torch::equal(got[r].recv[k][j], ref[r].recv[k][j]));
+    }
+  }
+}
+
+TEST(GlooThreads, BuffersOfDifferentSizesAreReportedWithBothRanks) {
+  auto errors = run_gloo(2, [&](int r, Communicator& c) {
+    std::vector<torch::Tensor> recv;
+    c.exchange({1 - r}, torch::zeros({r == 0 ? 10 : 20}), recv);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("rank 0 sends 10 float32 elements but rank 1 sends 20 float32 elements"), std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("exchange with rank"), std::string::npos) << errors[r];
+  }
+  errors = run_gloo(3, [&](int r, Communicator& c) {
+    auto t = torch::zeros({r == 2 ? 5 : 4});
+    c.all_reduce_mean(t);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("all_reduce_mean on buffers that differ between ranks"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 2 has 5 float32"), std::string::npos) << errors[r];
+  }
+  // A later call on the failed communicator says so instead of hanging.
+  errors = run_gloo(2, [&](int r, Communicator& c) {
+    std::vector<torch::Tensor> recv;
+    try {
+      c.exchange({1 - r}, torch::zeros({r + 1}), recv);
+    } catch (const CommError&) {
+    }
+    c.barrier();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("already failed"), std::string::npos) << errors[r];
+}
+
+TEST(GlooThreads, SilentPeerTimesOutNamingIt) {
+  // Rank 2 joins but never calls its exchange (it waits until the others gave up).
+  std::atomic<int> done{0};
+  std::vector<double> took(3);
+  auto errors = run_gloo(
+      3,
+      [&](int r, Communicator& c) {
+        if (r == 2) {
+          while (done.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        const auto t0 = Clock::now();
+        std::vector<torch::Tensor> recv;
+        try {
+          c.exchange(ring_peers(r, 3), message(r, 0, 1000), recv);
+        } catch (...) {
+          took[r] = since(t0);
+          ++done;
+          throw;
+        }
+        ++done;
+      },
+      2.0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("exchange with rank 2 timed out after 2 s (rank 2 may have died"), std::string::npos)
+        << errors[r];
+    EXPECT_LT(took[r], 6.0);
+    EXPECT_GT(took[r], 1.5);
+  }
+}
+
+TEST(GlooThreads, RankThatSkipsAllReduceTimesOut) {
+  std::atomic<bool> done{false};
+  double took = 0;
+  auto errors = run_gloo(
+      2,
+      [&](int r, Communicator& c) {
+        if (r == 1) {
+          while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        const auto t0 = Clock::now();
+        auto t = torch::ones({1000});
+        try {
+          c.all_reduce_mean(t);
+        } catch (...) {
+          took = since(t0);
+          done = true;
+          throw;
+        }
+        done = true;
+      },
+      1.5);
+  EXPECT_NE(errors[0].find("rank 0: all_reduce_mean timed out after 1.5 s"), std::string::npos) << errors[0];
+  EXPECT_LT(took, 5.0);
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(GlooThreads, PeerThatDiesMidRunFailsTheOthersFast) {
+  // Rank 2's communicator is destroyed before its exchange: its sockets close as a crashed
+  // process's would, and its peers must fail with its rank, well within the timeout.
+  std::vector<double> took(3);
+  auto errors = run_gloo(
+      3,
+      [&](int r, Communicator& c) {
+        if (r == 2) throw std::runtime_error("rank 2 died");  // leaves f: ~GlooCommunicator
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        const auto t0 = Clock::now();
+        std::vector<torch::Tensor> recv;
+        try {
+          c.exchange(ring_peers(r, 3), message(r, 0, 100000), recv);
+          c.all_reduce_mean(recv[0]);
+        } catch (...) {
+          took[r] = since(t0);
+          throw;
+        }
+      },
+      3.0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("rank " + std::to_string(r) + ": "), std::string::npos) << errors[r];
+    EXPECT_TRUE(errors[r].find("rank 2") != std::string::npos || errors[r].find("a rank may have died") != std::string::npos)
+        << errors[r];
+    EXPECT_LT(took[r], 5.0) << errors[r];
+  }
+}
+
+TEST(GlooThreads, MissingRankAndWorldMismatchAreNamed) {
+  {
+    StoreHost host("127.0.0.1", 0, 5);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          GlooOptions o{r, 3, "127.0.0.1", host.port(), 1.5};
+          o.connect_only = true;
+          GlooCommunicator c(o);
+        } catch (const CommError& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NE(errors[r].find("rank 2 of 3 never joined"), std::string::npos) << errors[r];
+  }
+  auto errors = run_gloo(2, [](int, Communicator&) {}, 1.5, [](GlooOptions& o) { o.world = o.rank == 1 ? 3 : 2; });
+  EXPECT_TRUE(errors[0].find("WORLD_SIZE") != std::string::npos || errors[1].find("WORLD_SIZE") != std::string::npos)
+      << errors[0] << " / " << errors[1];
+}
+
+TEST(GlooThreads, PortInUseIsReported) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  std::string err;
+  try {
+    GlooCommunicator c(GlooOptions{0, 1, "127.0.0.1", port, 2.0});
+  } catch (const CommError& e) {
+    err = std::string(e.what()) + " | " + e.hint();
+  }
+  ::close(fd);
+  EXPECT_NE(err.find(fmt::format("port {}: the port is already in use", port)), std::string::npos) << err;
+  EXPECT_NE(err.find("--master-port"), std::string::npos) << err;
+}
+
+TEST(GlooThreads, BandwidthLimitSlowsTheLinkForBothEnds) {
+  const int64_t N = 1 << 20;  // 4 MB
+  std::vector<double> took(2);
+  expect_no_errors(run_gloo(
+      2,
+      [&](int r, Communicator& c) {
+        std::vector<torch::Tensor> recv;
+        c.exchange({1 - r}, torch::ones({N}), recv);  // warm up (and spend the initial burst)
+        c.barrier();
+        const auto t0 = Clock::now();
+        c.exchange({1 - r}, torch::ones({N}), recv);
+        took[r] = since(t0);
+      },
+      20, [](GlooOptions& o) { o.bandwidth_limit_Bps = o.rank == 1 ? 20e6 : 0; }));
+  // 4 MB at 20 MB/s: 0.2 s on the throttled rank, and its peer waits for it.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(took[r], 0.15) << "rank " << r;
+    EXPECT_LT(took[r], 2.0) << "rank " << r;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real processes.
+
+namespace {
+
+const std::string kGasloc = std::string(GASLOC_BINARY_DIR) + "/gasloc";
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+// Starts argv with extra environment variables; stdout and stderr go to a file.
+Proc spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, const std::string& out) {
+  Proc p{-1, out};
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string k = kv.substr(0, kv.find('='));
+    if (!env.count(k) && k != "RANK" && k != "WORLD_SIZE" && k != "MASTER_ADDR" && k != "MASTER_PORT") envs.push_back(kv);
+  }
+  for (auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> a = argv;
+  for (auto& s : a) args.push_back(s.data());
+  args.push_back(nullptr);
+  p.pid = ::fork();
+  if (p.pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execve(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  return p;
+}
+
+// Waits for p at most timeout_s (then kills it); returns the raw wait status, or -1 on timeout.
+int wait_for(const Proc& p, double timeout_s) {
+  const auto t0 = Clock::now();
+  for (;;) {
+    int status = 0;
+    if (::waitpid(p.pid, &status, WNOHANG) == p.pid) return status;
+    if (since(t0) > timeout_s) {
+      ::kill(p.pid, SIGKILL);
+      ::waitpid(p.pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+fs::path temp_dir(const std::string& name) {
+  auto d = fs::temp_directory_path() / fmt::format("gasloc_gloo_{}_{}", name, ::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+TEST(GlooProcesses, LaunchedCommCheckMatchesExpectedValues) {
+  ASSERT_TRUE(fs::exists(kGasloc)) << kGasloc;
+  const auto dir = temp_dir("launch");
+  const int n = 4;
+  const int64_t N = 5000;
+  const auto p = spawn({kGasloc, "launch", "-n", std::to_string(n), "--timeout", "20", "--", "gasloc", "comm-check",
+                        "--numel", std::to_string(N), "--out", (dir / "out").string()},
+                       {}, (dir / "log").string());
+  const int status = wait_for(p, 50);
+  const std::string log = slurp(dir / "log");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  for (int r = 0; r < n; ++r)
+    EXPECT_NE(log.find(fmt::format("[rank {}] comm-check rank {}/{}: all checks passed", r, r, n)), std::string::npos)
+        << log;
+  // The integer all-reduce's result is the exact mean: mean_r(i%100 + r) = i%100 + (n-1)/2.
+  double expect = 0;
+  for (int64_t i = 0; i < N; ++i) expect += static_cast<double>(i % 100) + (n - 1) / 2.0;
+  for (int r = 0; r < n; ++r) {
+    const auto j = nlohmann::json::parse(slurp(dir / "out" / fmt::format("rank{}.json", r)));
+    EXPECT_TRUE(j["ok"].get<bool>()) << j.dump();
+    EXPECT_EQ(j["checks"]["all_reduce_mean_integer"]["checksum"].get<double>(), expect);
+    EXPECT_EQ(j["checks"]["all_reduce_mean_integer"]["max_diff"].get<double>(), 0.0);
+    EXPECT_LE(j["checks"]["all_reduce_mean_random"]["max_diff"].get<double>(), 1e-6);
+    EXPECT_EQ(j["checks"]["exchange_ring_round1"]["max_diff"].get<double>(), 0.0);
+    EXPECT_GT(j["stats"]["bytes_sent"].get<int64_t>(), 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(GlooProcesses, LaunchReportsTheRankThatDied) {
+  const auto dir = temp_dir("die");
+  const auto t0 = Clock::now();
+  const auto p = spawn({kGasloc, "launch", "-n", "3", "--timeout", "3", "--grace", "2", "--", "gasloc", "comm-check",
+                        "--numel", "1000", "--die-rank", "2"},
+                       {}, (dir / "log").string());
+  const int status = wait_for(p, 40);
+  const std::string log = slurp(dir / "log");
+  ASSERT_NE(status, -1) << "launch did not finish\n" << log;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << log;
+  EXPECT_NE(log.find("launch: rank 2 of 3 failed with exit status 3"), std::string::npos) << log;
+  EXPECT_NE(log.find("  | comm-check rank 2: exiting abruptly before the exchange"), std::string::npos) << log;
+  EXPECT_LT(since(t0), 25.0);
+  fs::remove_all(dir);
+}
+
+TEST(GlooProcesses, PeersOfAKilledRankFailWithinTheTimeout) {
+  // Three comm-check processes started directly (no launcher to stop them): rank 2 exits
+  // abruptly before its exchange; ranks 0 and 1 must exit on their own with an error naming it.
+  const auto dir = temp_dir("peers");
+  StoreHost host("127.0.0.1", 0, 30);  // a free port, held by this test: no race
+  std::vector<Proc> ps;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < 3; ++r)
+    ps.push_back(spawn({kGasloc, "comm-check", "--numel", "1000", "--timeout", "3", "--die-rank", "2"},
+                       {{"RANK", std::to_string(r)},
+                        {"WORLD_SIZE", "3"},
+                        {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", std::to_string(host.port())},
+                        {"TORCHELASTIC_USE_AGENT_STORE", "True"}},
+                       (dir / fmt::format("rank{}.log", r)).string()));
+  std::vector<int> status(3);
+  for (int r = 0; r < 3; ++r) status[r] = wait_for(ps[r], 40);
+  const double took = since(t0);
+  EXPECT_TRUE(WIFEXITED(status[2]) && WEXITSTATUS(status[2]) == 3);
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = slurp(dir / fmt::format("rank{}.log", r));
+    ASSERT_NE(status[r], -1) << "rank " << r << " hung\n" << log;
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 2) << log;  // main(): gasloc::Error
+    EXPECT_NE(log.find(fmt::format("error: rank {}: exchange with rank 2", r)), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 2 may have died"), std::string::npos) << log;
+  }
+  EXPECT_LT(took, 20.0);
+  fs::remove_all(dir);
+}
+
+TEST(GlooProcesses, CommCheckOutsideALaunchSaysHowToLaunch) {
+  const auto dir = temp_dir("noenv");
+  const auto p = spawn({kGasloc, "comm-check"}, {}, (dir / "log").string());
+  const int status = wait_for(p, 30);
+  const std::string log = slurp(dir / "log");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+  EXPECT_NE(log.find("RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"), std::string::npos) << log;
+  EXPECT_NE(log.find("gasloc launch -n N"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
