@@ -589,7 +589,11 @@ TEST(GlooProcesses, LaunchReportsTheRankThatDied) {
   const std::string log = slurp(dir / "log");
   ASSERT_NE(status, -1) << "launch did not finish\n" << log;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << log;
-  EXPECT_NE(log.find("launch: rank 2 of 3 failed with exit status 3"), std::string::npos) << log;
+  // Rank 2 fails first; its peers fail a few milliseconds later (or are stopped). Should both
+  // exits be collected at once, the launcher still reports rank 2 with its status and output.
+  EXPECT_TRUE(log.find("launch: rank 2 of 3 failed with exit status 3") != std::string::npos ||
+              log.find("launch: rank 2 ended with exit status 3") != std::string::npos)
+      << log;
   EXPECT_NE(log.find("  | comm-check rank 2: exiting abruptly before the exchange"), std::string::npos) << log;
   EXPECT_LT(since(t0), 25.0);
   fs::remove_all(dir);

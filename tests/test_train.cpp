@@ -188,3 +188,78 @@ TEST_F(Trainer, InterruptWritesACheckpointAndResumes) {
   EXPECT_EQ(resumed.steps_done, s.steps_done + 3);
   EXPECT_FALSE(resumed.interrupted);
 }
+
+TEST_F(Trainer, InProcessClusterResumeIsBitExact) {
+  // 4 GASLoC workers on a random ring: 2 x 20 steps == 40 steps, for every worker's state.
+  const std::vector<std::string> algo = {"cluster.workers=4", "algo.name=gasloc", "algo.topology=2peer", "algo.H=5",
+                                         "train.steps=40", "train.eval_every=20"};
+  const auto full = train::run_training(request("cluster_full", algo));
+  auto half_opts = algo;
+  half_opts.push_back("train.stop_at=20");
+  const auto first = train::run_training(request("cluster_halves", half_opts));
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = (kRoot / "cluster_halves").string();
+  const auto second = train::run_training(again);
+  ASSERT_EQ(full.train_losses.size(), 40u);
+  ASSERT_EQ(second.train_losses.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(first.train_losses[i], full.train_losses[i]) << "step " << i + 1;
+    EXPECT_EQ(second.train_losses[i], full.train_losses[20 + i]) << "step " << 21 + i;
+  }
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+  for (int r = 0; r < 4; ++r) {
+    const auto name = "checkpoint-rank" + std::to_string(r) + ".pt";
+    auto a = train::load_checkpoint(kRoot / "cluster_full" / name);
+    auto b = train::load_checkpoint(kRoot / "cluster_halves" / name);
+    EXPECT_TRUE(torch::equal(a.tensors.at("params"), b.tensors.at("params"))) << "rank " << r;
+    EXPECT_TRUE(torch::equal(a.tensors.at("sync.theta"), b.tensors.at("sync.theta"))) << "rank " << r;
+    EXPECT_TRUE(torch::equal(a.tensors.at("sync.momentum"), b.tensors.at("sync.momentum"))) << "rank " << r;
+  }
+  // The eval lines carry the average model's loss, each worker's, and the consensus distance.
+  std::ifstream m(kRoot / "cluster_full" / "metrics.jsonl");
+  std::string line;
+  int evals = 0;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] != "eval") continue;
+    ++evals;
+    EXPECT_EQ(j["worker_val_loss"].size(), 4u);
+    EXPECT_GT(j["consensus_distance"].get<double>(), 0.0);  // gossip leaves workers apart
+    EXPECT_GT(j["bytes_sent"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(evals, 2);
+}
+
+TEST_F(Trainer, InProcessClusterStopsEveryWorkerAtTheSameStep) {
+  const auto run = kRoot / "cluster_interrupt";
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    while (!done.load()) {
+      if (fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0) {
+        std::raise(SIGINT);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  auto s = train::run_training(request("cluster_interrupt", {"cluster.workers=3", "algo.name=diloco", "algo.H=4",
+                                                             "train.steps=100000", "train.log_every=1"}));
+  done = true;
+  killer.join();
+  EXPECT_TRUE(s.interrupted);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(train::load_checkpoint(run / ("checkpoint-rank" + std::to_string(r) + ".pt")).meta["step"], s.steps_done);
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  r.overrides = {"train.steps=" + std::to_string(s.steps_done + 4)};
+  EXPECT_EQ(train::run_training(r).steps_done, s.steps_done + 4);
+}
+
+TEST_F(Trainer, ClusterSettingsAreChecked) {
+  EXPECT_THROW(train::run_training(request("bad1", {"cluster.workers=4", "algo.name=none"})), ConfigError);
+  EXPECT_THROW(train::run_training(request("bad2", {"cluster.workers=1", "algo.name=gasloc", "algo.topology=1peer"})),
+               ConfigError);
+  EXPECT_THROW(train::run_training(request("bad3", {"cluster.backend=mpi"})), ConfigError);
+}

@@ -347,8 +347,16 @@ int run_launch(const Opts& o) {
     std::string msg = fmt::format("launch: rank {} of {} failed with {}. {}\n", f.index, o.n, describe_status(f.status),
                                   f.tail.empty() ? "It printed nothing." : fmt::format("Its last {} lines:", f.tail.size()));
     for (const auto& line : f.tail) msg += "  | " + line + "\n";
-    for (const auto& r : ranks)
-      if (r.index != f.index && failed(r.status)) msg += fmt::format("launch: rank {} ended with {}\n", r.index, describe_status(r.status));
+    // The others: one line each, plus the last lines of those that exited on their own (not
+    // by our signal): their errors say what they saw, and when two ranks failed at the same
+    // moment the launcher cannot tell which came first.
+    for (const auto& r : ranks) {
+      if (r.index == f.index || !failed(r.status)) continue;
+      msg += fmt::format("launch: rank {} ended with {}{}\n", r.index, describe_status(r.status),
+                         WIFEXITED(r.status) && !r.tail.empty() ? "; its last lines:" : "");
+      if (!WIFEXITED(r.status)) continue;
+      for (size_t k = r.tail.size() > 5 ? r.tail.size() - 5 : 0; k < r.tail.size(); ++k) msg += "  | " + r.tail[k] + "\n";
+    }
     write_all(2, msg);
     const int s = f.status;
     return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);

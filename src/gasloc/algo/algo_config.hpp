@@ -23,7 +23,8 @@ struct AlgoConfig {
     v("outer_momentum", outer_momentum, "outer Nesterov momentum mu in [0, 1) (diloco, gasloc)");
     v("topology", topology, "gossip graph: complete, 1peer, 2peer, ring, exp (gasloc, dadam, local_dadam)");
   }
-  // Throws ConfigError naming the key; `world` is the number of workers.
+  // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
+  // the checks that depend on it are skipped).
   void validate(int world) const;
 };
 

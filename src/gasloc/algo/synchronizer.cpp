@@ -17,12 +17,14 @@ void AlgoConfig::validate(int world) const {
   require(H >= 1, "algo.H", "must be >= 1, got " + std::to_string(H));
   require(outer_lr > 0, "algo.outer_lr", "must be > 0");
   require(outer_momentum >= 0 && outer_momentum < 1, "algo.outer_momentum", "must be in [0, 1)");
-  require(name != "none" || world == 1, "algo.name",
-          "'none' trains one worker; choose allreduce, diloco, gasloc, dadam or local_dadam for " +
-              std::to_string(world) + " workers");
+  if (world > 0)
+    require(name != "none" || world == 1, "algo.name",
+            "'none' trains one worker; choose allreduce, diloco, gasloc, dadam or local_dadam for " +
+                std::to_string(world) + " workers");
   if (name == "gasloc" || name == "dadam" || name == "local_dadam") {
     try {
-      topology::Topology(topology::parse_kind(topology), world, 0);
+      const auto kind = topology::parse_kind(topology);
+      if (world > 0) topology::Topology(kind, world, 0);  // throws if the graph cannot exist for n
     } catch (const ConfigError& e) {
       throw ConfigError("config key 'algo.topology': " + std::string(e.what()), e.hint());
     }

@@ -66,8 +66,12 @@ void JobConfig::validate() const {
   require(train.dtype == "fp32" || train.dtype == "bf16", "train.dtype", "must be fp32 or bf16, got '" + train.dtype + "'");
   require(train.threads >= 0, "train.threads", "must be >= 0");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
-  // `gasloc train` runs one worker until multi-worker clusters land (cluster.workers).
-  algo.validate(1);
+  require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
+  require(cluster.backend == "inproc" || cluster.backend == "gloo", "cluster.backend",
+          "must be inproc or gloo, got '" + cluster.backend + "'");
+  require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
+  // Under gloo the world size is known only once the processes meet (WORLD_SIZE).
+  algo.validate(cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0);
 }
 
 nlohmann::json JobConfig::to_json() const {

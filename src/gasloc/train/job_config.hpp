@@ -117,12 +117,26 @@ struct TrainSection {
 };
 
 
+struct ClusterSection {
+  int64_t workers = 1;
+  std::string backend = "inproc";
+  double timeout_s = 300.0;
+
+  template <class V>
+  void visit(V&& v) {
+    v("workers", workers, "workers of the in-process cluster (gloo: the world size comes from WORLD_SIZE)");
+    v("backend", backend, "inproc (threads in one process, virtual clock) or gloo (one process per worker, gasloc launch)");
+    v("timeout_s", timeout_s, "seconds a collective waits for a peer before failing with an error naming it");
+  }
+};
+
 struct JobConfig {
   ModelSection model;
   DataSection data;
   OptimSection optim;
   TrainSection train;
   algo::AlgoConfig algo;
+  ClusterSection cluster;
 
   // Calls f(section_name, section) for every section.
   template <class F>
@@ -132,6 +146,7 @@ struct JobConfig {
     f("optim", optim);
     f("train", train);
     f("algo", algo);
+    f("cluster", cluster);
   }
   template <class F>
   void for_each_section(F&& f) const { const_cast<JobConfig*>(this)->for_each_section(f); }

@@ -31,6 +31,7 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::write(const nlohmann::json& event) {
   const std::string line = event.dump() + "\n";
+  std::lock_guard<std::mutex> lock(mu_);
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     throw Error("cannot write to '" + path_.string() + "'", "the disk may be full");
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 namespace gasloc::train {
 
@@ -16,9 +17,11 @@ class MetricsLog {
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
+  // Thread-safe: the workers of an in-process cluster share one log.
   void write(const nlohmann::json& event);
 
  private:
+  std::mutex mu_;
   std::FILE* file_ = nullptr;
   std::filesystem::path path_;
 };
