@@ -11,35 +11,33 @@
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
-#include "gasloc/data/prepare.hpp"
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/trainer.hpp"
+#include "test_util.hpp"
 
 using namespace gasloc;
 namespace fs = std::filesystem;
 
 namespace {
 // One directory per process: ctest runs the tests of this file as parallel processes.
-const fs::path kRoot = fs::path(GASLOC_BINARY_DIR) / "test_train_tmp" / std::to_string(::getpid());
+const fs::path kRoot = test_util::temp_root("test_train");
+
+// Sends SIGINT, like Ctrl+C, once training is under way (its first metrics line exists).
+std::thread interrupt_when_running(const fs::path& run, std::atomic<bool>& done) {
+  return std::thread([run, &done] {
+    while (!done.load()) {
+      if (fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0) {
+        std::raise(SIGINT);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+}
 
 class Trainer : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    fs::remove_all(kRoot);
-    fs::create_directories(kRoot);
-    std::ofstream f(kRoot / "corpus.txt");
-    // Varied, learnable text: enough tokens for i.i.d. windows and a validation split.
-    for (int i = 0; i < 400; ++i)
-      f << "Document " << i << ": the quick brown fox " << (i % 7) << " jumps over the lazy dog " << (i * 13 % 11)
-        << ".\n\n";
-    f.close();
-    data::PrepareOptions o;
-    o.inputs = {kRoot / "corpus.txt"};
-    o.out = kRoot / "data";
-    o.byte_level = true;
-    o.val_fraction = 0.1;
-    data::prepare(o);
-  }
+  static void SetUpTestSuite() { test_util::make_byte_dataset(kRoot); }
   static void TearDownTestSuite() { fs::remove_all(kRoot); }
 
   static train::TrainRequest request(const std::string& run, std::vector<std::string> extra = {}) {
@@ -163,16 +161,7 @@ TEST_F(Trainer, FullDiskKeepsThePreviousCheckpoint) {
 TEST_F(Trainer, InterruptWritesACheckpointAndResumes) {
   const auto run = kRoot / "interrupt";
   std::atomic<bool> done{false};
-  // Send SIGINT once training is under way (the first metrics line exists), like Ctrl+C.
-  std::thread killer([&] {
-    while (!done.load()) {
-      if (fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0) {
-        std::raise(SIGINT);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
+  std::thread killer = interrupt_when_running(run, done);
   auto s = train::run_training(request("interrupt", {"train.steps=100000", "train.log_every=1"}));
   done = true;
   killer.join();
@@ -234,15 +223,7 @@ TEST_F(Trainer, InProcessClusterResumeIsBitExact) {
 TEST_F(Trainer, InProcessClusterStopsEveryWorkerAtTheSameStep) {
   const auto run = kRoot / "cluster_interrupt";
   std::atomic<bool> done{false};
-  std::thread killer([&] {
-    while (!done.load()) {
-      if (fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0) {
-        std::raise(SIGINT);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
+  std::thread killer = interrupt_when_running(run, done);
   auto s = train::run_training(request("cluster_interrupt", {"cluster.workers=3", "algo.name=diloco", "algo.H=4",
                                                              "train.steps=100000", "train.log_every=1"}));
   done = true;

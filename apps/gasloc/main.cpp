@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add("prepare", "tokenize a corpus into train/validation shards", gasloc::app::add_prepare);
   add("train", "train a model from a TOML job file", gasloc::app::add_train);
   add("model-info", "print a preset's shapes, parameter count and FLOPs per token", gasloc::app::add_model_info);
+  add("report", "compare finished runs: a table and a validation-loss plot", gasloc::app::add_report);
   add("export", "export a run's weights as Hugging Face safetensors + config.json", gasloc::app::add_export);
   add("launch", "start N ranks of a command on this host (torchrun-style environment)", gasloc::app::add_launch);
   add("comm-check", "check the communication backend inside a launched process group", gasloc::app::add_comm_check);

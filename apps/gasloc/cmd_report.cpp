@@ -1,0 +1,106 @@
+// gasloc report: a table of finished runs (average-model validation loss, consensus distance,
+// bytes sent per worker, virtual time) and a validation-loss-versus-step plot through gnuplot.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "commands.hpp"
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::app {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+struct RunReport {
+  std::string dir, label;
+  int64_t workers = 1, last_step = 0;
+  double val_loss = NAN, consensus = NAN, mb_per_worker = 0, virtual_s = 0;
+  std::vector<std::pair<int64_t, double>> curve;  // (step, average-model val_loss)
+};
+
+RunReport read_run(const std::string& dir) {
+  RunReport r;
+  r.dir = dir;
+  auto info = json::parse(read_file(fs::path(dir) / "run.json"), nullptr, false);
+  if (info.is_discarded()) throw DataError("corrupt run.json in '" + dir + "'");
+  const auto& algo = info["config"]["algo"];
+  const std::string name = algo.value("name", "none");
+  r.workers = info.value("world", int64_t{1});
+  r.label = name;
+  if (name == "gasloc" || name == "dadam" || name == "local_dadam") r.label += "-" + algo.value("topology", "");
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  if (!in) throw DataError("no metrics.jsonl in '" + dir + "'", "is it a gasloc run directory?");
+  std::map<int64_t, std::pair<int64_t, int64_t>> bytes;  // worker -> (step, bytes)
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    const int64_t step = j.value("step", int64_t{0});
+    if (j.value("event", "") == "eval") {
+      r.curve.emplace_back(step, j.value("val_loss", NAN));
+      r.val_loss = j.value("val_loss", NAN);
+      r.consensus = j.value("consensus_distance", 0.0);
+      r.last_step = step;
+    } else if (j.value("event", "") == "train") {
+      auto& b = bytes[j.value("worker", int64_t{0})];
+      if (step >= b.first) b = {step, j.value("bytes_sent", int64_t{0})};
+      r.virtual_s = std::max(r.virtual_s, j.value("virtual_time_s", 0.0));
+    }
+  }
+  double total = 0;
+  for (auto& [w, b] : bytes) total += static_cast<double>(b.second);
+  if (!bytes.empty()) r.mb_per_worker = total / static_cast<double>(bytes.size()) / 1e6;
+  return r;
+}
+}  // namespace
+
+Action add_report(CLI::App& app) {
+  struct Opts {
+    std::vector<std::string> runs;
+    std::string plot;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--run,runs", o->runs, "run directories to compare")->required();
+  app.add_option("--plot", o->plot, "write a PNG of validation loss versus step (needs gnuplot)");
+  return [o]() {
+    std::vector<RunReport> reports;
+    for (const auto& d : o->runs) reports.push_back(read_run(d));
+    fmt::print("| run | algorithm | workers | steps | val_loss (average model) | consensus distance | MB sent per worker | virtual time (s) |\n");
+    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const auto& r : reports)
+      fmt::print("| {} | {} | {} | {} | {:.4f} | {:.3e} | {:.1f} | {:.1f} |\n", fs::path(r.dir).filename().string(), r.label,
+                 r.workers, r.last_step, r.val_loss, r.consensus, r.mb_per_worker, r.virtual_s);
+    if (o->plot.empty()) return 0;
+    const fs::path png = fs::absolute(o->plot);
+    const fs::path dat = png.parent_path() / (png.stem().string() + ".dat");
+    const fs::path gp = png.parent_path() / (png.stem().string() + ".gp");
+    std::string data, plot = "plot ";
+    for (size_t i = 0; i < reports.size(); ++i) {
+      data += "# " + reports[i].label + "\n";
+      for (auto [s, v] : reports[i].curve) data += fmt::format("{} {}\n", s, v);
+      data += "\n\n";
+      plot += fmt::format("{}'{}' index {} with linespoints title '{}'", i ? ", " : "", dat.string(), i, reports[i].label);
+    }
+    write_file_atomic(dat, data);
+    write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560\nset output '{}'\nset xlabel 'step'\n"
+                                      "set ylabel 'validation loss (average model)'\nset grid\nset key top right\n{}\n",
+                                      png.string(), plot));
+    if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", gp.string()).c_str()) != 0) {
+      // pngcairo is missing from some gnuplot builds; the plain png terminal always exists.
+      std::string script = read_file(gp);
+      script.replace(script.find("pngcairo"), 8, "png");
+      write_file_atomic(gp, script);
+      if (std::system(fmt::format("gnuplot '{}'", gp.string()).c_str()) != 0)
+        throw Error("gnuplot failed to draw " + png.string(), "install gnuplot-nox (scripts/setup.sh does)");
+    }
+    fmt::print("plot: {}\n", png.string());
+    return 0;
+  };
+}
+
+}  // namespace gasloc::app
