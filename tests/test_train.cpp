@@ -244,3 +244,16 @@ TEST_F(Trainer, ClusterSettingsAreChecked) {
                ConfigError);
   EXPECT_THROW(train::run_training(request("bad3", {"cluster.backend=mpi"})), ConfigError);
 }
+
+TEST_F(Trainer, SixtyFourNanoWorkersRunInOneProcess) {
+  // Cluster size is limited by memory only: 64 workers of the nano preset, two 1peer rounds.
+  const auto s = train::run_training(request("n64", {"cluster.workers=64", "algo.name=gasloc", "algo.topology=1peer",
+                                                     "algo.H=2", "train.steps=4", "train.eval_every=4",
+                                                     "data.batch_size=1", "data.seq_len=16"}));
+  EXPECT_EQ(s.steps_done, 4);
+  EXPECT_TRUE(std::isfinite(s.final_val_loss));
+  int lines = 0;
+  std::ifstream m(kRoot / "n64" / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) lines += line.find("\"event\":\"train\"") != std::string::npos;
+  EXPECT_EQ(lines, 64);  // one train line per worker at the last step (log_every = 10 > steps)
+}
