@@ -4,9 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f data/corpus/nlp-corpus/.complete ]; then
   ls data/corpus/nlp-corpus/builds/doc-*.json | sort -V
-elif [ -f data/corpus/bible-kjv/.complete ]; then
-  ls /usr/share/bible-kjv/*.txt 2>/dev/null || echo /usr/share/dict/words
 else
-  echo "default corpus missing: run scripts/setup.sh" >&2
+  echo "default corpus missing (data/corpus/nlp-corpus): run scripts/setup.sh, or prepare your own" >&2
+  echo "corpus with: build/gasloc prepare --input FILES --out data/default" >&2
   exit 1
 fi

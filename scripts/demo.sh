@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 if [ ! -f data/default/dataset.json ]; then
+  scripts/default_corpus.sh >/dev/null  # stops here with a hint if the corpus is missing
   mapfile -t inputs < <(scripts/default_corpus.sh)
   build/gasloc prepare --input "${inputs[@]}" --out data/default --vocab-size 8192
 fi
