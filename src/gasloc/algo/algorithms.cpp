@@ -46,9 +46,10 @@ void load_outer(std::unique_ptr<OuterNesterov>& outer, const OuterOptions& opts,
   }
 }
 
+// peer < 0: the tensor is an all-reduce result, so the sender is not known.
 void check_finite(const torch::Tensor& t, int peer, const char* what) {
   if (!torch::isfinite(t).all().item<bool>())
-    throw CommError(std::string(what) + ": rank " + std::to_string(peer) +
+    throw CommError(std::string(what) + ": " + (peer >= 0 ? "rank " + std::to_string(peer) : std::string("a worker")) +
                         " sent non-finite values (NaN or Inf); the round was rejected and the parameters are unchanged",
                     "that worker diverged: lower optim.lr or restart it from its last checkpoint");
 }
@@ -56,31 +57,36 @@ void check_finite(const torch::Tensor& t, int peer, const char* what) {
 
 // ---------------------------------------------------------------------------------------------
 
-void DiLoCoSync::init(FlatParams& params) { outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_); }
+void OuterSync::init(FlatParams& params) { outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_); }
 
-bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
+void OuterSync::finish_round(const torch::Tensor& mixed, FlatParams& params) {
   torch::NoGradGuard no_grad;
-  TORCH_CHECK(outer_, "DiLoCoSync::init was not called");
-  if (!rounds_.step_done()) return false;
-  auto mean = params.data().clone();
-  comm.all_reduce_mean(mean);
-  check_finite(mean, -1, "diloco all-reduce");
-  outer_->step(mean);
+  outer_->step(mixed);
   params.data().copy_(outer_->theta());
   rounds_.next_round();
-  return true;
 }
 
-StateDict DiLoCoSync::state() const {
+StateDict OuterSync::state() const {
   StateDict s;
   rounds_.save(s);
   save_outer(outer_, s);
   return s;
 }
 
-void DiLoCoSync::load_state(const StateDict& s) {
+void OuterSync::load_state(const StateDict& s) {
   rounds_.load(s);
   load_outer(outer_, outer_opts_, s);
+}
+
+bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
+  TORCH_CHECK(outer_, "DiLoCoSync::init was not called");
+  if (!rounds_.step_done()) return false;
+  torch::NoGradGuard no_grad;
+  auto mean = params.data().clone();
+  comm.all_reduce_mean(mean);
+  check_finite(mean, -1, "diloco all-reduce");
+  finish_round(mean, params);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -109,32 +115,11 @@ torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const to
   return m;
 }
 
-GossipSync::GossipSync(int64_t H, OuterOptions outer, topology::Topology topo, std::string name)
-    : rounds_(H), outer_opts_(outer), topo_(std::move(topo)), name_(std::move(name)) {}
-
-void GossipSync::init(FlatParams& params) { outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_); }
-
 bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
-  torch::NoGradGuard no_grad;
   TORCH_CHECK(outer_, "GossipSync::init was not called");
   if (!rounds_.step_done()) return false;
-  auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm);
-  outer_->step(m);
-  params.data().copy_(outer_->theta());
-  rounds_.next_round();
+  finish_round(gossip_mix(topo_, rounds_.round(), params.data(), comm), params);
   return true;
-}
-
-StateDict GossipSync::state() const {
-  StateDict s;
-  rounds_.save(s);
-  save_outer(outer_, s);
-  return s;
-}
-
-void GossipSync::load_state(const StateDict& s) {
-  rounds_.load(s);
-  load_outer(outer_, outer_opts_, s);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -34,41 +34,46 @@ class RoundCounter {
   int64_t H_, round_ = 0, steps_ = 0;
 };
 
-// DiLoCo: H local steps, then theta <- outer step towards mean_i phi_i (all-reduce), phi <- theta.
-// Written on its own, without the gossip machinery, as the reference GASLoC must reduce to.
-class DiLoCoSync final : public Synchronizer {
+// What DiLoCo and GASLoC share: rounds of H local steps and an outer Nesterov optimizer whose
+// anchor theta starts at the initial parameters; its state goes into checkpoints.
+class OuterSync : public Synchronizer {
  public:
-  DiLoCoSync(int64_t H, OuterOptions outer) : rounds_(H), outer_opts_(outer) {}
-  std::string name() const override { return "diloco"; }
+  OuterSync(int64_t H, OuterOptions outer) : rounds_(H), outer_opts_(outer) {}
   void init(FlatParams& params) override;
-  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
 
- private:
+ protected:
+  // Ends a round: theta <- outer step towards `mixed`, phi <- theta.
+  void finish_round(const torch::Tensor& mixed, FlatParams& params);
+
   RoundCounter rounds_;
   OuterOptions outer_opts_;
   std::unique_ptr<OuterNesterov> outer_;
 };
 
+// DiLoCo: H local steps, then theta <- outer step towards mean_i phi_i (all-reduce), phi <- theta.
+// Its round is written out on its own, without the gossip machinery, as the reference GASLoC
+// must reduce to.
+class DiLoCoSync final : public OuterSync {
+ public:
+  using OuterSync::OuterSync;
+  std::string name() const override { return "diloco"; }
+  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+};
+
 // GASLoC: H_i local steps, exchange phi with this round's gossip neighbours, m_i = sum_j
 // W_t[i,j] phi_j (j ascending), outer Nesterov step on theta_i, phi_i <- theta_i. The complete
 // topology mixes with an all-reduce. eta = 1, mu = 0 is Local-DAdam up to rounding.
-class GossipSync : public Synchronizer {
+class GossipSync final : public OuterSync {
  public:
-  GossipSync(int64_t H, OuterOptions outer, topology::Topology topo, std::string name = "gasloc");
-  std::string name() const override { return name_; }
-  void init(FlatParams& params) override;
+  GossipSync(int64_t H, OuterOptions outer, topology::Topology topo)
+      : OuterSync(H, outer), topo_(std::move(topo)) {}
+  std::string name() const override { return "gasloc"; }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
-  StateDict state() const override;
-  void load_state(const StateDict& s) override;
 
- protected:
-  RoundCounter rounds_;
-  OuterOptions outer_opts_;
+ private:
   topology::Topology topo_;
-  std::string name_;
-  std::unique_ptr<OuterNesterov> outer_;
 };
 
 // Local-DAdam: H local AdamW steps, then theta_i <- sum_j W_ij phi_j exactly (no outer step).
