@@ -35,7 +35,9 @@ grep -q '"LlamaForCausalLM"' hf/config.json || fail "config.json is not a Llama 
 "$G" train "${common[@]}" --set train.steps=2 --set model.init_from=hf32 --set train.run_dir=run2 > log3.txt
 grep -q "done after 2 steps" log3.txt || fail "init_from run failed: $(cat log3.txt)"
 
-"$G" model-info --preset tiny | grep -q "parameters: 7342336" || fail "model-info tiny"
+# Capture first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
+info=$("$G" model-info --preset tiny)
+grep -q "parameters: 7342336" <<<"$info" || fail "model-info tiny: $info"
 
 printf '[optim]\nlr = 0.1\n[train\n' > bad.toml
 expect_error "bad.toml:3" "$G" train --config bad.toml
