@@ -7,6 +7,8 @@
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/optim/adamw.hpp"
+#include "gasloc/optim/gpa.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
@@ -236,4 +238,118 @@ TEST_F(Algo, BadSettingsNameTheKey) {
   expect(cfg("gasloc", 5, 0.7, 0.9, "1peer"), 1, "algo.topology");
   expect(cfg("magic"), 4, "diloco");  // the message lists the valid names
   expect(cfg("none"), 4, "algo.name");
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPA / Schedule-Free as the inner optimizer: parameters travel at the evaluation point x.
+
+TEST_F(Algo, GasLocOnTheCompleteGraphIsDiLoCoWithGpaInside) {
+  // The reduction holds for any inner optimizer: bitwise, with GPA and with Schedule-Free.
+  for (const std::string opt : {"gpa", "schedule_free"}) {
+    const std::vector<std::string> o = {"optim.name=" + opt, "optim.mu_x=0.9"};
+    const auto diloco = run(4, cfg("diloco"), 20, o);
+    const auto gasloc = run(4, cfg("gasloc", 5, 0.7, 0.9, "complete"), 20, o);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(torch::equal(diloco.params[r], gasloc.params[r])) << opt << " rank " << r;
+      EXPECT_EQ(diloco.losses[r], gasloc.losses[r]) << opt << " rank " << r;
+    }
+    const auto adamw = run(4, cfg("diloco"), 20);
+    EXPECT_GT(max_diff(adamw.params[0], diloco.params[0]), 1e-4) << opt;  // the inner optimizer matters
+  }
+}
+
+namespace {
+// Two ranks, each with its own small flat buffer (same start), its own GPA and a synchronizer
+// with eta = 1, mu = 0 (so the round sets the model to the plain average). Rank r's gradient
+// pulls towards a different target. Returns, per rank, x, y and z just before the round and the
+// evaluation point and z - x just after it.
+struct RoundSnapshot {
+  torch::Tensor x_before, y_before, z_minus_x_before, x_after, z_minus_x_after;
+};
+
+std::vector<RoundSnapshot> gpa_round(const algo::AlgoConfig& a) {
+  constexpr int n = 2, H = 3;
+  comm::InProcCluster cluster(n);
+  std::vector<RoundSnapshot> out(n);
+  cluster.run([&](int r, comm::Communicator& comm) {
+    torch::manual_seed(11);
+    auto w = torch::randn({4, 3}), g = torch::randn({3});
+    FlatParams flat({{"w", w}, {"g", g}});
+    optim::GpaOptions o;
+    o.mu_x = 0.8;
+    o.mu_y = 0.6;
+    optim::Gpa opt(flat, o);
+    auto sync = algo::make_synchronizer(a, n, 7);
+    sync->attach(&opt);
+    sync->init(flat);
+    const auto target = torch::full({flat.numel()}, r == 0 ? 2.0 : -3.0);
+    for (int k = 1; k <= H; ++k) {
+      flat.grad().copy_(flat.data() - target);
+      opt.step(0.1);
+      if (k == H) {
+        auto& s = out[r];
+        s.y_before = flat.data().clone();
+        optim::EvalScope at_x(&opt);
+        s.x_before = flat.data().clone();
+        s.z_minus_x_before = opt.z_buffer() - flat.data();
+      }
+      EXPECT_EQ(sync->after_step(k, flat, comm), k == H);
+    }
+    optim::EvalScope at_x(&opt);
+    out[r].x_after = flat.data().clone();
+    out[r].z_minus_x_after = opt.z_buffer() - flat.data();
+  });
+  return out;
+}
+}  // namespace
+
+TEST_F(Algo, SynchronizersExchangeTheEvaluationPoint) {
+  // DiLoCo and GASLoC-1peer (n = 2: one pair, W = 1/2) with eta = 1, mu = 0: after the round
+  // every worker's model x is the mean of the x_i before it, and each keeps its own z - x (the
+  // three sequences are translated together). 1e-6: a few float32 roundings.
+  for (const auto& a : {cfg("diloco", 3, 1.0, 0.0), cfg("gasloc", 3, 1.0, 0.0, "1peer")}) {
+    SCOPED_TRACE(a.name);
+    const auto s = gpa_round(a);
+    const auto mean_x = (s[0].x_before + s[1].x_before) / 2;
+    const auto mean_y = (s[0].y_before + s[1].y_before) / 2;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_LT(max_diff(s[r].x_after, mean_x), 1e-6) << "rank " << r;
+      EXPECT_LT(max_diff(s[r].z_minus_x_after, s[r].z_minus_x_before), 1e-6) << "rank " << r;
+    }
+    // Averaging y instead would be visibly different: the test can tell the two apart.
+    EXPECT_GT(max_diff(mean_x, mean_y), 1e-3);
+    EXPECT_GT(max_diff(s[0].x_before, s[1].x_before), 1e-2);
+  }
+}
+
+namespace {
+// A synchronizer that asks its worker for an evaluation in the middle of the worker's step.
+class EvaluatesMidStep final : public algo::Synchronizer {
+ public:
+  std::string name() const override { return "evaluates_mid_step"; }
+  bool after_step(int64_t, FlatParams&, comm::Communicator&) override {
+    worker->evaluate({});
+    return false;
+  }
+  train::Worker* worker = nullptr;
+};
+}  // namespace
+
+TEST_F(Algo, EvaluationDuringATrainingStepIsRefused) {
+  const auto job = test_util::nano_job(data_, {"optim.name=gpa"});
+  const auto ds = data::Dataset::open(job.data.dir);
+  comm::SingleRank single;
+  auto sync = std::make_unique<EvaluatesMidStep>();
+  auto* probe = sync.get();
+  train::Worker w(job, job.model.resolve(ds.vocab_size), ds, single, std::move(sync));
+  probe->worker = &w;
+  try {
+    w.step();
+    ADD_FAILURE() << "evaluate() inside step() must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in a training step"), std::string::npos) << e.what();
+  }
+  probe->worker = nullptr;  // between steps, evaluation is fine
+  const auto val = data::validation_batches(*ds.val, 2, 16, 1);
+  EXPECT_TRUE(std::isfinite(w.evaluate(val)));
 }

@@ -90,3 +90,38 @@ TEST(Config, DescribeListsEveryKeyWithDoc) {
   for (const char* key : {"model.preset", "data.seq_len", "optim.lr", "train.steps", "train.dtype", "algo.name"})
     EXPECT_NE(text.find(key), std::string::npos) << key;
 }
+
+TEST(Config, GpaFromDiLoCoDerivesMuXAndMuY) {
+  auto job = job_from_json(toml("[optim]\nname = \"gpa\"\ngpa_from_diloco = { H = 32, mu = 0.9 }\n"), {});
+  EXPECT_DOUBLE_EQ(job.optim.mu_x, std::pow(0.9, 1.0 / 32));
+  EXPECT_DOUBLE_EQ(job.optim.mu_y, 0.9);
+  // The resolved values are what run.json records, and reloading it gives the same job.
+  const auto j = job.to_json();
+  EXPECT_DOUBLE_EQ(j["optim"]["mu_x"].get<double>(), std::pow(0.9, 1.0 / 32));
+  EXPECT_EQ(j["optim"]["gpa_from_diloco"]["H"], 32);
+  auto again = job_from_json(j, {});
+  EXPECT_EQ(again.optim.mu_x, job.optim.mu_x);
+  // Also as --set, with an inline table.
+  auto set = load_job("", {"optim.name=gpa", "optim.gpa_from_diloco={ H = 10, mu = 0.8 }"});
+  EXPECT_DOUBLE_EQ(set.optim.mu_x, std::pow(0.8, 0.1));
+  EXPECT_DOUBLE_EQ(set.optim.mu_y, 0.8);
+}
+
+TEST(Config, GpaSettingsAreChecked) {
+  expect_config_error([] { load_job("", {"optim.name=sgd"}); }, "optim.name");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.mu_y=0"}); }, "optim.mu_y");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.mu_y=1.2"}); }, "optim.mu_y");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.mu_x=-0.1"}); }, "optim.mu_x");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.mu_x=1.5"}); }, "optim.mu_x");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.decay_on=x"}); }, "optim.decay_on");
+  // The helper and an explicit, different mu_x conflict; the helper only makes sense for gpa.
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.mu_x=0.5", "optim.gpa_from_diloco={ H = 32 }"}); },
+                      "conflicts");
+  expect_config_error([] { load_job("", {"optim.gpa_from_diloco={ H = 32, mu = 0.9 }"}); }, "optim.gpa_from_diloco");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.gpa_from_diloco={ H = 32, mu = 1.0 }"}); },
+                      "optim.gpa_from_diloco.mu");
+  expect_config_error([] { load_job("", {"optim.name=gpa", "optim.gpa_from_diloco={ H = 32, nu = 0.9 }"}); },
+                      "optim.gpa_from_diloco.nu");
+  // mu_y = 1 and mu_x = 0 are the closed ends of the ranges.
+  EXPECT_NO_THROW(load_job("", {"optim.name=gpa", "optim.mu_y=1", "optim.mu_x=0"}));
+}

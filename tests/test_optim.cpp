@@ -1,12 +1,15 @@
-// Flat AdamW against LibTorch's own torch::optim::AdamW (the reference), schedules, clipping.
+// Flat AdamW against LibTorch's own torch::optim::AdamW (the reference), schedules, clipping;
+// GPA and Schedule-Free against AdamW, the explicit three-sequence form and hand-computed values.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
+#include "gasloc/core/error.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/optim/adamw.hpp"
+#include "gasloc/optim/gpa.hpp"
 #include "gasloc/optim/schedule.hpp"
 
 using namespace gasloc;
@@ -78,4 +81,289 @@ TEST(ClipGradNorm, ScalesToMaxNorm) {
   auto h = torch::tensor({0.3f, 0.4f});
   optim::clip_grad_norm(h, 1.0);
   EXPECT_NEAR(h.norm().item<double>(), 0.5, 1e-7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPA and Schedule-Free (DESIGN.md section 3).
+
+namespace {
+double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
+
+// A small flat buffer: a [6, 4] "matrix" (decayed) and a [5] gain vector (not decayed).
+struct Toy {
+  torch::Tensor w = torch::randn({6, 4}), g = torch::randn({5});
+  FlatParams flat;
+  Toy() : flat({{"w", w}, {"g", g}}) {}
+};
+
+// A smooth non-quadratic loss with a known gradient, so the test needs no autograd:
+// L(p) = sum(a * (p - b)^2 / 2 + 0.1 * cos(3 p)), grad = a * (p - b) - 0.3 * sin(3 p).
+torch::Tensor toy_grad(const torch::Tensor& p, const torch::Tensor& a, const torch::Tensor& b) {
+  return a * (p - b) - 0.3 * torch::sin(3 * p);
+}
+
+// The three sequences of GPA written out plainly, in float64: gradients at y, AdamW's direction
+// moves z, x averages z, y interpolates. With decay on z, z shrinks in place first and the
+// implied x moves with it (x = (y - (1 - mu_y) z) / mu_y stays the definition).
+struct ExplicitGpa {
+  double mu_x, mu_y, wd, b1 = 0.9, b2 = 0.95, eps = 1e-8;
+  int64_t decay_numel;
+  torch::Tensor x, y, z, m, v;
+  int64_t k = 0;
+  ExplicitGpa(const torch::Tensor& p0, double mx, double my, double w, int64_t dn)
+      : mu_x(mx), mu_y(my), wd(w), decay_numel(dn) {
+    x = p0.to(torch::kFloat64);
+    y = x.clone();
+    z = x.clone();
+    m = torch::zeros_like(x);
+    v = torch::zeros_like(x);
+  }
+  void step(const torch::Tensor& g32, double lr) {
+    ++k;
+    auto g = g32.to(torch::kFloat64);
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    auto d = (m / (1 - std::pow(b1, k))) / (torch::sqrt(v / (1 - std::pow(b2, k))) + eps);
+    if (wd != 0) {
+      auto zd = z.clone();
+      zd.narrow(0, 0, decay_numel).mul_(1 - lr * wd);
+      x = x + (1 - mu_y) / mu_y * (z - zd);  // y fixed, z shrunk: the implied x moves
+      z = zd;
+    }
+    z = z - lr * d;
+    x = mu_x * x + (1 - mu_x) * z;
+    y = mu_y * x + (1 - mu_y) * z;
+  }
+};
+}  // namespace
+
+TEST(Gpa, MuXZeroIsAdamW) {
+  // mu_x = 0 makes x = z = y: AdamW with the same decoupled decay. Over 100 steps of the nano
+  // model the two differ only by the rounding of y += -lr*d versus addcdiv: 2e-5 absolute.
+  auto c = model::LlamaConfig::preset("nano");
+  c.vocab_size = 48;
+  model::Llama a(c), b(c);
+  a->init_weights(3);
+  b->init_weights(3);
+  FlatParams fa(a->hf_parameters()), fb(b->hf_parameters());
+  optim::AdamWOptions o;
+  o.weight_decay = 0.1;
+  optim::AdamW adamw(fa, o);
+  optim::GpaOptions go;
+  go.adam = o;
+  go.mu_x = 0.0;
+  go.mu_y = 0.7;
+  optim::Gpa gpa(fb, go);
+  torch::manual_seed(1);
+  for (int step = 1; step <= 100; ++step) {
+    auto x = torch::randint(0, 48, {2, 16}, torch::kInt64);
+    const double lr = 3e-3 * std::min(1.0, step / 10.0);
+    fa.zero_grad();
+    a->loss(x, x.roll(1, 1)).backward();
+    adamw.step(lr);
+    fb.zero_grad();
+    b->loss(x, x.roll(1, 1)).backward();
+    gpa.step(lr);
+    // y and z coincide bitwise at every step.
+    ASSERT_TRUE(torch::equal(fb.data(), gpa.z_buffer())) << "step " << step;
+  }
+  EXPECT_LT(max_abs(fa.data() - fb.data()), 2e-5);
+  model::Llama init(c);
+  init->init_weights(3);
+  EXPECT_GT(max_abs(fa.data() - FlatParams(init->hf_parameters()).data()), 1e-2);  // it moved
+  // The evaluation point is the same parameters.
+  auto y = fb.data().clone();
+  {
+    optim::EvalScope at_x(&gpa);
+    EXPECT_TRUE(torch::equal(fb.data(), y));
+  }
+}
+
+TEST(Gpa, MemoryEfficientFormEqualsThreeSequences) {
+  // Float32 two-buffer form against the float64 three-sequence form over 100 steps: 1e-5.
+  struct Case { double mu_x, mu_y, wd; };
+  for (const Case cs : {Case{0.9, 0.7, 0.0}, Case{0.9967, 0.7, 0.0}, Case{0.5, 1.0, 0.0}, Case{0.99, 0.3, 0.0},
+                        Case{0.0, 0.5, 0.0}, Case{0.95, 0.8, 0.1}, Case{0.9, 1.0, 0.1}}) {
+    SCOPED_TRACE(::testing::Message() << "mu_x " << cs.mu_x << " mu_y " << cs.mu_y << " wd " << cs.wd);
+    torch::manual_seed(5);
+    Toy toy;
+    const auto a = torch::rand({toy.flat.numel()}) + 0.5, b = torch::randn({toy.flat.numel()});
+    optim::GpaOptions o;
+    o.adam.weight_decay = cs.wd;
+    o.mu_x = cs.mu_x;
+    o.mu_y = cs.mu_y;
+    optim::Gpa gpa(toy.flat, o);
+    ExplicitGpa ref(toy.flat.data(), cs.mu_x, cs.mu_y, cs.wd, toy.flat.decay_numel());
+    for (int k = 1; k <= 100; ++k) {
+      const double lr = 0.05 * std::min(1.0, k / 10.0);
+      toy.flat.grad().copy_(toy_grad(toy.flat.data(), a, b));
+      gpa.step(lr);
+      ref.step(toy_grad(ref.y, a, b), lr);
+      ASSERT_LT(max_abs(toy.flat.data() - ref.y), 1e-5) << "y at step " << k;
+      if (k % 10 == 0) {  // the evaluation point is the explicit x
+        optim::EvalScope at_x(&gpa);
+        ASSERT_LT(max_abs(toy.flat.data() - ref.x), 1e-5) << "x at step " << k;
+      }
+    }
+    // The sequences are apart (unless mu_x = 0): the comparison is not of three equal tensors.
+    if (cs.mu_x > 0) EXPECT_GT(max_abs(ref.x - ref.z), 1e-2);
+  }
+}
+
+TEST(Gpa, EvalTrainSwitchIsARoundTripAndEvaluatesX) {
+  auto c = model::LlamaConfig::preset("nano");
+  c.vocab_size = 48;
+  model::Llama m(c), probe(c);
+  m->init_weights(4);
+  FlatParams flat(m->hf_parameters());
+  optim::GpaOptions o;
+  o.mu_x = 0.9;
+  o.mu_y = 0.7;
+  optim::Gpa gpa(flat, o);
+  torch::manual_seed(2);
+  auto batch = torch::randint(0, 48, {2, 16}, torch::kInt64);
+  for (int k = 0; k < 20; ++k) {
+    flat.zero_grad();
+    m->loss(batch, batch.roll(1, 1)).backward();
+    gpa.step(3e-3);
+  }
+  torch::NoGradGuard no_grad;
+  const auto y = flat.data().clone(), z = gpa.z_buffer().clone();
+  const auto x = (y - (1 - o.mu_y) * z) / o.mu_y;  // x computed explicitly from y = mu_y x + (1-mu_y) z
+  FlatParams probe_flat(probe->hf_parameters());
+  probe_flat.data().copy_(x);
+  const double loss_explicit = probe->loss(batch, batch.roll(1, 1)).item<double>();
+  double loss_eval = 0;
+  {
+    optim::EvalScope at_x(&gpa);
+    EXPECT_LT(max_abs(flat.data() - x), 1e-6);
+    loss_eval = m->loss(batch, batch.roll(1, 1)).item<double>();
+    optim::EvalScope nested(&gpa);  // nested scopes do not switch again
+    EXPECT_LT(max_abs(flat.data() - x), 1e-6);
+    EXPECT_THROW(gpa.step(1e-3), Error);  // stepping the evaluation point is refused
+  }
+  EXPECT_NEAR(loss_eval, loss_explicit, 1e-6);
+  EXPECT_GT(max_abs(x - y), 1e-4);  // x and y differ: the switch matters
+  // An evaluation that leaves x alone gives y and z back bit for bit: it never perturbs training.
+  EXPECT_TRUE(torch::equal(flat.data(), y));
+  EXPECT_TRUE(torch::equal(gpa.z_buffer(), z));
+
+  // Replacing x in evaluation mode (as a synchronizer does) translates y and z along with it.
+  const auto shift = torch::full_like(x, 0.25);
+  {
+    optim::EvalScope at_x(&gpa);
+    flat.data().add_(shift);
+  }
+  EXPECT_LT(max_abs(flat.data() - (y + shift)), 1e-6);
+  EXPECT_LT(max_abs(gpa.z_buffer() - (z + shift)), 1e-6);
+}
+
+TEST(Gpa, ScheduleFreeMatchesHandComputedQuadratic) {
+  // L(p) = p^2 (a = 2, b = 0), p0 = 1, mu_y = 0.9, warmup lr 0.1, 0.2, then 0.2 constant.
+  // Steps 1 and 2 by hand: c_1 = 1 (w = 0.01), c_2 = 0.04 / 0.05 = 0.8.
+  auto p = torch::ones({1});
+  FlatParams flat({{"p", p}});
+  optim::GpaOptions o;
+  o.adam.weight_decay = 0.0;
+  o.mu_y = 0.9;
+  o.schedule_free = true;
+  optim::Gpa sf(flat, o);
+  auto step = [&](double lr) {
+    flat.grad().copy_(2 * flat.data());
+    sf.step(lr);
+  };
+  auto x_now = [&] {
+    optim::EvalScope at_x(&sf);
+    return flat.data().item<double>();
+  };
+  step(0.1);
+  EXPECT_DOUBLE_EQ(sf.last_c(), 1.0);
+  EXPECT_NEAR(flat.data().item<double>(), 0.9, 1e-6);
+  EXPECT_NEAR(x_now(), 0.9, 1e-6);
+  step(0.2);
+  EXPECT_NEAR(sf.last_c(), 0.8, 1e-12);
+  EXPECT_NEAR(flat.data().item<double>(), 0.736460103, 1e-6);
+  EXPECT_NEAR(sf.z_buffer().item<double>(), 0.700561101, 1e-6);
+  EXPECT_NEAR(x_now(), 0.740448881, 1e-6);
+
+  // Then 30 more steps against the same recurrence in double scalars, with the lr dropping to
+  // 0.1 after step 20 (lr_max stays 0.2, so the weights stay uniform: c_t = 1 / (t - 1 + 0.25)).
+  double y = 0.736460102820075, z = 0.7005611008903354, m = 0, v = 0, ws = 0.05;
+  {  // replay m and v of steps 1-2
+    m = 0.1 * 2.0;
+    v = 0.05 * 4.0;
+    m = 0.9 * m + 0.1 * 1.8;
+    v = 0.95 * v + 0.05 * 1.8 * 1.8;
+  }
+  for (int k = 3; k <= 32; ++k) {
+    const double lr = k <= 20 ? 0.2 : 0.1;
+    const double g = 2 * y;
+    m = 0.9 * m + 0.1 * g;
+    v = 0.95 * v + 0.05 * g * g;
+    const double d = (m / (1 - std::pow(0.9, k))) / (std::sqrt(v / (1 - std::pow(0.95, k))) + 1e-8);
+    ws += 0.04;
+    const double c = 0.04 / ws;
+    y = (1 - c) * y + c * z + lr * (0.9 * (1 - c) - 1) * d;
+    z -= lr * d;
+    step(lr);
+    ASSERT_NEAR(sf.last_c(), c, 1e-12) << "step " << k;
+    ASSERT_NEAR(flat.data().item<double>(), y, 1e-5) << "step " << k;
+  }
+  EXPECT_NEAR(x_now(), (y - 0.1 * z) / 0.9, 1e-5);
+  // It minimises p^2: z is near 0, and x, the uniform average of the z's, is on its way.
+  EXPECT_LT(std::abs(sf.z_buffer().item<double>()), 0.1);
+  EXPECT_LT(x_now(), 0.6);
+}
+
+TEST(Gpa, HoldsExactlyOneParameterBufferMoreThanAdamW) {
+  Toy toy;
+  optim::AdamW adamw(toy.flat, {});
+  const int64_t n = toy.flat.numel();
+  EXPECT_EQ(adamw.state_bytes(), 2 * n * 4);
+  optim::Gpa gpa(toy.flat, {});
+  EXPECT_EQ(gpa.state_bytes() - adamw.state_bytes(), n * 4);
+  optim::GpaOptions sfo;
+  sfo.schedule_free = true;
+  optim::Gpa sf(toy.flat, sfo);
+  EXPECT_EQ(sf.state_bytes(), gpa.state_bytes());
+}
+
+TEST(Gpa, BadSettingsAndForeignCheckpointsAreRefused) {
+  Toy toy;
+  for (double mu_y : {0.0, -0.1, 1.5}) {
+    optim::GpaOptions o;
+    o.mu_y = mu_y;
+    EXPECT_THROW(optim::Gpa(toy.flat, o), ConfigError) << mu_y;
+  }
+  for (double mu_x : {-0.01, 1.01}) {
+    optim::GpaOptions o;
+    o.mu_x = mu_x;
+    EXPECT_THROW(optim::Gpa(toy.flat, o), ConfigError) << mu_x;
+  }
+  // An AdamW checkpoint has no z: GPA refuses it rather than starting z over; and the reverse.
+  optim::AdamW adamw(toy.flat, {});
+  optim::TensorMap adam_state;
+  {
+    optim::EvalScope s(&adamw);
+    adam_state = adamw.state();
+  }
+  optim::Gpa gpa(toy.flat, {});
+  try {
+    gpa.load_state(adam_state);
+    ADD_FAILURE() << "GPA loaded an AdamW state";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'optim.y'"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("another optimizer"), std::string::npos) << e.hint();
+  }
+  optim::TensorMap gpa_state;
+  {
+    optim::EvalScope s(&gpa);
+    gpa_state = gpa.state();
+  }
+  EXPECT_THROW(adamw.load_state(gpa_state), CheckpointError);
+  optim::GpaOptions sfo;
+  sfo.schedule_free = true;
+  optim::Gpa sf(toy.flat, sfo);
+  EXPECT_THROW(sf.load_state(gpa_state), CheckpointError);
+  EXPECT_THROW(gpa.state(), Error);  // state outside evaluation mode
 }

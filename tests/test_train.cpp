@@ -7,6 +7,8 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include "gasloc/core/atomic_file.hpp"
@@ -77,16 +79,16 @@ TEST_F(Trainer, ResumeIsBitExact) {
   EXPECT_TRUE(torch::equal(a.tensors.at("optim.exp_avg_sq"), b.tensors.at("optim.exp_avg_sq")));
 
   // metrics.jsonl has one train line per log_every and one eval line per eval_every, no duplicates.
+  // And one memory line, written when the run started.
   std::ifstream m(kRoot / "halves" / "metrics.jsonl");
   std::string line;
-  int train_lines = 0, eval_lines = 0;
+  std::map<std::string, int> lines;
   while (std::getline(m, line)) {
     auto j = nlohmann::json::parse(line);
-    (j["event"] == "train" ? train_lines : eval_lines)++;
-    EXPECT_TRUE(j.contains("wall_time_s"));
+    lines[j["event"]]++;
+    if (j["event"] != "memory") EXPECT_TRUE(j.contains("wall_time_s"));
   }
-  EXPECT_EQ(train_lines, 10);
-  EXPECT_EQ(eval_lines, 4);
+  EXPECT_EQ(lines, (std::map<std::string, int>{{"train", 10}, {"eval", 4}, {"memory", 1}}));
   auto run = nlohmann::json::parse(read_file(kRoot / "halves" / "run.json"));
   EXPECT_EQ(run["config"]["model"]["preset"], "nano");
   EXPECT_EQ(run["model"]["vocab_size"], 257);
@@ -256,4 +258,91 @@ TEST_F(Trainer, SixtyFourNanoWorkersRunInOneProcess) {
   std::ifstream m(kRoot / "n64" / "metrics.jsonl");
   for (std::string line; std::getline(m, line);) lines += line.find("\"event\":\"train\"") != std::string::npos;
   EXPECT_EQ(lines, 64);  // one train line per worker at the last step (log_every = 10 > steps)
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPA and Schedule-Free in the trainer: evaluation, checkpoints and resume at the evaluation point.
+
+namespace {
+nlohmann::json first_event(const fs::path& run, const std::string& event) {
+  std::ifstream m(run / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == event) return j;
+  }
+  return {};
+}
+
+// Runs `opts` for 40 steps, and again as 17 + 23 steps (stopped mid-round, between evaluations),
+// and expects the same losses, validation loss and checkpoint tensors bit for bit.
+void expect_resume_bit_exact(const std::string& name, std::vector<std::string> opts, int workers,
+                             const std::function<train::TrainRequest(const std::string&, std::vector<std::string>)>& request) {
+  opts.insert(opts.end(), {"train.steps=40", "train.eval_every=15", "cluster.workers=" + std::to_string(workers)});
+  const auto full = train::run_training(request(name + "_full", opts));
+  opts.push_back("train.stop_at=17");
+  const auto first = train::run_training(request(name + "_halves", opts));
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = (kRoot / (name + "_halves")).string();
+  const auto second = train::run_training(again);
+  ASSERT_EQ(full.train_losses.size(), 40u);
+  ASSERT_EQ(second.train_losses.size(), 23u);
+  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(first.train_losses[i], full.train_losses[i]) << "step " << i + 1;
+  for (size_t i = 0; i < 23; ++i) EXPECT_EQ(second.train_losses[i], full.train_losses[17 + i]) << "step " << 18 + i;
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+  for (int r = 0; r < workers; ++r) {
+    const std::string file = workers == 1 ? "checkpoint.pt" : "checkpoint-rank" + std::to_string(r) + ".pt";
+    auto a = train::load_checkpoint(kRoot / (name + "_full") / file);
+    auto b = train::load_checkpoint(kRoot / (name + "_halves") / file);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const auto& [k, t] : a.tensors)  // the global RNG is shared by the runs of this test process
+      if (k != "rng.cpu") EXPECT_TRUE(torch::equal(t, b.tensors.at(k))) << k << " rank " << r;
+  }
+}
+}  // namespace
+
+TEST_F(Trainer, GpaAndScheduleFreeResumeBitExactly) {
+  expect_resume_bit_exact("gpa", {"optim.name=gpa", "optim.mu_x=0.9"}, 1, request);
+  expect_resume_bit_exact("sf", {"optim.name=schedule_free", "optim.decay=constant", "optim.decay_on=y"}, 1, request);
+  // The checkpoint holds x (params), z, y, the moments; and schedule-free's averaging weights.
+  auto c = train::load_checkpoint(kRoot / "sf_full" / "checkpoint.pt");
+  for (const char* k : {"params", "optim.z", "optim.y", "optim.exp_avg", "optim.exp_avg_sq", "optim.sf_weight_sum"})
+    EXPECT_TRUE(c.tensors.count(k)) << k;
+  // params is x = y + (1 - 1/mu_y)(z - y), not y.
+  const double mu_y = 0.7;
+  const auto& y = c.tensors.at("optim.y");
+  const auto x = y + (1 - 1 / mu_y) * (c.tensors.at("optim.z") - y);
+  EXPECT_LT((c.tensors.at("params") - x).abs().max().item<double>(), 1e-6);
+  EXPECT_GT((c.tensors.at("params") - y).abs().max().item<double>(), 1e-4);
+  EXPECT_EQ(c.meta["optim"], "schedule_free");
+  // Memory: AdamW keeps m and v (8 B/param), GPA also z (12 B/param).
+  const auto gpa_mem = first_event(kRoot / "gpa_full", "memory");
+  EXPECT_EQ(gpa_mem["optimizer_state_bytes"].get<int64_t>(), 12 * gpa_mem["params"].get<int64_t>());
+  train::run_training(request("adam_mem", {"train.steps=2", "train.eval_every=0"}));
+  const auto adam_mem = first_event(kRoot / "adam_mem", "memory");
+  EXPECT_EQ(adam_mem["optimizer_state_bytes"].get<int64_t>(), 8 * adam_mem["params"].get<int64_t>());
+}
+
+TEST_F(Trainer, GpaInsideDiLoCoResumesBitExactly) {
+  // Two workers, rounds of H = 5: the stop at step 17 falls inside the fourth round.
+  expect_resume_bit_exact("gpa_diloco", {"optim.name=gpa", "algo.name=diloco", "algo.H=5"}, 2, request);
+  const auto mem = first_event(kRoot / "gpa_diloco_full", "memory");
+  // DiLoCo adds the anchor theta and the outer momentum: 8 B/param (plus two round counters).
+  EXPECT_EQ(mem["sync_state_bytes"].get<int64_t>(), 8 * mem["params"].get<int64_t>() + 16);
+}
+
+TEST_F(Trainer, ACheckpointOfAnotherOptimizerIsRefused) {
+  train::run_training(request("optim_switch", {"train.steps=10", "train.eval_every=0"}));
+  const auto before = read_file(kRoot / "optim_switch" / "checkpoint.pt");
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = (kRoot / "optim_switch").string();
+  r.overrides = {"optim.name=gpa", "train.steps=20"};
+  try {
+    train::run_training(r);
+    ADD_FAILURE() << "resuming an AdamW run as GPA must fail";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'adamw' optimizer"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(kRoot / "optim_switch" / "checkpoint.pt"), before);
 }

@@ -81,6 +81,7 @@ void OuterSync::load_state(const StateDict& s) {
 bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "DiLoCoSync::init was not called");
   if (!rounds_.step_done()) return false;
+  optim::EvalScope at_x(optimizer());
   torch::NoGradGuard no_grad;
   auto mean = params.data().clone();
   comm.all_reduce_mean(mean);
@@ -118,6 +119,7 @@ torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const to
 bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "GossipSync::init was not called");
   if (!rounds_.step_done()) return false;
+  optim::EvalScope at_x(optimizer());
   finish_round(gossip_mix(topo_, rounds_.round(), params.data(), comm), params);
   return true;
 }
@@ -126,6 +128,7 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
 
 bool LocalDAdamSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   if (!rounds_.step_done()) return false;
+  optim::EvalScope at_x(optimizer());
   auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
@@ -145,6 +148,7 @@ void LocalDAdamSync::load_state(const StateDict& s) { rounds_.load(s); }
 
 void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
   // Round t = step - 1: the gradient was taken at the pre-mixing x_i; mix x before AdamW moves it.
+  optim::EvalScope at_x(optimizer());
   auto m = gossip_mix(topo_, step - 1, params.data(), comm);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);

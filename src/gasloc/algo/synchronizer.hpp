@@ -5,6 +5,11 @@
 //   optimizer step -> after_step()      (DiLoCo/GASLoC end a round here every H_i steps)
 //
 // Algorithms with state of their own (anchors, outer momentum) expose it for checkpoints.
+//
+// Parameters travel between workers at the inner optimizer's evaluation point: with GPA or
+// Schedule-Free the buffer holds the gradient point y while training, and a synchronizer that
+// reads or replaces the parameters does so inside an optim::EvalScope on optimizer(), where the buffer holds
+// the model x (optim/optimizer.hpp). Gradients (allreduce) need no switch.
 #pragma once
 #include <torch/types.h>
 
@@ -15,6 +20,7 @@
 
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/core/flat_params.hpp"
+#include "gasloc/optim/optimizer.hpp"
 
 namespace gasloc::algo {
 
@@ -34,6 +40,14 @@ class Synchronizer {
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }
   virtual void load_state(const StateDict& state) {}
+  // The worker's inner optimizer, for optim::EvalScope; without one the buffer is the model.
+  void attach(optim::Optimizer* opt) { opt_ = opt; }
+
+ protected:
+  optim::Optimizer* optimizer() const { return opt_; }
+
+ private:
+  optim::Optimizer* opt_ = nullptr;
 };
 
 // Single worker, no communication: plain training.

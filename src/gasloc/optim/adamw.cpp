@@ -6,34 +6,37 @@
 
 namespace gasloc::optim {
 
-AdamW::AdamW(FlatParams& params, AdamWOptions opts) : params_(params), opts_(opts) {
-  m_ = torch::zeros_like(params_.data());
-  v_ = torch::zeros_like(params_.data());
+AdamMoments::AdamMoments(const torch::Tensor& like, const AdamWOptions& o)
+    : m(torch::zeros_like(like)), v(torch::zeros_like(like)), o_(o) {}
+
+void AdamMoments::update(const torch::Tensor& g) {
+  m.mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
+  v.mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
 }
 
-void AdamW::step(double lr) {
-  torch::NoGradGuard no_grad;
-  ++step_;
+torch::Tensor AdamMoments::direction(int64_t k) const {
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(k));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(k));
+  auto d = (v.sqrt() / std::sqrt(bc2)).add_(o_.eps);  // the denominator, then d in place
+  return d.reciprocal_().mul_(m).div_(bc1);
+}
+
+void AdamMoments::apply(torch::Tensor& y, int64_t k, double lr) const {
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(k));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(k));
+  // Same operation order as torch.optim.AdamW's single-tensor path.
+  auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o_.eps);
+  y.addcdiv_(m, denom, -lr / bc1);
+}
+
+AdamW::AdamW(FlatParams& params, AdamWOptions opts) : Optimizer(params), opts_(opts), moments_(params.data(), opts) {}
+
+void AdamW::update(double lr) {
   auto& p = params_.data();
-  const auto& g = params_.grad();
   if (opts_.weight_decay != 0.0 && params_.decay_numel() > 0)
     p.narrow(0, 0, params_.decay_numel()).mul_(1.0 - lr * opts_.weight_decay);
-  m_.mul_(opts_.beta1).add_(g, 1.0 - opts_.beta1);
-  v_.mul_(opts_.beta2).addcmul_(g, g, 1.0 - opts_.beta2);
-  const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(step_));
-  // Same operation order as torch.optim.AdamW's single-tensor path.
-  auto denom = (v_.sqrt() / std::sqrt(bc2)).add_(opts_.eps);
-  p.addcdiv_(m_, denom, -lr / bc1);
-}
-
-int64_t AdamW::state_bytes() const { return (m_.numel() + v_.numel()) * static_cast<int64_t>(m_.element_size()); }
-
-double clip_grad_norm(torch::Tensor& flat_grad, double max_norm) {
-  torch::NoGradGuard no_grad;
-  const double norm = flat_grad.norm().item<double>();
-  if (max_norm > 0.0 && norm > max_norm) flat_grad.mul_(max_norm / (norm + 1e-6));
-  return norm;
+  moments_.update(params_.grad());
+  moments_.apply(p, step_, lr);
 }
 
 }  // namespace gasloc::optim

@@ -2,11 +2,7 @@
 // update as torch.optim.AdamW (decoupled decay p *= 1 - lr*wd before the Adam step), with weight
 // decay on the matrices only (the flat buffer's decay prefix).
 #pragma once
-#include <torch/types.h>
-
-#include <cstdint>
-
-#include "gasloc/core/flat_params.hpp"
+#include "gasloc/optim/optimizer.hpp"
 
 namespace gasloc::optim {
 
@@ -17,29 +13,37 @@ struct AdamWOptions {
   double weight_decay = 0.1;
 };
 
-class AdamW {
+// The bias-corrected Adam moments shared by AdamW and GPA.
+class AdamMoments {
  public:
-  AdamW(FlatParams& params, AdamWOptions opts);
-  // One step with learning rate `lr` using the gradients in params.grad().
-  void step(double lr);
-  int64_t steps() const { return step_; }
-  const AdamWOptions& options() const { return opts_; }
-  // State for checkpoints: first and second moments [N] and the step count.
-  torch::Tensor& exp_avg() { return m_; }
-  torch::Tensor& exp_avg_sq() { return v_; }
-  void set_steps(int64_t k) { step_ = k; }
-  // Bytes of optimizer state held (moments), for memory reports.
-  int64_t state_bytes() const;
+  AdamMoments(const torch::Tensor& like, const AdamWOptions& o);
+  // Updates m and v with gradient g for step k (1-based).
+  void update(const torch::Tensor& g);
+  // d = (m / (1 - b1^k)) / (sqrt(v / (1 - b2^k)) + eps), as a new tensor.
+  torch::Tensor direction(int64_t k) const;
+  // y += scale * d, in torch.optim.AdamW's operation order (for AdamW's bitwise match).
+  void apply(torch::Tensor& y, int64_t k, double lr) const;
+  torch::Tensor m, v;
 
  private:
-  FlatParams& params_;
-  AdamWOptions opts_;
-  torch::Tensor m_, v_;
-  int64_t step_ = 0;
+  AdamWOptions o_;
 };
 
-// Scales gradients so that their global L2 norm is at most max_norm (no-op if max_norm <= 0).
-// Returns the norm before clipping.
-double clip_grad_norm(torch::Tensor& flat_grad, double max_norm);
+class AdamW final : public Optimizer {
+ public:
+  AdamW(FlatParams& params, AdamWOptions opts);
+  std::string name() const override { return "adamw"; }
+  const AdamWOptions& options() const { return opts_; }
+
+ protected:
+  void update(double lr) override;
+  std::vector<std::pair<std::string, torch::Tensor*>> buffers() override {
+    return {{"exp_avg", &moments_.m}, {"exp_avg_sq", &moments_.v}};
+  }
+
+ private:
+  AdamWOptions opts_;
+  AdamMoments moments_;
+};
 
 }  // namespace gasloc::optim

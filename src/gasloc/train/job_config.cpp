@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "gasloc/core/config.hpp"
 
 namespace gasloc::train {
@@ -27,6 +29,33 @@ model::LlamaConfig ModelSection::resolve(int64_t vocab_size) const {
   return c;
 }
 
+void to_json(nlohmann::json& j, const GpaFromDiloco& g) { j = {{"H", g.H}, {"mu", g.mu}}; }
+
+void from_json(const nlohmann::json& j, GpaFromDiloco& g) {
+  const std::string key = "optim.gpa_from_diloco";
+  if (!j.is_object()) throw ConfigError("config key '" + key + "' expects a table { H = 32, mu = 0.9 }, got " + j.dump());
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "H") config::detail::assign(key + ".H", it.value(), g.H);
+    else if (it.key() == "mu") config::detail::assign(key + ".mu", it.value(), g.mu);
+    else throw ConfigError("unknown config key '" + key + "." + it.key() + "'", "valid keys in " + key + ": H, mu");
+  }
+}
+
+void OptimSection::resolve() {
+  if (gpa_from_diloco.H <= 0) return;
+  require(gpa_from_diloco.mu > 0 && gpa_from_diloco.mu < 1, "optim.gpa_from_diloco.mu", "must be in (0, 1)");
+  const OptimSection defaults;
+  const double mx = std::pow(gpa_from_diloco.mu, 1.0 / static_cast<double>(gpa_from_diloco.H));
+  const double my = gpa_from_diloco.mu;
+  // A value equal to the default or to the derived one was not set against the helper.
+  require(mu_x == defaults.mu_x || mu_x == mx, "optim.mu_x",
+          fmt::format("{} conflicts with optim.gpa_from_diloco, which sets it to {}; set only one of them", mu_x, mx));
+  require(mu_y == defaults.mu_y || mu_y == my, "optim.mu_y",
+          fmt::format("{} conflicts with optim.gpa_from_diloco, which sets it to {}; set only one of them", mu_y, my));
+  mu_x = mx;
+  mu_y = my;
+}
+
 void JobConfig::validate() const {
   model.resolve(0);  // preset known and shape consistent
   for (auto [k, v] : {std::pair{"dim", model.dim}, {"n_layers", model.n_layers}, {"n_heads", model.n_heads},
@@ -45,7 +74,14 @@ void JobConfig::validate() const {
   require(data.val_batches > 0, "data.val_batches", "must be positive");
   require(data.vocab_size >= 0 && data.vocab_size <= 65536, "data.vocab_size", "must be in [0, 65536]");
 
-  require(optim.name == "adamw", "optim.name", "unknown optimizer '" + optim.name + "'; valid: adamw");
+  require(optim.name == "adamw" || optim.name == "gpa" || optim.name == "schedule_free", "optim.name",
+          "unknown optimizer '" + optim.name + "'; valid: adamw, gpa, schedule_free");
+  require(optim.mu_y > 0 && optim.mu_y <= 1, "optim.mu_y", fmt::format("must be in (0, 1], got {}", optim.mu_y));
+  require(optim.mu_x >= 0 && optim.mu_x <= 1, "optim.mu_x", fmt::format("must be in [0, 1], got {}", optim.mu_x));
+  require(optim.decay_on == "z" || optim.decay_on == "y", "optim.decay_on", "must be z or y, got '" + optim.decay_on + "'");
+  require(optim.gpa_from_diloco.H >= 0, "optim.gpa_from_diloco.H", "must be >= 0 (0 = off)");
+  require(optim.gpa_from_diloco.H == 0 || optim.name == "gpa", "optim.gpa_from_diloco",
+          "applies to optim.name = \"gpa\" only, not '" + optim.name + "'");
   require(optim.lr > 0, "optim.lr", "must be positive");
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1)");
   require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "must be in [0, 1)");
@@ -116,6 +152,7 @@ JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string
       throw ConfigError("unknown config key '" + section + "." + key + "' in --set " + ov, "valid keys: " + keys);
     }
   }
+  job.optim.resolve();
   job.validate();
   return job;
 }

@@ -62,6 +62,17 @@ struct DataSection {
   }
 };
 
+// optim.gpa_from_diloco = { H = 32, mu = 0.9 }: GPA settings equivalent to DiLoCo's averaging
+// horizon, mu_x = mu^(1/H) and mu_y = mu. H = 0 leaves mu_x and mu_y as given.
+struct GpaFromDiloco {
+  int64_t H = 0;
+  double mu = 0.9;
+  bool operator==(const GpaFromDiloco&) const = default;
+};
+void to_json(nlohmann::json& j, const GpaFromDiloco& g);
+// Strict: unknown keys and mistyped values throw ConfigError.
+void from_json(const nlohmann::json& j, GpaFromDiloco& g);
+
 struct OptimSection {
   std::string name = "adamw";
   double lr = 3e-3;
@@ -73,10 +84,14 @@ struct OptimSection {
   int64_t warmup_steps = 30;
   std::string decay = "cosine";
   double min_lr_ratio = 0.1;
+  double mu_y = 0.7;
+  double mu_x = 0.9967;
+  std::string decay_on = "z";
+  GpaFromDiloco gpa_from_diloco;
 
   template <class V>
   void visit(V&& v) {
-    v("name", name, "inner optimizer: adamw");
+    v("name", name, "inner optimizer: adamw, gpa (Generalized Primal Averaging), schedule_free");
     v("lr", lr, "peak learning rate");
     v("beta1", beta1, "Adam first-moment decay");
     v("beta2", beta2, "Adam second-moment decay");
@@ -86,7 +101,13 @@ struct OptimSection {
     v("warmup_steps", warmup_steps, "linear warmup steps");
     v("decay", decay, "decay after warmup: cosine, linear, constant");
     v("min_lr_ratio", min_lr_ratio, "final lr as a fraction of lr");
+    v("mu_y", mu_y, "gpa/schedule_free: gradients at y = mu_y*x + (1-mu_y)*z, in (0, 1]");
+    v("mu_x", mu_x, "gpa: model average x <- mu_x*x + (1-mu_x)*z, in [0, 1] (0 = AdamW)");
+    v("decay_on", decay_on, "gpa/schedule_free: weight decay shrinks z (default) or is taken at y");
+    v("gpa_from_diloco", gpa_from_diloco, "gpa: { H = 32, mu = 0.9 } sets mu_x = mu^(1/H), mu_y = mu (H = 0: off)");
   }
+  // Applies gpa_from_diloco to mu_x and mu_y; throws if they were also set to other values.
+  void resolve();
 };
 
 struct TrainSection {

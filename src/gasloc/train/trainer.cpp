@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -148,7 +149,11 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
       window_steps = 0;
     }
     evaluated_last = false;
+    // Evaluation and checkpoint see the model x (GPA); one switch serves both, so that a resumed
+    // run, which starts from the checkpoint's x, continues exactly as this one does.
+    std::optional<optim::EvalScope> at_x;
     if ((job.train.eval_every > 0 && step % job.train.eval_every == 0) || step == job.train.steps) {
+      at_x.emplace(&worker.optimizer());
       const EvalResult e = s.meeting->evaluate(rank, worker, step);
       evaluated_last = true;
       if (rank == s.reporter) s.summary.final_val_loss = e.val_loss;
@@ -165,11 +170,13 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     const bool interrupted = s.meeting->should_stop(rank, step, g_stop.load()) && step < s.end_step;
     const bool stopping = interrupted || step == s.end_step;
     if ((job.train.checkpoint_every > 0 && step % job.train.checkpoint_every == 0) || stopping) {
+      if (!at_x) at_x.emplace(&worker.optimizer());
       Checkpoint c;
       c.meta = checkpoint_meta(s, step);
       c.tensors = worker.state();
       save_checkpoint(checkpoint_path(s.run_dir, s.world, rank), c);
     }
+    at_x.reset();
     if (interrupted) {
       say(fmt::format("interrupted: checkpoint written at step {}; continue with `gasloc train --resume {}`", step,
                       s.run_dir.string()));
@@ -179,6 +186,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
   }
   if (rank == s.reporter) s.summary.steps_done = step;
   if (step == s.end_step && !evaluated_last) {  // stopped by train.stop_at between evaluations
+    optim::EvalScope at_x(&worker.optimizer());
     const EvalResult e = s.meeting->evaluate(rank, worker, step);
     if (rank == s.reporter) s.summary.final_val_loss = e.val_loss;
   }
@@ -220,6 +228,10 @@ TrainSummary run_training(const TrainRequest& req) {
         throw CheckpointError("checkpoint model " + c.meta["model"].dump() + " differs from the configured model " +
                                   model_json(mc).dump(),
                               "resume with the [model] settings the run was started with");
+      if (c.meta.value("optim", std::string("adamw")) != job.optim.name)
+        throw CheckpointError(fmt::format("checkpoint '{}' was written by the '{}' optimizer, not '{}'", path.string(),
+                                          c.meta.value("optim", std::string("adamw")), job.optim.name),
+                              "resume with the optim.name the run was started with; optimizer state is not converted");
       if (c.meta.value("world", 1) != world || c.meta.value("algo", std::string("none")) != job.algo.name)
         throw CheckpointError(fmt::format("checkpoint '{}' was written by {} worker(s) running '{}'", path.string(),
                                           c.meta.value("world", 1), c.meta.value("algo", std::string("none"))),
@@ -273,6 +285,18 @@ TrainSummary run_training(const TrainRequest& req) {
     if (!ckpts.empty()) workers.back()->load_state(ckpts.at(ranks[i]).tensors);
   }
   if (!ckpts.empty() && leader && !req.quiet) fmt::print("resumed '{}' at step {}\n", run_dir.string(), start_step);
+  if (leader) {  // what one worker keeps in memory besides the model, from the tensors it holds
+    const Worker& w = *workers.front();
+    const int64_t pbytes = w.numel() * 4;
+    if (ckpts.empty())  // once per run, not again on resume
+      metrics->write({{"event", "memory"}, {"step", start_step}, {"worker", ranks.front()}, {"optim", job.optim.name},
+                    {"algo", job.algo.name}, {"params", w.numel()}, {"param_bytes", pbytes},
+                    {"optimizer_state_bytes", w.optimizer_state_bytes()}, {"sync_state_bytes", w.sync_state_bytes()}});
+    if (!req.quiet)
+      fmt::print("state per worker: optimizer {:.1f} B/param, algorithm {:.1f} B/param (parameters {:.1f} MB fp32)\n",
+                 static_cast<double>(w.optimizer_state_bytes()) / static_cast<double>(w.numel()),
+                 static_cast<double>(w.sync_state_bytes()) / static_cast<double>(w.numel()), static_cast<double>(pbytes) / 1e6);
+  }
 
   std::unique_ptr<Meeting> meeting;
   ThreadMeeting* threads_meeting = nullptr;

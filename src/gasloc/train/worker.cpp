@@ -5,6 +5,8 @@
 
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/hf_export.hpp"
+#include "gasloc/optim/adamw.hpp"
+#include "gasloc/optim/gpa.hpp"
 
 namespace gasloc::train {
 
@@ -30,6 +32,24 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::clear_cache();
 }
 
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimSection& cfg, FlatParams& params) {
+  optim::AdamWOptions adam;
+  adam.beta1 = cfg.beta1;
+  adam.beta2 = cfg.beta2;
+  adam.eps = cfg.eps;
+  adam.weight_decay = cfg.weight_decay;
+  if (cfg.name == "adamw") return std::make_unique<optim::AdamW>(params, adam);
+  if (cfg.name != "gpa" && cfg.name != "schedule_free")
+    throw ConfigError("unknown optimizer '" + cfg.name + "'", "valid optim.name: adamw, gpa, schedule_free");
+  optim::GpaOptions g;
+  g.adam = adam;
+  g.mu_y = cfg.mu_y;
+  g.mu_x = cfg.mu_x;
+  g.decay_on_y = cfg.decay_on == "y";
+  g.schedule_free = cfg.name == "schedule_free";
+  return std::make_unique<optim::Gpa>(params, g);
+}
+
 Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const data::Dataset& dataset,
                comm::Communicator& comm, std::unique_ptr<algo::Synchronizer> sync)
     : job_(job), model_cfg_(model_cfg), comm_(comm), sync_(std::move(sync)), device_(job.train.device) {
@@ -41,23 +61,30 @@ Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const 
   if (!job_.model.init_from.empty()) model::import_hf(job_.model.init_from, model_);
   model_->to(device_);
   params_ = FlatParams(model_->hf_parameters());
-  optim::AdamWOptions o;
-  o.beta1 = job_.optim.beta1;
-  o.beta2 = job_.optim.beta2;
-  o.eps = job_.optim.eps;
-  o.weight_decay = job_.optim.weight_decay;
-  optimizer_ = std::make_unique<optim::AdamW>(params_, o);
+  optimizer_ = make_optimizer(job_.optim, params_);
   schedule_.lr = job_.optim.lr;
   schedule_.warmup_steps = job_.optim.warmup_steps;
   schedule_.total_steps = job_.train.steps;
   schedule_.min_lr_ratio = job_.optim.min_lr_ratio;
   schedule_.decay = job_.optim.decay;
+  sync_->attach(optimizer_.get());
   sync_->init(params_);
   sampler_ = std::make_unique<data::WindowSampler>(dataset.train, job_.data.batch_size, job_.data.seq_len,
                                                    job_.train.seed + static_cast<uint64_t>(comm_.rank()));
 }
 
+namespace {
+// Marks a worker as inside step() for the scope, so that an evaluation from another thread is
+// refused instead of reading half-updated parameters.
+struct SteppingFlag {
+  std::atomic<bool>& flag;
+  explicit SteppingFlag(std::atomic<bool>& f) : flag(f) { flag.store(true); }
+  ~SteppingFlag() { flag.store(false); }
+};
+}  // namespace
+
 StepResult Worker::step() {
+  SteppingFlag busy(stepping_);
   StepResult r;
   const int64_t k = optimizer_->steps() + 1;
   data::Batch batch = sampler_->next();
@@ -78,19 +105,31 @@ StepResult Worker::step() {
 }
 
 double Worker::evaluate(const std::vector<data::Batch>& batches) {
+  if (stepping_.load())
+    throw Error("evaluation requested while worker " + std::to_string(comm_.rank()) + " is in a training step",
+                "evaluate between steps (the trainer does); a training step must finish first");
+  optim::EvalScope at_x(optimizer_.get());
   torch::NoGradGuard no_grad;
   double total = 0.0;
   for (const auto& b : batches) total += model_->loss(b.inputs.to(device_), b.targets.to(device_)).item<double>();
   return batches.empty() ? 0.0 : total / static_cast<double>(batches.size());
 }
 
-StateDict Worker::state() const {
+int64_t Worker::sync_state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [k, t] : sync_->state()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
+}
+
+StateDict Worker::state() {
+  // Inside the caller's EvalScope the tensors may alias the live buffers (no copy of the model);
+  // when this call does the switch itself, they are copied before it switches back.
+  const bool own_switch = !optimizer_->in_eval();
+  auto keep = [&](const torch::Tensor& t) { return own_switch ? t.clone() : t; };
+  optim::EvalScope at_x(optimizer_.get());
   StateDict s;
-  auto* self = const_cast<Worker*>(this);
-  s["params"] = params_.data();
-  s["optim.exp_avg"] = self->optimizer_->exp_avg();
-  s["optim.exp_avg_sq"] = self->optimizer_->exp_avg_sq();
-  s["optim.step"] = torch::tensor(optimizer_->steps(), torch::kInt64);
+  s["params"] = keep(params_.data());
+  for (const auto& [k, v] : optimizer_->state()) s["optim." + k] = keep(v);
   s["sampler.position"] = torch::tensor(static_cast<int64_t>(sampler_->position()), torch::kInt64);
   at::Generator gen = at::detail::getDefaultCPUGenerator();  // shared handle
   s["rng.cpu"] = gen.get_state();
@@ -110,10 +149,11 @@ void Worker::load_state(const StateDict& s) {
                               std::to_string(params_.numel()),
                           "the checkpoint is from a different model shape; resume with the same [model] settings");
   torch::NoGradGuard no_grad;
-  params_.data().copy_(p);
-  optimizer_->exp_avg().copy_(get("optim.exp_avg"));
-  optimizer_->exp_avg_sq().copy_(get("optim.exp_avg_sq"));
-  optimizer_->set_steps(get("optim.step").item<int64_t>());
+  params_.data().copy_(p);  // the evaluation point x; load_state returns the optimizer to training
+  optim::TensorMap optim_state;
+  for (const auto& [k, v] : s)
+    if (k.rfind("optim.", 0) == 0) optim_state[k.substr(6)] = v;
+  optimizer_->load_state(optim_state);
   sampler_->set_position(static_cast<uint64_t>(get("sampler.position").item<int64_t>()));
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(get("rng.cpu"));

@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/types.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -14,7 +15,7 @@
 #include "gasloc/data/dataset.hpp"
 #include "gasloc/data/sampler.hpp"
 #include "gasloc/model/llama.hpp"
-#include "gasloc/optim/adamw.hpp"
+#include "gasloc/optim/optimizer.hpp"
 #include "gasloc/optim/schedule.hpp"
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/job_config.hpp"
@@ -34,18 +35,28 @@ class Worker {
          comm::Communicator& comm, std::unique_ptr<algo::Synchronizer> sync);
 
   StepResult step();
-  // Mean validation loss over the batches, always in fp32 so that runs at different training
-  // dtypes are compared on the same footing.
+  // Mean validation loss over the batches at the optimizer's evaluation point (GPA: x), always
+  // in fp32 so that runs at different training dtypes are compared on the same footing. Throws
+  // if another thread is inside step() on this worker.
   double evaluate(const std::vector<data::Batch>& batches);
 
   int64_t steps_done() const { return optimizer_->steps(); }
+  // Evaluation mode for a scope: optim::EvalScope scope(&worker.optimizer()).
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  // Bytes kept between steps by the inner optimizer and by the synchronizer (from the tensors
+  // they hold), for the memory report in run.json.
+  int64_t optimizer_state_bytes() const { return optimizer_->state_bytes(); }
+  int64_t sync_state_bytes() const;
+  int64_t numel() const { return params_.numel(); }
   model::Llama& model() { return model_; }
   FlatParams& params() { return params_; }
   const model::LlamaConfig& model_config() const { return model_cfg_; }
   torch::Device device() const { return device_; }
 
-  // Everything needed to continue bit-exactly.
-  StateDict state() const;
+  // Everything needed to continue bit-exactly, taken at the evaluation point (so a checkpoint's
+  // "params" are the model to evaluate or export). Taken inside an EvalScope the tensors alias the
+  // worker's buffers and are valid until the scope ends; otherwise they are copies.
+  StateDict state();
   // Throws CheckpointError if the state does not fit this worker (other model shape, optimizer).
   void load_state(const StateDict& state);
 
@@ -57,10 +68,14 @@ class Worker {
   torch::Device device_;
   model::Llama model_{nullptr};
   FlatParams params_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   optim::Schedule schedule_;
   std::unique_ptr<data::WindowSampler> sampler_;
+  std::atomic<bool> stepping_{false};
 };
+
+// The inner optimizer named by optim.name over `params`.
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimSection& cfg, FlatParams& params);
 
 // RAII: enables autocast to `dtype` on `device` for the current thread (no-op for fp32).
 class AutocastGuard {
