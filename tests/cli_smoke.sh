@@ -35,6 +35,15 @@ grep -q '"LlamaForCausalLM"' hf/config.json || fail "config.json is not a Llama 
 "$G" train "${common[@]}" --set train.steps=2 --set model.init_from=hf32 --set train.run_dir=run2 > log3.txt
 grep -q "done after 2 steps" log3.txt || fail "init_from run failed: $(cat log3.txt)"
 
+# GPA: trains, exports its evaluation point, and the report shows its state and when it reached
+# a target (10: the first evaluation, as any loss is below 100).
+"$G" train "${common[@]}" --set optim.name=gpa --set train.steps=20 --set train.run_dir=gpa > log4.txt
+grep -q "done after 20 steps" log4.txt || fail "GPA run failed: $(cat log4.txt)"
+"$G" export --run gpa --out hfgpa >/dev/null
+report=$("$G" report run gpa --target 100)
+grep -q '^| gpa | none | gpa | 1 | 20 | .* | 12.0 | 10 | ' <<<"$report" || fail "report of the GPA run: $report"
+grep -q '^| run | none | adamw | 1 | 20 | .* | 8.0 | 10 | ' <<<"$report" || fail "report of the AdamW run: $report"
+
 # Capture first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
 info=$("$G" model-info --preset tiny)
 grep -q "parameters: 7342336" <<<"$info" || fail "model-info tiny: $info"
@@ -46,6 +55,8 @@ expect_error "unknown model preset 'huge'" "$G" train "${common[@]}" --set model
 expect_error "data.seq_len" "$G" train "${common[@]}" --set data.seq_len=4096
 expect_error "already holds a checkpoint" "$G" train "${common[@]}" --set train.run_dir=run
 expect_error "differs" "$G" train --resume run --set model.n_layers=3
+expect_error "'adamw' optimizer" "$G" train --resume run --set optim.name=gpa --set train.steps=30
+expect_error "optim.mu_y" "$G" train "${common[@]}" --set optim.name=gpa --set optim.mu_y=0
 expect_error "missing.txt" "$G" prepare --input missing.txt --out d2
 printf '{"text": "ok"}\nnot json\n' > bad.jsonl
 expect_error "line 2" "$G" prepare --input bad.jsonl --out d3

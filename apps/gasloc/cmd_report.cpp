@@ -1,11 +1,15 @@
 // gasloc report: a table of finished runs (average-model validation loss, consensus distance,
-// bytes sent per worker, virtual time) and a validation-loss-versus-step plot through gnuplot.
+// bytes sent per worker, virtual time, state kept per parameter, and optionally the step and
+// virtual time at which each first reaches a target loss) and a validation-loss-versus-step
+// plot through gnuplot.
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <map>
+#include <optional>
 
 #include "commands.hpp"
 #include "gasloc/core/atomic_file.hpp"
@@ -16,12 +20,33 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+struct EvalPoint {
+  int64_t step = 0;
+  double val_loss = NAN, virtual_s = 0;
+};
+
 struct RunReport {
-  std::string dir, label;
+  std::string dir, label, optim;
   int64_t workers = 1, last_step = 0;
   double val_loss = NAN, consensus = NAN, mb_per_worker = 0, virtual_s = 0;
-  std::vector<std::pair<int64_t, double>> curve;  // (step, average-model val_loss)
+  double state_per_param = NAN;  // optimizer + algorithm bytes per parameter (memory event)
+  std::vector<EvalPoint> curve;  // average-model validation loss
 };
+
+// Where the curve first reaches `target`, interpolated linearly between the two evaluations
+// around the crossing: (step, virtual seconds), or nothing if it never does.
+std::optional<std::pair<double, double>> reach(const std::vector<EvalPoint>& curve, double target) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    if (!(curve[i].val_loss <= target)) continue;
+    if (i == 0) return std::pair{static_cast<double>(curve[0].step), curve[0].virtual_s};
+    const auto& a = curve[i - 1];
+    const auto& b = curve[i];
+    const double f = (a.val_loss - target) / (a.val_loss - b.val_loss);
+    return std::pair{static_cast<double>(a.step) + f * static_cast<double>(b.step - a.step),
+                     a.virtual_s + f * (b.virtual_s - a.virtual_s)};
+  }
+  return std::nullopt;
+}
 
 RunReport read_run(const std::string& dir) {
   RunReport r;
@@ -33,6 +58,7 @@ RunReport read_run(const std::string& dir) {
   r.workers = info.value("world", int64_t{1});
   r.label = name;
   if (name == "gasloc" || name == "dadam" || name == "local_dadam") r.label += "-" + algo.value("topology", "");
+  r.optim = info["config"]["optim"].value("name", "adamw");
   std::ifstream in(fs::path(dir) / "metrics.jsonl");
   if (!in) throw DataError("no metrics.jsonl in '" + dir + "'", "is it a gasloc run directory?");
   std::map<int64_t, std::pair<int64_t, int64_t>> bytes;  // worker -> (step, bytes)
@@ -41,8 +67,12 @@ RunReport read_run(const std::string& dir) {
     auto j = json::parse(line, nullptr, false);
     if (j.is_discarded()) continue;
     const int64_t step = j.value("step", int64_t{0});
-    if (j.value("event", "") == "eval") {
-      r.curve.emplace_back(step, j.value("val_loss", NAN));
+    if (j.value("event", "") == "memory") {
+      const double n = static_cast<double>(j.value("params", int64_t{1}));
+      r.state_per_param = static_cast<double>(j.value("optimizer_state_bytes", int64_t{0}) +
+                                              j.value("sync_state_bytes", int64_t{0})) / n;
+    } else if (j.value("event", "") == "eval") {
+      r.curve.push_back({step, j.value("val_loss", NAN), j.value("virtual_time_s", 0.0)});
       r.val_loss = j.value("val_loss", NAN);
       r.consensus = j.value("consensus_distance", 0.0);
       r.last_step = step;
@@ -62,19 +92,37 @@ RunReport read_run(const std::string& dir) {
 Action add_report(CLI::App& app) {
   struct Opts {
     std::vector<std::string> runs;
-    std::string plot;
+    std::string plot, target_from;
+    double target = NAN;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--run,runs", o->runs, "run directories to compare")->required();
   app.add_option("--plot", o->plot, "write a PNG of validation loss versus step (needs gnuplot)");
+  auto* t = app.add_option("--target", o->target, "add the step and virtual time at which each run first reaches this validation loss");
+  app.add_option("--target-from", o->target_from, "like --target, with the final validation loss of this run directory")
+      ->excludes(t);
   return [o]() {
     std::vector<RunReport> reports;
     for (const auto& d : o->runs) reports.push_back(read_run(d));
-    fmt::print("| run | algorithm | workers | steps | val_loss (average model) | consensus distance | MB sent per worker | virtual time (s) |\n");
-    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for (const auto& r : reports)
-      fmt::print("| {} | {} | {} | {} | {:.4f} | {:.3e} | {:.1f} | {:.1f} |\n", fs::path(r.dir).filename().string(), r.label,
-                 r.workers, r.last_step, r.val_loss, r.consensus, r.mb_per_worker, r.virtual_s);
+    double target = o->target;
+    if (!o->target_from.empty()) target = read_run(o->target_from).val_loss;
+    if (!o->target_from.empty() && !std::isfinite(target))
+      throw DataError("'" + o->target_from + "' has no evaluation to take a target loss from", "is the run finished?");
+    const bool with_target = std::isfinite(target);
+    if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
+    fmt::print("| run | algorithm | optimizer | workers | steps | val_loss (average model) | consensus distance | MB sent per worker | virtual time (s) | state B/param |{}\n",
+               with_target ? " steps to target | virtual s to target |" : "");
+    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n", with_target ? " --- | --- |" : "");
+    for (const auto& r : reports) {
+      std::string cols;
+      if (with_target) {
+        const auto hit = reach(r.curve, target);
+        cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
+      }
+      const std::string state = std::isfinite(r.state_per_param) ? fmt::format("{:.1f}", r.state_per_param) : "-";
+      fmt::print("| {} | {} | {} | {} | {} | {:.4f} | {:.3e} | {:.1f} | {:.1f} | {} |{}\n", fs::path(r.dir).filename().string(),
+                 r.label, r.optim, r.workers, r.last_step, r.val_loss, r.consensus, r.mb_per_worker, r.virtual_s, state, cols);
+    }
     if (o->plot.empty()) return 0;
     const fs::path png = fs::absolute(o->plot);
     const fs::path dat = png.parent_path() / (png.stem().string() + ".dat");
@@ -82,9 +130,10 @@ Action add_report(CLI::App& app) {
     std::string data, plot = "plot ";
     for (size_t i = 0; i < reports.size(); ++i) {
       data += "# " + reports[i].label + "\n";
-      for (auto [s, v] : reports[i].curve) data += fmt::format("{} {}\n", s, v);
+      for (const auto& e : reports[i].curve) data += fmt::format("{} {}\n", e.step, e.val_loss);
       data += "\n\n";
-      plot += fmt::format("{}'{}' index {} with linespoints title '{}'", i ? ", " : "", dat.string(), i, reports[i].label);
+      plot += fmt::format("{}'{}' index {} with linespoints title '{}'", i ? ", " : "", dat.string(), i,
+                          fs::path(reports[i].dir).filename().string());
     }
     write_file_atomic(dat, data);
     write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560\nset output '{}'\nset xlabel 'step'\n"
