@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/comm/network_model.hpp"
 
 namespace gasloc::algo {
 
@@ -14,6 +15,7 @@ struct AlgoConfig {
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   std::string topology = "2peer";
+  std::string h_policy = "fixed";
 
   template <class V>
   void visit(V&& v) {
@@ -22,13 +24,16 @@ struct AlgoConfig {
     v("outer_lr", outer_lr, "outer learning rate eta (diloco, gasloc)");
     v("outer_momentum", outer_momentum, "outer Nesterov momentum mu in [0, 1) (diloco, gasloc)");
     v("topology", topology, "gossip graph: complete, 1peer, 2peer, ring, exp (gasloc, dadam, local_dadam)");
+    v("h_policy", h_policy, "local steps per round: fixed (H everywhere) or time_budget (H_i from [network]; diloco, gasloc, local_dadam)");
   }
   // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
   // the checks that depend on it are skipped).
   void validate(int world) const;
 };
 
-// The synchronizer for one worker. `seed` seeds the shared gossip graphs (same on every worker).
-std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed);
+// The synchronizer for one worker. `seed` seeds the shared gossip graphs (same on every worker);
+// `network` prices rounds for h_policy = "time_budget" (required then, ignored otherwise).
+std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
+                                                const comm::NetworkModel* network = nullptr);
 
 }  // namespace gasloc::algo

@@ -1,5 +1,6 @@
 #include "gasloc/algo/algorithms.hpp"
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "gasloc/core/error.hpp"
@@ -10,7 +11,22 @@ void AllReduceSync::after_backward(int64_t, FlatParams& params, comm::Communicat
   comm.all_reduce_mean(params.grad());
 }
 
-bool RoundCounter::step_done() { return ++steps_ >= H_; }
+bool RoundCounter::step_done() { return ++steps_ >= policy_.H(); }
+
+bool RoundCounter::computes_next(int rank, int64_t message_bytes) {
+  if (planned_round_ != round_) {
+    bool clamped = false;
+    planned_steps_ = policy_.steps(rank, round_, message_bytes, &clamped);
+    planned_round_ = round_;
+    if (clamped && !warned_) {
+      warned_ = true;
+      spdlog::warn("worker {}: its predicted exchange ({:.1f} s) leaves no time for a local step in the {:.1f} s round "
+                   "budget (round {}); it takes 1 step per such round and its peers wait for it",
+                   rank, policy_.exchange_seconds(rank, round_, message_bytes), policy_.round_seconds(message_bytes), round_);
+    }
+  }
+  return steps_ < planned_steps_;
+}
 
 void RoundCounter::save(StateDict& s) const {
   s["round"] = torch::tensor(round_, torch::kInt64);
@@ -57,7 +73,10 @@ void check_finite(const torch::Tensor& t, int peer, const char* what) {
 
 // ---------------------------------------------------------------------------------------------
 
-void OuterSync::init(FlatParams& params) { outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_); }
+void OuterSync::init(FlatParams& params) {
+  outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_);
+  bytes_ = params.numel() * static_cast<int64_t>(params.data().element_size());
+}
 
 void OuterSync::finish_round(const torch::Tensor& mixed, FlatParams& params) {
   torch::NoGradGuard no_grad;

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 
+#include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/topology/topology.hpp"
@@ -19,27 +20,35 @@ class AllReduceSync final : public Synchronizer {
   bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return false; }
 };
 
-// Counts inner steps into rounds of H_i steps and keeps the round number for checkpoints.
+// Counts inner steps into rounds of H steps and keeps the round number for checkpoints. Of each
+// round's H steps, the first H_i (from the local-step policy) are computed and the rest skipped.
 class RoundCounter {
  public:
-  explicit RoundCounter(int64_t H) : H_(H) {}
-  // Called after each inner step; true when the current round's local steps are done.
+  explicit RoundCounter(LocalSteps policy) : policy_(std::move(policy)) {}
+  // Called after each inner step, computed or skipped; true when the round's H steps are done.
   bool step_done();
+  // Whether the next step of the current round is computed by `rank`, for messages of
+  // `message_bytes`. Warns once if the budget leaves the worker less than one step.
+  bool computes_next(int rank, int64_t message_bytes);
   int64_t round() const { return round_; }  // rounds completed so far
   void next_round() { ++round_, steps_ = 0; }
   void save(StateDict& s) const;
   void load(const StateDict& s);
 
  private:
-  int64_t H_, round_ = 0, steps_ = 0;
+  LocalSteps policy_;
+  int64_t round_ = 0, steps_ = 0;
+  int64_t planned_round_ = -1, planned_steps_ = 0;
+  bool warned_ = false;
 };
 
 // What DiLoCo and GASLoC share: rounds of H local steps and an outer Nesterov optimizer whose
 // anchor theta starts at the initial parameters; its state goes into checkpoints.
 class OuterSync : public Synchronizer {
  public:
-  OuterSync(int64_t H, OuterOptions outer) : rounds_(H), outer_opts_(outer) {}
+  OuterSync(LocalSteps steps, OuterOptions outer) : rounds_(std::move(steps)), outer_opts_(outer) {}
   void init(FlatParams& params) override;
+  bool wants_compute(int64_t, comm::Communicator& comm) override { return rounds_.computes_next(comm.rank(), bytes_); }
   StateDict state() const override;
   void load_state(const StateDict& s) override;
 
@@ -50,6 +59,7 @@ class OuterSync : public Synchronizer {
   RoundCounter rounds_;
   OuterOptions outer_opts_;
   std::unique_ptr<OuterNesterov> outer_;
+  int64_t bytes_ = 0;  // one parameter message
 };
 
 // DiLoCo: H local steps, then theta <- outer step towards mean_i phi_i (all-reduce), phi <- theta.
@@ -67,8 +77,8 @@ class DiLoCoSync final : public OuterSync {
 // topology mixes with an all-reduce. eta = 1, mu = 0 is Local-DAdam up to rounding.
 class GossipSync final : public OuterSync {
  public:
-  GossipSync(int64_t H, OuterOptions outer, topology::Topology topo)
-      : OuterSync(H, outer), topo_(std::move(topo)) {}
+  GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo)
+      : OuterSync(std::move(steps), outer), topo_(std::move(topo)) {}
   std::string name() const override { return "gasloc"; }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
 
@@ -79,8 +89,10 @@ class GossipSync final : public OuterSync {
 // Local-DAdam: H local AdamW steps, then theta_i <- sum_j W_ij phi_j exactly (no outer step).
 class LocalDAdamSync final : public Synchronizer {
  public:
-  LocalDAdamSync(int64_t H, topology::Topology topo) : rounds_(H), topo_(std::move(topo)) {}
+  LocalDAdamSync(LocalSteps steps, topology::Topology topo) : rounds_(std::move(steps)), topo_(std::move(topo)) {}
   std::string name() const override { return "local_dadam"; }
+  void init(FlatParams& params) override { bytes_ = params.numel() * static_cast<int64_t>(params.data().element_size()); }
+  bool wants_compute(int64_t, comm::Communicator& comm) override { return rounds_.computes_next(comm.rank(), bytes_); }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
@@ -88,6 +100,7 @@ class LocalDAdamSync final : public Synchronizer {
  private:
   RoundCounter rounds_;
   topology::Topology topo_;
+  int64_t bytes_ = 0;
 };
 
 // DAdam, combine-then-adapt: every step x_i <- sum_j W_ij x_j - lr * d_i, with d_i computed

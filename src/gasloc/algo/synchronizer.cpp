@@ -17,6 +17,9 @@ void AlgoConfig::validate(int world) const {
   require(H >= 1, "algo.H", "must be >= 1, got " + std::to_string(H));
   require(outer_lr > 0, "algo.outer_lr", "must be > 0");
   require(outer_momentum >= 0 && outer_momentum < 1, "algo.outer_momentum", "must be in [0, 1)");
+  require(h_policy == "fixed" || h_policy == "time_budget", "algo.h_policy", "must be fixed or time_budget, got '" + h_policy + "'");
+  require(h_policy == "fixed" || name == "diloco" || name == "gasloc" || name == "local_dadam", "algo.h_policy",
+          "time_budget applies to algorithms with rounds of local steps (diloco, gasloc, local_dadam), not '" + name + "'");
   if (world > 0)
     require(name != "none" || world == 1, "algo.name",
             "'none' trains one worker; choose allreduce, diloco, gasloc, dadam or local_dadam for " +
@@ -31,15 +34,22 @@ void AlgoConfig::validate(int world) const {
   }
 }
 
-std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed) {
+std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
+                                                const comm::NetworkModel* network) {
   cfg.validate(world);
   const OuterOptions outer{cfg.outer_lr, cfg.outer_momentum};
   auto topo = [&] { return topology::Topology(topology::parse_kind(cfg.topology), world, seed); };
+  const bool gossip = cfg.name == "gasloc" || cfg.name == "local_dadam";
+  auto steps = [&] {
+    if (cfg.h_policy != "time_budget") return LocalSteps(cfg.H);
+    if (!network) throw ConfigError("algo.h_policy = time_budget needs the network model", "internal: pass [network] to make_synchronizer");
+    return LocalSteps(cfg.H, *network, gossip ? std::optional(topo()) : std::nullopt, world);
+  };
   if (cfg.name == "none") return std::make_unique<NoSync>();
   if (cfg.name == "allreduce") return std::make_unique<AllReduceSync>();
-  if (cfg.name == "diloco") return std::make_unique<DiLoCoSync>(cfg.H, outer);
-  if (cfg.name == "gasloc") return std::make_unique<GossipSync>(cfg.H, outer, topo());
-  if (cfg.name == "local_dadam") return std::make_unique<LocalDAdamSync>(cfg.H, topo());
+  if (cfg.name == "diloco") return std::make_unique<DiLoCoSync>(steps(), outer);
+  if (cfg.name == "gasloc") return std::make_unique<GossipSync>(steps(), outer, topo());
+  if (cfg.name == "local_dadam") return std::make_unique<LocalDAdamSync>(steps(), topo());
   return std::make_unique<DAdamSync>(topo());
 }
 

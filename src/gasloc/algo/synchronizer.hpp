@@ -34,8 +34,13 @@ class Synchronizer {
   virtual void init(FlatParams& params) {}
   // After gradients of inner step `step` are in params.grad(), before clipping and the step.
   virtual void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {}
-  // After the inner optimizer step `step` (1-based). Returns true if a communication round
-  // finished at this step.
+  // Before inner step `step` (1-based): false skips its computation (no batch, no gradient, no
+  // optimizer step, no compute time) while the step still counts towards the round. A worker
+  // with a local-step budget H_i < H skips the last H - H_i steps of a round, so that rounds stay
+  // aligned across workers (algo.h_policy = "time_budget").
+  virtual bool wants_compute(int64_t step, comm::Communicator& comm) { return true; }
+  // After the inner optimizer step `step` (1-based), or after a skipped step. Returns true if a
+  // communication round finished at this step.
   virtual bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) = 0;
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }

@@ -29,16 +29,84 @@ model::LlamaConfig ModelSection::resolve(int64_t vocab_size) const {
   return c;
 }
 
-void to_json(nlohmann::json& j, const GpaFromDiloco& g) { j = {{"H", g.H}, {"mu", g.mu}}; }
+namespace {
+// An inline table read with its section's visit(): unknown keys and mistyped values name the key.
+template <class T>
+void inline_table_from_json(const nlohmann::json& j, T& out, const std::string& key) {
+  T fresh;
+  config::apply_table(fresh, key, j);
+  out = fresh;
+}
+}  // namespace
 
-void from_json(const nlohmann::json& j, GpaFromDiloco& g) {
-  const std::string key = "optim.gpa_from_diloco";
-  if (!j.is_object()) throw ConfigError("config key '" + key + "' expects a table { H = 32, mu = 0.9 }, got " + j.dump());
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "H") config::detail::assign(key + ".H", it.value(), g.H);
-    else if (it.key() == "mu") config::detail::assign(key + ".mu", it.value(), g.mu);
-    else throw ConfigError("unknown config key '" + key + "." + it.key() + "'", "valid keys in " + key + ": H, mu");
+void to_json(nlohmann::json& j, const GpaFromDiloco& g) { j = config::to_json(g); }
+void from_json(const nlohmann::json& j, GpaFromDiloco& g) { inline_table_from_json(j, g, "optim.gpa_from_diloco"); }
+void to_json(nlohmann::json& j, const Straggler& s) { j = config::to_json(s); }
+void from_json(const nlohmann::json& j, Straggler& s) { inline_table_from_json(j, s, "network.stragglers"); }
+
+void NetworkSection::resolve() {
+  if (simulated_model.empty()) return;
+  const auto colon = simulated_model.find(':');
+  const std::string preset_name = simulated_model.substr(0, colon);
+  const std::string dtype = colon == std::string::npos ? "fp32" : simulated_model.substr(colon + 1);
+  int64_t elem = 0;
+  if (dtype == "fp32") elem = 4;
+  else if (dtype == "bf16" || dtype == "fp16") elem = 2;
+  require(elem > 0, "network.simulated_model", "dtype '" + dtype + "' is not fp32, bf16 or fp16 (write e.g. \"134m:bf16\")");
+  int64_t params = 0;
+  try {
+    params = model::LlamaConfig::preset(preset_name).num_params();
+  } catch (const ConfigError& e) {
+    require(false, "network.simulated_model", e.what());
   }
+  const int64_t bytes = params * elem;
+  require(simulated_model_bytes == 0 || simulated_model_bytes == bytes, "network.simulated_model_bytes",
+          fmt::format("{} conflicts with network.simulated_model = \"{}\" ({} bytes); set only one", simulated_model_bytes,
+                      simulated_model, bytes));
+  simulated_model_bytes = bytes;
+}
+
+void NetworkSection::validate(int world) const {
+  require(preset == "homogeneous" || preset == "straggler_bw10" || preset == "straggler_bw20" || preset == "slow_compute",
+          "network.preset", "unknown scenario '" + preset + "'; valid: homogeneous, straggler_bw10, straggler_bw20, slow_compute");
+  require(std::isfinite(step_time_s) && step_time_s > 0, "network.step_time_s", "must be > 0");
+  require(std::isfinite(bandwidth_gbit) && bandwidth_gbit > 0, "network.bandwidth_gbit", "must be > 0");
+  require(std::isfinite(latency_s) && latency_s >= 0, "network.latency_s", "must be >= 0");
+  require(simulated_model_bytes >= 0, "network.simulated_model_bytes", "must be >= 0 (0 = actual size)");
+  for (size_t i = 0; i < stragglers.size(); ++i) {
+    const auto& st = stragglers[i];
+    const std::string key = fmt::format("network.stragglers[{}]", i);
+    require(st.rank >= 0, key + ".rank", "must name a worker (>= 0)");
+    require(world <= 0 || st.rank < world, key + ".rank",
+            fmt::format("is {} but the cluster has {} worker(s), ranks 0..{}", st.rank, world, world - 1));
+    require(std::isfinite(st.bandwidth) && st.bandwidth > 0, key + ".bandwidth", "must be > 0 (a fraction of bandwidth_gbit)");
+    require(std::isfinite(st.slowdown) && st.slowdown > 0, key + ".slowdown", "must be > 0");
+  }
+}
+
+comm::NetworkModel NetworkSection::model(int world) const {
+  validate(world);
+  comm::NetworkModel m;
+  m.step_time_s = step_time_s;
+  m.bandwidth_Bps = bandwidth_gbit * 1e9 / 8;
+  m.latency_s = latency_s;
+  m.simulated_message_bytes = simulated_model_bytes;
+  std::vector<Straggler> all;
+  if (preset == "straggler_bw10") all.push_back({world - 1, 0.1, 1.0});
+  if (preset == "straggler_bw20") all.push_back({world - 1, 0.2, 1.0});
+  if (preset == "slow_compute") all.push_back({world - 1, 1.0, 2.0});
+  all.insert(all.end(), stragglers.begin(), stragglers.end());  // later entries win
+  if (!all.empty()) {
+    m.bandwidth_scale.assign(world, 1.0);
+    m.slowdown.assign(world, 1.0);
+    for (const auto& st : all) {
+      if (st.rank < 0 || st.rank >= world) continue;  // world 1 with a preset: nobody to slow
+      m.bandwidth_scale[st.rank] = st.bandwidth;
+      m.slowdown[st.rank] = st.slowdown;
+    }
+  }
+  m.validate(world);
+  return m;
 }
 
 void OptimSection::resolve() {
@@ -107,7 +175,9 @@ void JobConfig::validate() const {
           "must be inproc or gloo, got '" + cluster.backend + "'");
   require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
   // Under gloo the world size is known only once the processes meet (WORLD_SIZE).
-  algo.validate(cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0);
+  const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
+  algo.validate(world);
+  network.validate(world);
 }
 
 nlohmann::json JobConfig::to_json() const {
@@ -153,6 +223,7 @@ JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string
     }
   }
   job.optim.resolve();
+  job.network.resolve();
   job.validate();
   return job;
 }

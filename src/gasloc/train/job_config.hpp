@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gasloc/algo/algo_config.hpp"
+#include "gasloc/comm/network_model.hpp"
 #include "gasloc/model/llama.hpp"
 
 namespace gasloc::train {
@@ -68,9 +69,14 @@ struct GpaFromDiloco {
   int64_t H = 0;
   double mu = 0.9;
   bool operator==(const GpaFromDiloco&) const = default;
+  template <class V>
+  void visit(V&& v) {
+    v("H", H, "DiLoCo's inner steps per round (0 = off)");
+    v("mu", mu, "DiLoCo's outer momentum, in (0, 1)");
+  }
 };
+// Inline tables of the job file (strict: unknown keys and mistyped values throw ConfigError).
 void to_json(nlohmann::json& j, const GpaFromDiloco& g);
-// Strict: unknown keys and mistyped values throw ConfigError.
 void from_json(const nlohmann::json& j, GpaFromDiloco& g);
 
 struct OptimSection {
@@ -151,6 +157,54 @@ struct ClusterSection {
   }
 };
 
+// One slow worker of a scenario: network.stragglers = [{ rank = 3, bandwidth = 0.1 }].
+struct Straggler {
+  int64_t rank = -1;
+  double bandwidth = 1.0;
+  double slowdown = 1.0;
+  bool operator==(const Straggler&) const = default;
+  template <class V>
+  void visit(V&& v) {
+    v("rank", rank, "the straggling worker");
+    v("bandwidth", bandwidth, "its link as a fraction of network.bandwidth_gbit (> 0)");
+    v("slowdown", slowdown, "factor on network.step_time_s for its inner steps (> 0; 2 = half speed)");
+  }
+};
+void to_json(nlohmann::json& j, const Straggler& s);
+void from_json(const nlohmann::json& j, Straggler& s);
+
+// The cluster's compute and links (DESIGN.md section 5): the in-process cluster's virtual clock
+// prices every step and message with it, algo.h_policy = "time_budget" plans with it, and with
+// throttle_gloo real Gloo links are held to it.
+struct NetworkSection {
+  std::string preset = "homogeneous";
+  double step_time_s = 0.1;
+  double bandwidth_gbit = 1.0;
+  double latency_s = 1e-3;
+  std::vector<Straggler> stragglers;
+  std::string simulated_model;
+  int64_t simulated_model_bytes = 0;
+  bool throttle_gloo = false;
+
+  template <class V>
+  void visit(V&& v) {
+    v("preset", preset, "homogeneous, straggler_bw10, straggler_bw20 (last rank's link at 10% / 20%), slow_compute (last rank at half speed)");
+    v("step_time_s", step_time_s, "compute seconds of one inner step on an unimpeded worker");
+    v("bandwidth_gbit", bandwidth_gbit, "each worker's link in Gbit/s, full duplex");
+    v("latency_s", latency_s, "seconds per message");
+    v("stragglers", stragglers, "per-rank overrides: [{ rank = 3, bandwidth = 0.1, slowdown = 1.0 }] (win over the preset)");
+    v("simulated_model", simulated_model, "price messages as this model: PRESET:DTYPE, e.g. \"134m:bf16\" (sets simulated_model_bytes)");
+    v("simulated_model_bytes", simulated_model_bytes, "price every parameter message as this many bytes (0 = actual size)");
+    v("throttle_gloo", throttle_gloo, "gloo backend: hold each rank's real link to its bandwidth here (token bucket)");
+  }
+  // simulated_model -> simulated_model_bytes; throws on a conflict or a bad spec.
+  void resolve();
+  // Throws ConfigError naming the key; world = 0 skips the checks that need the world size.
+  void validate(int world) const;
+  // The cost model for `world` workers: the preset, then the stragglers.
+  comm::NetworkModel model(int world) const;
+};
+
 struct JobConfig {
   ModelSection model;
   DataSection data;
@@ -158,6 +212,7 @@ struct JobConfig {
   TrainSection train;
   algo::AlgoConfig algo;
   ClusterSection cluster;
+  NetworkSection network;
 
   // Calls f(section_name, section) for every section.
   template <class F>
@@ -168,6 +223,7 @@ struct JobConfig {
     f("train", train);
     f("algo", algo);
     f("cluster", cluster);
+    f("network", network);
   }
   template <class F>
   void for_each_section(F&& f) const { const_cast<JobConfig*>(this)->for_each_section(f); }

@@ -67,6 +67,7 @@ EvalResult ThreadMeeting::evaluate(int, Worker&, int64_t) {
       r.val_loss = workers_[0]->evaluate(*val_);
       workers_[0]->params().data().copy_(own);
     }
+    for (auto* w : workers_) r.virtual_time_s = std::max(r.virtual_time_s, w->clock());
     result_ = r;
   });
   std::lock_guard<std::mutex> lock(mu_);
@@ -104,6 +105,7 @@ EvalResult CommMeeting::evaluate(int, Worker& worker, int64_t) {
   r.val_loss = worker.evaluate(*val_);
   phi.copy_(own);
   own_bytes_ += comm_.stats().bytes_sent - before;
+  r.virtual_time_s = comm_.now();
   return r;
 }
 

@@ -22,6 +22,7 @@ struct EvalResult {
   double val_loss = 0.0;                // the average model, mean_i phi_i
   std::vector<double> worker_val_loss;  // each worker's own model (all ranks where known)
   double consensus_distance = 0.0;      // mean_i ||phi_i - mean phi||^2
+  double virtual_time_s = 0.0;          // when the average model exists: the latest worker clock (gloo: own)
 };
 
 class Meeting {

@@ -124,13 +124,14 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     if (rank == 0 && !s.quiet) s.progress->println(line);
   };
   auto t_window = std::chrono::steady_clock::now();
-  int64_t window_steps = 0;
+  int64_t window_steps = 0, window_computed = 0;
   bool evaluated_last = false;
   int64_t step = s.start_step;
   while (step < s.end_step) {
     const StepResult r = worker.step();
     ++step;
     ++window_steps;
+    window_computed += r.computed ? 1 : 0;
     if (rank == s.reporter) s.summary.train_losses.push_back(r.loss);
     if (!std::isfinite(r.loss))  // the parameters are now suspect: keep the last checkpoint
       throw Error(fmt::format("training loss of worker {} is {} at step {}", rank, r.loss, step),
@@ -138,15 +139,17 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     const auto stats = comm.stats();
     if (step % job.train.log_every == 0 || step == s.end_step) {
       const double dt = seconds_since(t_window);
-      const double tps = tokens_per_step * static_cast<double>(window_steps) / std::max(dt, 1e-9);
+      const double tps = tokens_per_step * static_cast<double>(window_computed) / std::max(dt, 1e-9);
       const double eta = dt / static_cast<double>(window_steps) * static_cast<double>(s.end_step - step);
       s.metrics->write({{"event", "train"}, {"step", step}, {"worker", rank}, {"train_loss", r.loss},
                         {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"round_done", r.round_done}, {"tokens_per_s", tps},
                         {"wall_time_s", seconds_since(s.t0)}, {"virtual_time_s", comm.now()},
-                        {"bytes_sent", stats.bytes_sent - s.meeting->own_bytes(rank)}, {"idle_s", stats.idle_s}});
+                        {"bytes_sent", stats.bytes_sent - s.meeting->own_bytes(rank)}, {"idle_s", stats.idle_s},
+                        {"local_steps", worker.local_steps_done()}});
       if (rank == 0 && !s.quiet) s.progress->update(step, r.loss, tps * s.world, r.lr, eta);
       t_window = std::chrono::steady_clock::now();
       window_steps = 0;
+      window_computed = 0;
     }
     evaluated_last = false;
     // Evaluation and checkpoint see the model x (GPA); one switch serves both, so that a resumed
@@ -160,7 +163,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
       if (rank == 0) {
         s.metrics->write({{"event", "eval"}, {"step", step}, {"worker", rank}, {"val_loss", e.val_loss},
                           {"worker_val_loss", e.worker_val_loss}, {"consensus_distance", e.consensus_distance},
-                          {"wall_time_s", seconds_since(s.t0)}, {"virtual_time_s", comm.now()},
+                          {"wall_time_s", seconds_since(s.t0)}, {"virtual_time_s", e.virtual_time_s},
                           {"bytes_sent", stats.bytes_sent - s.meeting->own_bytes(rank)}});
         say(s.world == 1 ? fmt::format("step {:>6} | val_loss {:.4f}", step, e.val_loss)
                          : fmt::format("step {:>6} | val_loss {:.4f} (average model) | consensus {:.3e}", step,
@@ -209,10 +212,15 @@ TrainSummary run_training(const TrainRequest& req) {
   if (job.cluster.backend == "gloo") {
     auto o = comm::gloo_options_from_env();
     o.timeout_s = job.cluster.timeout_s;
+    if (job.network.throttle_gloo) {  // the scenario's links, for real: a token bucket per rank
+      job.network.validate(o.world);
+      o.bandwidth_limit_Bps = job.network.model(o.world).bandwidth(o.rank);
+    }
     gloo = std::make_unique<comm::GlooCommunicator>(o);
     job.algo.validate(gloo->world());
   }
   const int world = gloo ? gloo->world() : static_cast<int>(job.cluster.workers);
+  const comm::NetworkModel network = job.network.model(world);
   std::vector<int> ranks;
   if (gloo) ranks = {gloo->rank()};
   else for (int r = 0; r < world; ++r) ranks.push_back(r);
@@ -276,12 +284,13 @@ TrainSummary run_training(const TrainRequest& req) {
     single = std::make_unique<comm::SingleRank>();
     comms = {single.get()};
   } else {
-    cluster = std::make_unique<comm::InProcCluster>(world, comm::NetworkModel{}, job.cluster.timeout_s);
+    cluster = std::make_unique<comm::InProcCluster>(world, network, job.cluster.timeout_s);
     for (int r = 0; r < world; ++r) comms.push_back(&cluster->comm(r));
   }
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    workers.push_back(std::make_unique<Worker>(job, mc, dataset, *comms[i], algo::make_synchronizer(job.algo, world, job.train.seed)));
+    workers.push_back(std::make_unique<Worker>(job, mc, dataset, *comms[i],
+                                               algo::make_synchronizer(job.algo, world, job.train.seed, &network)));
     if (!ckpts.empty()) workers.back()->load_state(ckpts.at(ranks[i]).tensors);
   }
   if (!ckpts.empty() && leader && !req.quiet) fmt::print("resumed '{}' at step {}\n", run_dir.string(), start_step);
@@ -313,7 +322,7 @@ TrainSummary run_training(const TrainRequest& req) {
   Progress progress(job.train.steps);
   RunState state{job, mc, run_dir, world, req.quiet, start_step,
                  job.train.stop_at > 0 ? job.train.stop_at : job.train.steps, metrics.get(), &progress, meeting.get(),
-                 std::chrono::steady_clock::now(), {}};
+                 std::chrono::steady_clock::now(), 0, {}};
   state.reporter = ranks.front();
   state.summary.run_dir = run_dir.string();
   state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();

@@ -86,7 +86,14 @@ struct SteppingFlag {
 StepResult Worker::step() {
   SteppingFlag busy(stepping_);
   StepResult r;
-  const int64_t k = optimizer_->steps() + 1;
+  const int64_t k = ++step_;
+  r.lr = schedule_.at(k);  // the schedule follows the step count, computed or not
+  if (!sync_->wants_compute(k, comm_)) {
+    r.computed = false;
+    r.loss = last_loss_;
+    r.round_done = sync_->after_step(k, params_, comm_);
+    return r;
+  }
   data::Batch batch = sampler_->next();
   params_.zero_grad();
   {
@@ -97,9 +104,9 @@ StepResult Worker::step() {
   }
   sync_->after_backward(k, params_, comm_);
   r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);
-  r.lr = schedule_.at(k);
   optimizer_->step(r.lr);
   comm_.compute(1);
+  last_loss_ = r.loss;
   r.round_done = sync_->after_step(k, params_, comm_);
   return r;
 }
@@ -130,6 +137,8 @@ StateDict Worker::state() {
   StateDict s;
   s["params"] = keep(params_.data());
   for (const auto& [k, v] : optimizer_->state()) s["optim." + k] = keep(v);
+  s["worker.step"] = torch::tensor(step_, torch::kInt64);
+  s["worker.last_loss"] = torch::tensor(last_loss_, torch::kFloat64);
   s["sampler.position"] = torch::tensor(static_cast<int64_t>(sampler_->position()), torch::kInt64);
   at::Generator gen = at::detail::getDefaultCPUGenerator();  // shared handle
   s["rng.cpu"] = gen.get_state();
@@ -154,6 +163,9 @@ void Worker::load_state(const StateDict& s) {
   for (const auto& [k, v] : s)
     if (k.rfind("optim.", 0) == 0) optim_state[k.substr(6)] = v;
   optimizer_->load_state(optim_state);
+  // Checkpoints from before local-step budgets computed every step.
+  step_ = s.count("worker.step") ? s.at("worker.step").item<int64_t>() : optimizer_->steps();
+  last_loss_ = s.count("worker.last_loss") ? s.at("worker.last_loss").item<double>() : 0.0;
   sampler_->set_position(static_cast<uint64_t>(get("sampler.position").item<int64_t>()));
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(get("rng.cpu"));

@@ -27,6 +27,7 @@ struct StepResult {
   double grad_norm = 0.0;  // global gradient norm before clipping
   double lr = 0.0;
   bool round_done = false;  // the synchronizer communicated at this step
+  bool computed = true;     // false: skipped by the local-step budget (loss repeats the last one)
 };
 
 class Worker {
@@ -40,7 +41,11 @@ class Worker {
   // if another thread is inside step() on this worker.
   double evaluate(const std::vector<data::Batch>& batches);
 
-  int64_t steps_done() const { return optimizer_->steps(); }
+  // Inner steps so far, skipped ones included (the schedule's position), and those computed.
+  int64_t steps_done() const { return step_; }
+  int64_t local_steps_done() const { return optimizer_->steps(); }
+  // This worker's clock (virtual in the in-process cluster).
+  double clock() const { return comm_.now(); }
   // Evaluation mode for a scope: optim::EvalScope scope(&worker.optimizer()).
   optim::Optimizer& optimizer() { return *optimizer_; }
   // Bytes kept between steps by the inner optimizer and by the synchronizer (from the tensors
@@ -72,6 +77,8 @@ class Worker {
   optim::Schedule schedule_;
   std::unique_ptr<data::WindowSampler> sampler_;
   std::atomic<bool> stepping_{false};
+  int64_t step_ = 0;
+  double last_loss_ = 0.0;
 };
 
 // The inner optimizer named by optim.name over `params`.

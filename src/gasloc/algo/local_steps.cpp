@@ -1,0 +1,65 @@
+#include "gasloc/algo/local_steps.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gasloc/topology/spectral.hpp"
+
+namespace gasloc::algo {
+
+LocalSteps::LocalSteps(int64_t H, comm::NetworkModel model, std::optional<topology::Topology> topo, int world)
+    : H_(H), model_(std::move(model)), world_(world) {
+  model_->validate(world);
+  if (topo && !topo->is_all_reduce()) topo_ = std::move(topo);
+}
+
+double LocalSteps::exchange_seconds(int rank, int64_t round, int64_t actual_bytes) const {
+  if (!model_ || world_ == 1) return 0.0;
+  const auto& m = *model_;
+  const double P = static_cast<double>(m.message_bytes(actual_bytes));
+  if (!topo_) {
+    double min_B = m.bandwidth(0);
+    for (int r = 1; r < world_; ++r) min_B = std::min(min_B, m.bandwidth(r));
+    return comm::ring_allreduce_seconds(P, world_, min_B, m.latency_s);
+  }
+  // Transfers to all neighbours run at once; the worker is done when the slowest one is.
+  const auto peers = topo_->peers(rank, round);
+  double c = 0.0;
+  for (int j : peers) {
+    const int k_j = static_cast<int>(topo_->peers(j, round).size());
+    c = std::max(c, comm::pair_exchange_seconds(P, m.bandwidth(rank), m.bandwidth(j), static_cast<int>(peers.size()),
+                                                k_j, m.latency_s));
+  }
+  return c;
+}
+
+double LocalSteps::round_seconds(int64_t actual_bytes) const {
+  if (!model_) return 0.0;
+  const auto& m = *model_;
+  const double P = static_cast<double>(m.message_bytes(actual_bytes));
+  double c_ref = 0.0;
+  if (world_ > 1) {
+    if (!topo_) {
+      c_ref = comm::ring_allreduce_seconds(P, world_, m.bandwidth_Bps, m.latency_s);
+    } else {
+      const int k = topology::max_degree(*topo_);
+      if (k > 0) c_ref = comm::pair_exchange_seconds(P, m.bandwidth_Bps, m.bandwidth_Bps, k, k, m.latency_s);
+    }
+  }
+  return static_cast<double>(H_) * m.step_time_s + c_ref;
+}
+
+int64_t LocalSteps::steps(int rank, int64_t round, int64_t actual_bytes, bool* clamped) const {
+  if (clamped) *clamped = false;
+  if (!model_ || model_->step_time(rank) <= 0.0) return H_;
+  const double budget = round_seconds(actual_bytes) - exchange_seconds(rank, round, actual_bytes);
+  // The small slack keeps an unimpeded worker's (H s + C - C) / s from rounding down to H - 1.
+  const double fit = std::floor(budget / model_->step_time(rank) + 1e-9);
+  if (fit < 1.0) {
+    if (clamped) *clamped = true;
+    return 1;
+  }
+  return std::min<int64_t>(H_, static_cast<int64_t>(fit));
+}
+
+}  // namespace gasloc::algo
