@@ -41,8 +41,8 @@ grep -q "done after 2 steps" log3.txt || fail "init_from run failed: $(cat log3.
 grep -q "done after 20 steps" log4.txt || fail "GPA run failed: $(cat log4.txt)"
 "$G" export --run gpa --out hfgpa >/dev/null
 report=$("$G" report run gpa --target 100)
-grep -q '^| gpa | none | gpa | 1 | 20 | .* | 12.0 | 10 | ' <<<"$report" || fail "report of the GPA run: $report"
-grep -q '^| run | none | adamw | 1 | 20 | .* | 8.0 | 10 | ' <<<"$report" || fail "report of the AdamW run: $report"
+grep -q '^| gpa | none | gpa | 1 | 20 | 20 | .* | 0.0% | 12.0 | 10 | ' <<<"$report" || fail "report of the GPA run: $report"
+grep -q '^| run | none | adamw | 1 | 20 | 20 | .* | 8.0 | 10 | ' <<<"$report" || fail "report of the AdamW run: $report"
 
 # Capture first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
 info=$("$G" model-info --preset tiny)
