@@ -10,8 +10,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
 steps=${1:-30}
-[ -x build/gasloc ] || scripts/setup.sh
-[ -f data/default/dataset.json ] || { echo "run scripts/demo.sh once first (it prepares data/default)" >&2; exit 1; }
+results_prereqs
 out="runs/results/gloo-$steps"
 rm -rf "$out"  # short runs: always measured afresh, on the machine as it is now
 common=(--config configs/demo_cluster.toml --set train.steps="$steps" --set train.eval_every=0 --set algo.H=10

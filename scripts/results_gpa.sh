@@ -11,8 +11,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
 steps=${1:-1500}
-[ -x build/gasloc ] || scripts/setup.sh
-[ -f data/default/dataset.json ] || { echo "run scripts/demo.sh once first (it prepares data/default)" >&2; exit 1; }
+results_prereqs
 out="runs/results/gpa-$steps"
 common=(--config configs/tiny.toml --set train.steps="$steps" --set data.batch_size=8 --set train.eval_every=50
         --set train.checkpoint_every=250 --set train.log_every=50)

@@ -14,8 +14,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
 steps=${1:-150}
-[ -x build/gasloc ] || scripts/setup.sh
-[ -f data/default/dataset.json ] || { echo "run scripts/demo.sh once first (it prepares data/default)" >&2; exit 1; }
+results_prereqs
 out=${RESULTS_OUT:-runs/results/hetero-$steps}
 read -r -a extra_settings <<<"${RESULTS_EXTRA:-}"
 common=(--config configs/demo_cluster.toml --set train.steps="$steps" --set train.eval_every=30 --set algo.H=30

@@ -16,3 +16,9 @@ write_results_section() {
   mv "$doc.tmp" "$doc"
   echo "wrote the '$name' section of $doc"
 }
+
+# Builds gasloc if needed and checks that the default corpus is prepared.
+results_prereqs() {
+  [ -x build/gasloc ] || scripts/setup.sh
+  [ -f data/default/dataset.json ] || { echo "run scripts/demo.sh once first (it prepares data/default)" >&2; exit 1; }
+}
