@@ -238,7 +238,7 @@ std::string describe_job() {
   job.for_each_section([&](const char* name, auto& s) {
     out += fmt::format("[{}]\n", name);
     for (const auto& f : config::describe(s, name))
-      out += fmt::format("  {:<28} {:<7} {:<16} {}\n", f.key, f.type, f.value.dump(), f.doc);
+      out += fmt::format("  {:<30} {:<7} {:<16} {}\n", f.key, f.type, f.value.dump(), f.doc);
   });
   return out;
 }
