@@ -1,0 +1,45 @@
+// Reading finished (or partial) runs back from their directories: what `gasloc report` tables
+// and plots, and what `gasloc sweep` aggregates. Only run.json and metrics.jsonl are read.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gasloc::train {
+
+struct EvalPoint {
+  int64_t step = 0;
+  double val_loss = 0, virtual_s = 0, mb_sent = 0;  // average model; clock; MB sent by worker 0
+};
+
+struct RunSummary {
+  std::string dir, label, optim;  // label: algorithm (with its topology for gossip)
+  int64_t workers = 1, last_step = 0, planned_steps = 0;
+  double val_loss = 0, consensus = 0, mb_per_worker = 0, virtual_s = 0;
+  bool has_val_loss = false;
+  double state_per_param = -1;   // optimizer + algorithm bytes per parameter; < 0 if not logged
+  double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
+  int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
+  std::vector<EvalPoint> curve;
+  // Evaluated at train.steps: the run is complete.
+  bool finished() const { return has_val_loss && last_step >= planned_steps && planned_steps > 0; }
+};
+
+// Throws DataError if dir holds no readable run.json or metrics.jsonl. Malformed metric lines
+// (a crash mid-write) are skipped.
+RunSummary read_run_summary(const std::filesystem::path& dir);
+
+// Where the curve first reaches `target`, interpolated linearly between the two evaluations
+// around the crossing: (step, virtual seconds), or nothing if it never does.
+std::optional<std::pair<double, double>> reach_target(const std::vector<EvalPoint>& curve, double target);
+
+// Draws validation loss against x ("step", "time" or "bytes") for the runs, one line each titled
+// by `titles`, into a PNG with gnuplot (the .dat and .gp files are kept beside it). Throws Error
+// if gnuplot fails.
+void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::string>& titles,
+               const std::filesystem::path& png, const std::string& x);
+
+}  // namespace gasloc::train
