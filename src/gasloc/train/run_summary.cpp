@@ -26,7 +26,10 @@ RunSummary read_run_summary(const fs::path& dir) {
   r.workers = info.value("world", int64_t{1});
   r.planned_steps = info["config"]["train"].value("steps", int64_t{0});
   r.label = name;
-  if (name == "gasloc" || name == "dadam" || name == "local_dadam") r.label += "-" + algo.value("topology", "");
+  if (name == "gasloc" || name == "dadam" || name == "local_dadam") {
+    r.label += '-';
+    r.label += algo.value("topology", std::string());
+  }
   r.optim = info["config"]["optim"].value("name", "adamw");
   std::ifstream in(dir / "metrics.jsonl");
   if (!in) throw DataError("no metrics.jsonl in '" + r.dir + "'", "is it a gasloc run directory?");
