@@ -18,5 +18,6 @@ Action add_report(CLI::App& app);
 Action add_launch(CLI::App& app);
 Action add_comm_check(CLI::App& app);
 Action add_topo(CLI::App& app);
+Action add_sweep(CLI::App& app);
 
 }  // namespace gasloc::app

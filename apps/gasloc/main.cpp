@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add("export", "export a run's weights as Hugging Face safetensors + config.json", gasloc::app::add_export);
   add("launch", "start N ranks of a command on this host (torchrun-style environment)", gasloc::app::add_launch);
   add("comm-check", "check the communication backend inside a launched process group", gasloc::app::add_comm_check);
+  add("sweep", "run a study's grid of training runs (resumable) and write its tables and plots", gasloc::app::add_sweep);
   add("topo", "print a gossip topology's mixing matrix, degree, bytes per round and spectral gap", gasloc::app::add_topo);
 
   try {

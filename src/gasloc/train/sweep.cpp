@@ -1,0 +1,464 @@
+#include "gasloc/train/sweep.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/config.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/train/job_config.hpp"
+#include "gasloc/train/run_summary.hpp"
+#include "gasloc/train/trainer.hpp"
+
+namespace gasloc::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& key, const std::string& what) {
+  throw ConfigError("sweep key '" + key + "': " + what, "fix '" + key + "' in the sweep file");
+}
+
+// A value as the text of --set section.key=TEXT: strings verbatim, the rest as TOML.
+std::string toml_text(const json& v, bool top = true) {
+  if (v.is_string()) return top ? v.get<std::string>() : v.dump();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_array()) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_text(v[i], false);
+    return s + "]";
+  }
+  if (v.is_object()) {
+    std::string s = "{ ";
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it, first = false) s += (first ? "" : ", ") + it.key() + " = " + toml_text(it.value(), false);
+    return s + " }";
+  }
+  return v.dump();
+}
+
+// A table of settings: "section.key" = value, or [table.section] key = value (TOML nests both
+// unquoted dotted keys and sub-tables), flattened to section.key=TEXT in file order.
+std::vector<std::pair<std::string, json>> settings_of(const json& table, const std::string& where) {
+  if (!table.is_object()) bad(where, "must be a table of \"section.key\" = value");
+  std::vector<std::pair<std::string, json>> out;
+  for (auto it = table.begin(); it != table.end(); ++it) {
+    if (it.key().find('.') != std::string::npos) {
+      out.emplace_back(it.key(), it.value());
+    } else if (it.value().is_object()) {
+      for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) out.emplace_back(it.key() + "." + jt.key(), jt.value());
+    } else {
+      bad(where + "." + it.key(), "settings are written \"section.key\" = value, e.g. \"algo.H\" = 30");
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> as_overrides(const std::vector<std::pair<std::string, json>>& kv) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : kv) out.push_back(k + "=" + toml_text(v));
+  return out;
+}
+
+std::string get_string(const json& t, const std::string& key, const std::string& where, bool required) {
+  auto it = t.find(key);
+  if (it == t.end()) {
+    if (required) bad(where + "." + key, "is required");
+    return "";
+  }
+  if (!it->is_string()) bad(where + "." + key, "must be a string, got " + it->dump());
+  return it->get<std::string>();
+}
+
+void only_keys(const json& t, const std::string& where, std::initializer_list<const char*> keys) {
+  if (!t.is_object()) bad(where, "must be a table");
+  for (auto it = t.begin(); it != t.end(); ++it) {
+    bool ok = false;
+    std::string valid;
+    for (const char* k : keys) {
+      ok = ok || it.key() == k;
+      valid += (valid.empty() ? "" : ", ") + std::string(k);
+    }
+    if (!ok) throw ConfigError("unknown sweep key '" + where + "." + it.key() + "'", "valid keys in " + where + ": " + valid);
+  }
+}
+
+// "cluster.workers" = 8 -> "workers=8" (characters a path should not hold become _).
+std::string point_name(const std::vector<std::pair<std::string, json>>& point) {
+  std::string s;
+  for (const auto& [k, v] : point) {
+    std::string value = toml_text(v);
+    for (char& c : value)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+    s += (s.empty() ? "" : ",") + k.substr(k.rfind('.') + 1) + "=" + value;
+  }
+  return s;
+}
+
+bool has_checkpoint(const fs::path& dir) {
+  return fs::exists(dir / "checkpoint.pt") || fs::exists(dir / "checkpoint-rank0.pt");
+}
+
+// The first key at which two resolved configurations differ ("" if none), ignoring where the
+// run lives and where it was told to stop.
+std::string first_difference(const json& a, const json& b) {
+  for (auto it = a.begin(); it != a.end(); ++it) {
+    if (!b.contains(it.key())) return it.key();
+    for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) {
+      const std::string key = it.key() + "." + jt.key();
+      if (key == "train.run_dir" || key == "train.stop_at") continue;
+      if (!b[it.key()].contains(jt.key()) || b[it.key()][jt.key()] != jt.value()) return key;
+    }
+  }
+  return "";
+}
+
+struct Stats {
+  int n = 0;
+  double mean = 0, lo = 0, hi = 0;
+};
+Stats stats_of(const std::vector<double>& v) {
+  Stats s;
+  s.n = static_cast<int>(v.size());
+  if (v.empty()) return s;
+  s.lo = *std::min_element(v.begin(), v.end());
+  s.hi = *std::max_element(v.begin(), v.end());
+  for (double x : v) s.mean += x / static_cast<double>(v.size());
+  return s;
+}
+std::string fmt_stats(const Stats& s, const char* f) {
+  if (s.n == 0) return "-";
+  const std::string m = fmt::format(fmt::runtime(f), s.mean);
+  return s.n == 1 ? m : m + " (" + fmt::format(fmt::runtime(f), s.lo) + "-" + fmt::format(fmt::runtime(f), s.hi) + ")";
+}
+
+}  // namespace
+
+SweepSpec load_sweep(const fs::path& file) {
+  SweepSpec spec;
+  spec.file = file;
+  const json doc = config::parse_toml_file(file.string());
+  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "variant", "claim"});
+  if (!doc.contains("sweep")) bad("sweep", "the [sweep] table is required (name, job)");
+  const json& sw = doc["sweep"];
+  only_keys(sw, "sweep", {"name", "title", "job", "target", "target_from", "plot_x"});
+  spec.name = get_string(sw, "name", "sweep", true);
+  if (spec.name.empty() || spec.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+    bad("sweep.name", "must be lower-case letters, digits, - and _ (it names directories and a docs section)");
+  spec.title = get_string(sw, "title", "sweep", false);
+  if (spec.title.empty()) spec.title = spec.name;
+  spec.job = get_string(sw, "job", "sweep", true);
+  if (!fs::exists(spec.job)) bad("sweep.job", "'" + spec.job + "' does not exist (paths are relative to where gasloc runs)");
+  spec.target_from = get_string(sw, "target_from", "sweep", false);
+  if (sw.contains("target")) {
+    if (!sw["target"].is_number() || sw["target"].get<double>() < 0) bad("sweep.target", "must be a loss >= 0 (0 = none)");
+    spec.target = sw["target"].get<double>();
+  }
+  if (sw.contains("plot_x")) {
+    spec.plot_x.clear();
+    if (!sw["plot_x"].is_array() || sw["plot_x"].empty()) bad("sweep.plot_x", "must be a non-empty list of step, time, bytes");
+    for (const auto& x : sw["plot_x"]) {
+      if (!x.is_string() || (x != "step" && x != "time" && x != "bytes")) bad("sweep.plot_x", "entries are step, time or bytes");
+      spec.plot_x.push_back(x.get<std::string>());
+    }
+  }
+  if (doc.contains("set")) spec.settings = as_overrides(settings_of(doc["set"], "set"));
+  if (doc.contains("quick")) spec.quick = as_overrides(settings_of(doc["quick"], "quick"));
+  if (doc.contains("grid")) {
+    for (auto& [key, values] : settings_of(doc["grid"], "grid")) {
+      if (!values.is_array()) bad("grid." + key, "must be a list of values to try, e.g. [8, 16]");
+      if (values.empty()) bad("grid." + key, "is an empty list: the grid would have no runs");
+      spec.grid.emplace_back(key, std::vector<json>(values.begin(), values.end()));
+    }
+  }
+  if (!doc.contains("variant") || !doc["variant"].is_array() || doc["variant"].empty())
+    bad("variant", "at least one [[variant]] with a name (and its settings) is required");
+  std::set<std::string> names;
+  for (const auto& v : doc["variant"]) {
+    only_keys(v, "variant", {"name", "set"});
+    SweepVariant var;
+    var.name = get_string(v, "name", "variant", true);
+    if (var.name.empty() || var.name.find_first_of("/ \t") != std::string::npos) bad("variant.name", "must be a non-empty word");
+    if (!names.insert(var.name).second) bad("variant.name", "'" + var.name + "' appears twice");
+    if (v.contains("set")) var.settings = as_overrides(settings_of(v["set"], "variant." + var.name + ".set"));
+    spec.variants.push_back(std::move(var));
+  }
+  if (!spec.target_from.empty() && !names.count(spec.target_from))
+    bad("sweep.target_from", "'" + spec.target_from + "' is not a variant");
+  if (doc.contains("claim")) {
+    if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");
+    for (const auto& c : doc["claim"]) {
+      only_keys(c, "claim", {"text", "kind", "a", "b", "tolerance"});
+      SweepClaim cl;
+      cl.text = get_string(c, "text", "claim", true);
+      cl.kind = get_string(c, "kind", "claim", true);
+      if (cl.kind != "lower" && cl.kind != "within" && cl.kind != "faster") bad("claim.kind", "must be lower, within or faster");
+      cl.a = get_string(c, "a", "claim", true);
+      cl.b = get_string(c, "b", "claim", true);
+      for (const auto& n : {cl.a, cl.b})
+        if (!names.count(n)) bad("claim.a/b", "'" + n + "' is not a variant");
+      if (c.contains("tolerance")) {
+        if (!c["tolerance"].is_number() || c["tolerance"].get<double>() < 0) bad("claim.tolerance", "must be a number >= 0");
+        cl.tolerance = c["tolerance"].get<double>();
+      }
+      if (cl.kind == "faster" && spec.target <= 0 && spec.target_from.empty())
+        bad("claim.kind", "'faster' compares time to a target loss: set sweep.target or sweep.target_from");
+      spec.claims.push_back(cl);
+    }
+  }
+  // Every run's job must load: a bad setting fails here, before hours of other runs.
+  for (bool quick : {false, true})
+    for (const auto& r : expand_sweep(spec, quick, "runs/experiments")) {
+      try {
+        load_job(spec.job, r.overrides);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("sweep run {}{}: {}", r.variant, r.point.empty() ? "" : " " + point_name(r.point), e.what()),
+                          e.hint());
+      }
+    }
+  return spec;
+}
+
+std::vector<SweepRun> expand_sweep(const SweepSpec& spec, bool quick, const fs::path& runs_root) {
+  std::vector<std::vector<std::pair<std::string, json>>> points(1);
+  for (const auto& [key, values] : spec.grid) {
+    std::vector<std::vector<std::pair<std::string, json>>> next;
+    for (const auto& p : points)
+      for (const auto& v : values) {
+        auto q = p;
+        q.emplace_back(key, v);
+        next.push_back(std::move(q));
+      }
+    points = std::move(next);
+  }
+  const fs::path base = runs_root / (spec.name + (quick ? "-quick" : ""));
+  std::vector<SweepRun> runs;
+  for (const auto& var : spec.variants)
+    for (const auto& p : points) {
+      SweepRun r;
+      r.variant = var.name;
+      r.point = p;
+      r.dir = p.empty() ? base / var.name : base / var.name / point_name(p);
+      r.overrides = spec.settings;
+      r.overrides.insert(r.overrides.end(), var.settings.begin(), var.settings.end());
+      for (const auto& s : as_overrides(p)) r.overrides.push_back(s);
+      if (quick) r.overrides.insert(r.overrides.end(), spec.quick.begin(), spec.quick.end());
+      r.overrides.push_back("train.run_dir=" + r.dir.string());
+      runs.push_back(std::move(r));
+    }
+  return runs;
+}
+
+void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
+  const auto runs = expand_sweep(spec, opts.quick, opts.runs_root);
+  // Refuse to mix results before anything runs: a directory must hold this very configuration.
+  for (const auto& r : runs) {
+    if (!fs::exists(r.dir / "run.json")) continue;
+    const json expected = load_job(spec.job, r.overrides).to_json();
+    const json found = json::parse(read_file(r.dir / "run.json"), nullptr, false);
+    if (found.is_discarded() || !found.contains("config"))
+      throw CheckpointError("'" + r.dir.string() + "' holds a corrupt run.json", "remove that directory to run it again");
+    const std::string diff = first_difference(expected, found["config"]);
+    if (!diff.empty())
+      throw CheckpointError(fmt::format("'{}' holds a run of another configuration (it differs at '{}')", r.dir.string(), diff),
+                            "results of different configurations are not mixed: remove that directory, or give the "
+                            "sweep another name");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t done = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    const std::string what = fmt::format("[{}/{}] {}{}", i + 1, runs.size(), r.variant, r.point.empty() ? "" : " " + point_name(r.point));
+    // Finished: evaluated at its last step and its final checkpoint written (a run whose last
+    // checkpoint failed, for example on a full disk, is redone).
+    const bool finished = fs::exists(r.dir / "run.json") && read_run_summary(r.dir).finished() && has_checkpoint(r.dir);
+    if (opts.dry_run) {
+      fmt::print("{}: {} ({})\n", what, finished ? "finished" : has_checkpoint(r.dir) ? "stopped, will resume" : "to run", r.dir.string());
+      continue;
+    }
+    if (finished) {
+      fmt::print("{}: finished, reused\n", what);
+      ++done;
+      continue;
+    }
+    TrainRequest req;
+    if (has_checkpoint(r.dir) && !read_run_summary(r.dir).finished()) {
+      fmt::print("{}: resuming {}\n", what, r.dir.string());
+      req.resume_dir = r.dir.string();
+    } else {
+      fmt::print("{}: running into {}\n", what, r.dir.string());
+      fs::remove_all(r.dir);  // a run that died before its first checkpoint starts over
+      req.config_path = spec.job;
+      req.overrides = r.overrides;
+    }
+    std::fflush(stdout);
+    const TrainSummary s = run_training(req);
+    if (s.interrupted)
+      throw Error("sweep interrupted during " + what, "run the same command again: finished runs are reused and this one resumes");
+    ++done;
+  }
+  if (opts.dry_run) return;
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60.0;
+  fmt::print("sweep '{}': {} runs done in {:.1f} min\n", spec.name, done, minutes);
+  SweepOptions o = opts;
+  if (o.command.empty()) o.command = fmt::format("gasloc sweep {}{}", spec.file.string(), opts.quick ? " --quick" : "");
+  const std::string section = sweep_section(spec, runs, o);
+  if (opts.doc.empty()) {
+    fmt::print("{}\n", section);
+  } else {
+    write_doc_section(opts.doc, spec.name + (opts.quick ? "-quick" : ""), section);
+    fmt::print("wrote the '{}' section of {}\n", spec.name, opts.doc.string());
+  }
+}
+
+std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts) {
+  const std::string id = spec.name + (opts.quick ? "-quick" : "");
+  // Group runs by their grid point without the seed; seeds are aggregated.
+  std::map<std::string, std::map<std::string, std::vector<RunSummary>>> groups;  // point -> variant -> runs
+  std::vector<std::string> group_order;
+  for (const auto& r : runs) {
+    std::vector<std::pair<std::string, json>> p;
+    for (const auto& kv : r.point)
+      if (kv.first != "train.seed") p.push_back(kv);
+    const std::string g = point_name(p);
+    if (!groups.count(g)) group_order.push_back(g);
+    if (fs::exists(r.dir / "run.json")) groups[g][r.variant].push_back(read_run_summary(r.dir));
+  }
+  std::string md = fmt::format("<!-- {}:begin (generated by `{}`; edits here are overwritten) -->\n## {}{}\n\n", id,
+                               opts.command, spec.title, opts.quick ? " (quick mode)" : "");
+  md += fmt::format("Generated by `{}` on {} UTC. Base job `{}`", opts.command,
+                    fmt::format("{:%Y-%m-%d}", fmt::gmtime(std::time(nullptr))), spec.job);
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "`--set " : " --set ") + x;
+    return s.empty() ? std::string("none") : s + "`";
+  };
+  md += fmt::format("; settings of every run: {}", list(spec.settings));
+  if (opts.quick) md += fmt::format("; quick mode adds {}", list(spec.quick));
+  md += ".\n\n| variant | settings |\n| --- | --- |\n";
+  for (const auto& v : spec.variants) md += fmt::format("| {} | {} |\n", v.name, list(v.settings));
+  if (!spec.grid.empty()) {
+    md += "\nGrid (every combination, for every variant):";
+    for (const auto& [k, vals] : spec.grid) {
+      std::string s;
+      for (const auto& v : vals) s += (s.empty() ? "" : ", ") + toml_text(v);
+      md += fmt::format(" `{}` in {{{}}};", k, s);
+    }
+    md += " seeds (`train.seed`) are aggregated as mean (min-max).\n";
+  }
+  std::vector<std::string> claim_lines;
+  for (const auto& g : group_order) {
+    auto& byvar = groups[g];
+    // The target of this group.
+    double target = spec.target;
+    if (!spec.target_from.empty()) {
+      std::vector<double> f;
+      for (const auto& r : byvar[spec.target_from])
+        if (r.has_val_loss) f.push_back(r.val_loss);
+      target = f.empty() ? 0.0 : stats_of(f).mean;
+    }
+    md += fmt::format("\n### {}\n\n", g.empty() ? spec.title : g);
+    if (target > 0) md += fmt::format("Target validation loss: {:.4f}{}.\n\n", target,
+                                      spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
+    md += "| variant | runs | finished | val_loss (average model) | steps to target | virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
+    md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+    std::map<std::string, Stats> loss, ttt;
+    std::map<std::string, int> reached;
+    for (const auto& v : spec.variants) {
+      const auto& rs = byvar[v.name];
+      std::vector<double> l, st, tt, vt, mb, idle;
+      int finished = 0;
+      for (const auto& r : rs) {
+        finished += r.finished();
+        if (r.has_val_loss) l.push_back(r.val_loss);
+        vt.push_back(r.virtual_s);
+        mb.push_back(r.mb_per_worker);
+        idle.push_back(100 * r.idle_fraction);
+        if (target > 0)
+          if (auto hit = reach_target(r.curve, target)) {
+            st.push_back(hit->first);
+            tt.push_back(hit->second);
+          }
+      }
+      loss[v.name] = stats_of(l);
+      ttt[v.name] = stats_of(tt);
+      reached[v.name] = static_cast<int>(tt.size());
+      // Over the runs that reached the target; "(k of n)" when some did not.
+      const std::string partial = !tt.empty() && tt.size() < rs.size() ? fmt::format(" ({} of {})", tt.size(), rs.size()) : "";
+      md += fmt::format("| {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% |\n", v.name, rs.size(), finished,
+                        fmt_stats(loss[v.name], "{:.4f}"), fmt_stats(stats_of(st), "{:.0f}"), partial,
+                        fmt_stats(ttt[v.name], "{:.1f}"), partial, fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"),
+                        fmt_stats(stats_of(idle), "{:.1f}"));
+    }
+    // Plots: each variant's first run (lowest seed) of this group.
+    for (const auto& x : spec.plot_x) {
+      std::vector<RunSummary> rs;
+      std::vector<std::string> titles;
+      for (const auto& v : spec.variants)
+        if (!byvar[v.name].empty() && !byvar[v.name].front().curve.empty()) {
+          rs.push_back(byvar[v.name].front());
+          titles.push_back(v.name);
+        }
+      if (rs.empty()) continue;
+      std::string file = id + (g.empty() ? "" : "-" + g) + "-" + x + ".png";
+      std::replace(file.begin(), file.end(), ',', '_');
+      std::replace(file.begin(), file.end(), '=', '-');
+      const fs::path dir = !opts.plots_dir.empty() ? opts.plots_dir
+                           : opts.doc.empty()     ? fs::path("sweep-plots")
+                                                  : fs::absolute(opts.doc).parent_path() / "results";
+      fs::create_directories(dir);
+      plot_runs(rs, titles, dir / file, x);
+      const fs::path rel = opts.doc.empty() ? dir / file : fs::relative(fs::absolute(dir / file), fs::absolute(opts.doc).parent_path());
+      md += fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());
+    }
+    for (const auto& c : spec.claims) {
+      const Stats a = loss[c.a], b = loss[c.b];
+      std::string verdict, numbers;
+      if (c.kind == "faster") {
+        const Stats ta = ttt[c.a], tb = ttt[c.b];
+        numbers = fmt::format("virtual s to target: {} {}, {} {}", c.a, fmt_stats(ta, "{:.1f}"), c.b, fmt_stats(tb, "{:.1f}"));
+        if (reached[c.a] == 0 && reached[c.b] == 0) verdict = "inconclusive";
+        else if (reached[c.a] == 0) verdict = "not reproduced";
+        else if (reached[c.b] == 0) verdict = "reproduced";
+        else verdict = ta.mean * (1 + c.tolerance) <= tb.mean ? "reproduced" : "not reproduced";
+      } else {
+        numbers = fmt::format("final loss: {} {}, {} {}", c.a, fmt_stats(a, "{:.4f}"), c.b, fmt_stats(b, "{:.4f}"));
+        if (a.n == 0 || b.n == 0) verdict = "inconclusive";
+        else if (c.kind == "within")
+          verdict = std::abs(a.mean - b.mean) <= c.tolerance * std::abs(b.mean) ? "reproduced" : "not reproduced";
+        else if (a.n > 1 && b.n > 1 && a.hi >= b.lo && b.hi >= a.lo) verdict = "inconclusive (the seeds' ranges overlap)";
+        else verdict = a.mean < b.mean ? "reproduced" : "not reproduced";
+      }
+      claim_lines.push_back(fmt::format("- {}{}: **{}** ({})", c.text, g.empty() ? "" : " [" + g + "]", verdict, numbers));
+    }
+  }
+  if (!claim_lines.empty()) {
+    md += "\nClaims:\n\n";
+    for (const auto& l : claim_lines) md += l + "\n";
+  }
+  md += fmt::format("<!-- {}:end -->", id);
+  return md;
+}
+
+void write_doc_section(const fs::path& doc, const std::string& name, const std::string& section) {
+  std::string text = fs::exists(doc) ? read_file(doc)
+                                     : std::string("# Results\n\nEvery section below is generated by the script or sweep it "
+                                                   "names, from runs on this project's embedded data; rerun it to regenerate it.\n");
+  const std::string begin = "<!-- " + name + ":begin", end = "<!-- " + name + ":end -->";
+  const auto b = text.find(begin);
+  const auto e = b == std::string::npos ? std::string::npos : text.find(end, b);
+  if (b != std::string::npos && e != std::string::npos) text.replace(b, e + end.size() - b, section);
+  else text += (text.empty() || text.back() == '\n' ? "\n" : "\n\n") + section + "\n";
+  write_file_atomic(doc, text);
+}
+
+}  // namespace gasloc::train

@@ -1,0 +1,169 @@
+// gasloc sweep: the sweep file is checked strictly, runs are reused or resumed, a directory from
+// another configuration is refused, a full disk mid-sweep loses nothing, and the results section
+// holds the tables and the claims' verdicts.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/train/sweep.hpp"
+#include "test_util.hpp"
+
+using namespace gasloc;
+namespace fs = std::filesystem;
+
+namespace {
+const fs::path kRoot = test_util::temp_root("test_sweep");
+
+class Sweep : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    test_util::make_byte_dataset(kRoot);
+    std::ofstream(kRoot / "base.toml") << "[model]\npreset = \"nano\"\n[data]\ndir = \"" << (kRoot / "data").string()
+                                       << "\"\nseq_len = 16\nbatch_size = 2\nval_batches = 1\n[train]\nsteps = 4\n"
+                                          "eval_every = 2\ncheckpoint_every = 0\nlog_every = 2\nthreads = 1\n";
+  }
+  static void TearDownTestSuite() { fs::remove_all(kRoot); }
+
+  // Writes a sweep file around `body` (the [sweep] table is added) and returns its path.
+  static fs::path sweep_file(const std::string& name, const std::string& body, const std::string& sweep_extra = "") {
+    const fs::path p = kRoot / (name + ".toml");
+    std::ofstream(p) << "[sweep]\nname = \"" << name << "\"\njob = \"" << (kRoot / "base.toml").string() << "\"\n"
+                     << sweep_extra << body;
+    return p;
+  }
+
+  static train::SweepOptions options(const std::string& doc = "results.md") {
+    train::SweepOptions o;
+    o.runs_root = kRoot / "runs";
+    o.doc = kRoot / doc;
+    o.plots_dir = kRoot / "plots";
+    o.command = "gasloc sweep (test)";
+    return o;
+  }
+
+  static void expect_config_error(const std::string& body, const std::string& needle) {
+    static int k = 0;
+    try {
+      train::load_sweep(sweep_file("bad" + std::to_string(k++), body));
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+};
+
+const char* kTwoVariants = R"(
+[set]
+"optim.lr" = 0.003
+[quick]
+"train.steps" = 2
+[grid]
+"train.seed" = [1, 2]
+[[variant]]
+name = "small_lr"
+set = { "optim.lr" = 0.001 }
+[[variant]]
+name = "big_lr"
+[[claim]]
+text = "the larger learning rate ends lower"
+kind = "lower"
+a = "big_lr"
+b = "small_lr"
+[[claim]]
+text = "they are within 50%"
+kind = "within"
+a = "big_lr"
+b = "small_lr"
+tolerance = 0.5
+)";
+}  // namespace
+
+TEST_F(Sweep, BadSweepFilesNameTheKey) {
+  expect_config_error("[[variant]]\nname = \"a\"\n[grid]\n\"train.seed\" = []\n", "grid.train.seed");
+  expect_config_error("[[variant]]\nname = \"a\"\n[extra]\nx = 1\n", "sweep file.extra");
+  expect_config_error("[[variant]]\nname = \"a\"\nspeed = 2\n", "variant.speed");
+  expect_config_error("", "variant");  // no variants
+  expect_config_error("[[variant]]\nname = \"a\"\n[[variant]]\nname = \"a\"\n", "appears twice");
+  expect_config_error("[[variant]]\nname = \"a\"\nset = { \"optim.lr\" = -1 }\n", "optim.lr");
+  expect_config_error("[[variant]]\nname = \"a\"\nset = { \"optim.learning_rate\" = 1 }\n", "optim.learning_rate");
+  expect_config_error("[[variant]]\nname = \"a\"\n[[claim]]\ntext = \"t\"\nkind = \"lower\"\na = \"a\"\nb = \"zz\"\n", "zz");
+  expect_config_error("[[variant]]\nname = \"a\"\n[[claim]]\ntext = \"t\"\nkind = \"faster\"\na = \"a\"\nb = \"a\"\n", "target");
+  // Four runs: two variants x two seeds, variants outermost, each in its own directory.
+  const auto spec = train::load_sweep(sweep_file("ok", kTwoVariants));
+  const auto runs = train::expand_sweep(spec, false, kRoot / "runs");
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(runs[0].variant, "small_lr");
+  EXPECT_EQ(runs[0].dir, kRoot / "runs" / "ok" / "small_lr" / "seed=1");
+  EXPECT_EQ(train::expand_sweep(spec, true, kRoot / "runs")[3].dir, kRoot / "runs" / "ok-quick" / "big_lr" / "seed=2");
+}
+
+TEST_F(Sweep, RunsReusesAndWritesTheSection) {
+  const auto spec = train::load_sweep(sweep_file("study", kTwoVariants));
+  train::run_sweep(spec, options());
+  const auto runs = train::expand_sweep(spec, false, kRoot / "runs");
+  std::vector<std::string> metrics;
+  for (const auto& r : runs) metrics.push_back(read_file(r.dir / "metrics.jsonl"));
+  // Again: nothing reruns, nothing is rewritten.
+  train::run_sweep(spec, options());
+  for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(read_file(runs[i].dir / "metrics.jsonl"), metrics[i]) << runs[i].dir;
+  const std::string doc = read_file(kRoot / "results.md");
+  EXPECT_NE(doc.find("<!-- study:begin"), std::string::npos);
+  EXPECT_NE(doc.find("| small_lr | 2 | 2 |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("the larger learning rate ends lower"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("they are within 50%: **reproduced**"), std::string::npos) << doc;
+  EXPECT_TRUE(fs::exists(kRoot / "plots" / "study-step.png"));
+  // A second sweep's section goes beside the first, which stays.
+  train::run_sweep(train::load_sweep(sweep_file("other", "[[variant]]\nname = \"only\"\n")), options());
+  const std::string both = read_file(kRoot / "results.md");
+  EXPECT_NE(both.find("<!-- study:begin"), std::string::npos);
+  EXPECT_NE(both.find("<!-- other:begin"), std::string::npos);
+}
+
+TEST_F(Sweep, ARunDirectoryOfAnotherConfigurationIsRefused) {
+  train::run_sweep(train::load_sweep(sweep_file("mix", "[[variant]]\nname = \"v\"\n")), options("mix.md"));
+  const auto before = read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl");
+  const auto changed = train::load_sweep(sweep_file("mix", "[set]\n\"optim.lr\" = 0.01\n[[variant]]\nname = \"v\"\n"));
+  try {
+    train::run_sweep(changed, options("mix.md"));
+    ADD_FAILURE() << "a run of another configuration must be refused";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("optim.lr"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl"), before);
+}
+
+TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
+  // The second variant's checkpoint is larger than the file-size limit (as a full disk would
+  // refuse it); the first variant's fits.
+  const auto spec = train::load_sweep(sweep_file(
+      "disk", "[[variant]]\nname = \"small\"\nset = { \"model.n_layers\" = 1 }\n[[variant]]\nname = \"large\"\n"
+              "set = { \"model.n_layers\" = 8 }\n"));
+  auto prev = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit low = old;
+  low.rlim_cur = 2'500'000;  // nano with 1 layer: ~1.5 MB checkpoint; with 8 layers: ~5 MB
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  bool threw = false;
+  try {
+    train::run_sweep(spec, options("disk.md"));
+  } catch (const Error&) {
+    threw = true;
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, prev);
+  ASSERT_TRUE(threw);
+  const fs::path small = kRoot / "runs" / "disk" / "small", large = kRoot / "runs" / "disk" / "large";
+  ASSERT_TRUE(fs::exists(small / "checkpoint.pt"));
+  EXPECT_FALSE(fs::exists(large / "checkpoint.pt"));
+  const auto finished = read_file(small / "metrics.jsonl");
+  train::run_sweep(spec, options("disk.md"));  // space again: the finished run is kept, the other redone
+  EXPECT_EQ(read_file(small / "metrics.jsonl"), finished);
+  EXPECT_TRUE(fs::exists(large / "checkpoint.pt"));
+  EXPECT_NE(read_file(kRoot / "disk.md").find("| large | 1 | 1 |"), std::string::npos);
+}
