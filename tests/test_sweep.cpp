@@ -64,6 +64,8 @@ const char* kTwoVariants = R"(
 "train.steps" = 2
 [grid]
 "train.seed" = [1, 2]
+[quick_grid]
+"train.seed" = [1]
 [[variant]]
 name = "small_lr"
 set = { "optim.lr" = 0.001 }
@@ -99,7 +101,11 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
   ASSERT_EQ(runs.size(), 4u);
   EXPECT_EQ(runs[0].variant, "small_lr");
   EXPECT_EQ(runs[0].dir, kRoot / "runs" / "ok" / "small_lr" / "seed=1");
-  EXPECT_EQ(train::expand_sweep(spec, true, kRoot / "runs")[3].dir, kRoot / "runs" / "ok-quick" / "big_lr" / "seed=2");
+  const auto quick = train::expand_sweep(spec, true, kRoot / "runs");
+  ASSERT_EQ(quick.size(), 2u);  // [quick_grid] keeps one seed
+  EXPECT_EQ(quick[1].dir, kRoot / "runs" / "ok-quick" / "big_lr" / "seed=1");
+  EXPECT_EQ(quick[1].overrides[quick[1].overrides.size() - 2], "train.steps=2");  // [quick] comes last but the run dir
+  expect_config_error("[[variant]]\nname = \"a\"\n[quick_grid]\n\"train.seed\" = [1]\n", "quick_grid.train.seed");
 }
 
 TEST_F(Sweep, RunsReusesAndWritesTheSection) {

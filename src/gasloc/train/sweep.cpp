@@ -147,7 +147,7 @@ SweepSpec load_sweep(const fs::path& file) {
   SweepSpec spec;
   spec.file = file;
   const json doc = config::parse_toml_file(file.string());
-  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "variant", "claim"});
+  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "quick_grid", "variant", "claim"});
   if (!doc.contains("sweep")) bad("sweep", "the [sweep] table is required (name, job)");
   const json& sw = doc["sweep"];
   only_keys(sw, "sweep", {"name", "title", "job", "target", "target_from", "plot_x"});
@@ -178,6 +178,14 @@ SweepSpec load_sweep(const fs::path& file) {
       if (!values.is_array()) bad("grid." + key, "must be a list of values to try, e.g. [8, 16]");
       if (values.empty()) bad("grid." + key, "is an empty list: the grid would have no runs");
       spec.grid.emplace_back(key, std::vector<json>(values.begin(), values.end()));
+    }
+  }
+  if (doc.contains("quick_grid")) {
+    for (auto& [key, values] : settings_of(doc["quick_grid"], "quick_grid")) {
+      const bool in_grid = std::any_of(spec.grid.begin(), spec.grid.end(), [&](const auto& g) { return g.first == key; });
+      if (!in_grid) bad("quick_grid." + key, "replaces a [grid] axis in --quick mode, but [grid] has no '" + key + "'");
+      if (!values.is_array() || values.empty()) bad("quick_grid." + key, "must be a non-empty list of values");
+      spec.quick_grid.emplace_back(key, std::vector<json>(values.begin(), values.end()));
     }
   }
   if (!doc.contains("variant") || !doc["variant"].is_array() || doc["variant"].empty())
@@ -230,7 +238,12 @@ SweepSpec load_sweep(const fs::path& file) {
 
 std::vector<SweepRun> expand_sweep(const SweepSpec& spec, bool quick, const fs::path& runs_root) {
   std::vector<std::vector<std::pair<std::string, json>>> points(1);
-  for (const auto& [key, values] : spec.grid) {
+  for (const auto& [key, grid_values] : spec.grid) {
+    const std::vector<json>* values_ptr = &grid_values;
+    if (quick)
+      for (const auto& [qk, qv] : spec.quick_grid)
+        if (qk == key) values_ptr = &qv;
+    const auto& values = *values_ptr;
     std::vector<std::vector<std::pair<std::string, json>>> next;
     for (const auto& p : points)
       for (const auto& v : values) {
@@ -354,6 +367,15 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       md += fmt::format(" `{}` in {{{}}};", k, s);
     }
     md += " seeds (`train.seed`) are aggregated as mean (min-max).\n";
+    if (opts.quick && !spec.quick_grid.empty()) {
+      md += "Quick mode narrows the grid to";
+      for (const auto& [k, vals] : spec.quick_grid) {
+        std::string s;
+        for (const auto& v : vals) s += (s.empty() ? "" : ", ") + toml_text(v);
+        md += fmt::format(" `{}` in {{{}}};", k, s);
+      }
+      md += "\n";
+    }
   }
   std::vector<std::string> claim_lines;
   for (const auto& g : group_order) {

@@ -17,6 +17,8 @@
 //   [grid]                                      # every combination runs, for every variant
 //   "cluster.workers" = [8, 16]
 //   "train.seed" = [1, 2, 3]                    # train.seed is aggregated: mean and range
+//   [quick_grid]                                # axes replaced with --quick
+//   "train.seed" = [1]
 //   [[variant]]
 //   name = "diloco"
 //   set = { "algo.name" = "diloco" }
@@ -52,7 +54,8 @@ struct SweepSpec {
   double target = 0.0;  // 0 = none (or target_from)
   std::vector<std::string> plot_x = {"step"};
   std::vector<std::string> settings, quick;
-  std::vector<std::pair<std::string, std::vector<nlohmann::json>>> grid;  // key -> values, file order
+  std::vector<std::pair<std::string, std::vector<nlohmann::json>>> grid;        // key -> values
+  std::vector<std::pair<std::string, std::vector<nlohmann::json>>> quick_grid;  // axes replaced in --quick
   std::vector<SweepVariant> variants;
   std::vector<SweepClaim> claims;
 };
