@@ -1,5 +1,6 @@
 #include "gasloc/topology/spectral.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/linalg.h>
 #include <torch/torch.h>
 
@@ -79,6 +80,25 @@ double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes) {
   const double p = static_cast<double>(message_bytes);
   if (topo.is_all_reduce()) return 2.0 * (topo.size() - 1) / topo.size() * p;
   return max_degree(topo) * p;
+}
+
+std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed) {
+  if (rounds < 0 || dim < 1) throw ConfigError("consensus simulation needs rounds >= 0 and dim >= 1");
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto x = torch::randn({topo.size(), dim}, gen, torch::kFloat64);  // [n, dim]
+  auto distance = [&] { return (x - x.mean(0, true)).pow(2).sum(1).mean().item<double>(); };
+  const double d0 = distance();
+  std::vector<double> out = {1.0};
+  for (int64_t t = 0; t < rounds; ++t) {
+    auto next = torch::zeros_like(x);
+    const auto rows = topo.mixing_rows(t);
+    for (int i = 0; i < topo.size(); ++i)
+      for (auto [j, w] : rows[i]) next[i].add_(x[j], w);
+    x = next;
+    out.push_back(distance() / d0);
+  }
+  return out;
 }
 
 }  // namespace gasloc::topology

@@ -25,4 +25,12 @@ int max_degree(const Topology& topo);
 // (the busiest worker's count).
 double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes);
 
+// Pure gossip averaging with no training: n workers start from independent standard normal
+// vectors of `dim` entries (from `seed`), and each round every worker replaces its vector by
+// sum_j W_t[i,j] x_j. Returns the consensus distance mean_i ||x_i - xbar||^2 after rounds
+// 0..rounds, divided by its initial value. For 1peer and 2peer, E[W^T W] restricted to the
+// vectors orthogonal to 1 is a multiple of the identity (permutation symmetry), so in
+// expectation this decays exactly as (1 - gap)^t.
+std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed);
+
 }  // namespace gasloc::topology
