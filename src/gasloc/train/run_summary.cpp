@@ -106,7 +106,7 @@ void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::strin
   }
   const std::string xlabel = x == "time" ? "virtual time (s)" : x == "bytes" ? "MB sent (worker 0)" : "step";
   write_file_atomic(dat, data);
-  write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560\nset output '{}'\nset xlabel '{}'\n"
+  write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560 noenhanced\nset output '{}'\nset xlabel '{}'\n"
                                     "set ylabel 'validation loss (average model)'\nset grid\nset key top right\n{}\n",
                                     png.string(), xlabel, plot));
   if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", gp.string()).c_str()) != 0) {
