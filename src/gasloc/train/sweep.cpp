@@ -359,23 +359,19 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
   if (opts.quick) md += fmt::format("; quick mode adds {}", list(spec.quick));
   md += ".\n\n| variant | settings |\n| --- | --- |\n";
   for (const auto& v : spec.variants) md += fmt::format("| {} | {} |\n", v.name, list(v.settings));
-  if (!spec.grid.empty()) {
-    md += "\nGrid (every combination, for every variant):";
-    for (const auto& [k, vals] : spec.grid) {
+  auto axes = [](const std::vector<std::pair<std::string, std::vector<json>>>& grid) {
+    std::string out;
+    for (const auto& [k, vals] : grid) {
       std::string s;
       for (const auto& v : vals) s += (s.empty() ? "" : ", ") + toml_text(v);
-      md += fmt::format(" `{}` in {{{}}};", k, s);
+      out += fmt::format(" `{}` in {{{}}};", k, s);
     }
-    md += " seeds (`train.seed`) are aggregated as mean (min-max).\n";
-    if (opts.quick && !spec.quick_grid.empty()) {
-      md += "Quick mode narrows the grid to";
-      for (const auto& [k, vals] : spec.quick_grid) {
-        std::string s;
-        for (const auto& v : vals) s += (s.empty() ? "" : ", ") + toml_text(v);
-        md += fmt::format(" `{}` in {{{}}};", k, s);
-      }
-      md += "\n";
-    }
+    return out;
+  };
+  if (!spec.grid.empty()) {
+    md += "\nGrid (every combination, for every variant):" + axes(spec.grid) +
+          " seeds (`train.seed`) are aggregated as mean (min-max).\n";
+    if (opts.quick && !spec.quick_grid.empty()) md += "Quick mode narrows the grid to" + axes(spec.quick_grid) + "\n";
   }
   std::vector<std::string> claim_lines;
   for (const auto& g : group_order) {
