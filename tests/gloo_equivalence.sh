@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The same GASLoC 2peer job (n = 4) on the in-process cluster and as 4 processes over Gloo under
 # `gasloc launch` must give the same losses: exchanges copy tensors exactly and every worker sums
-# its mixing row in the same order, so the training losses match bitwise.
+# its mixing row in the same order, so the training losses match bitwise. Both run one BLAS
+# thread per product (train.blas_threads): another count may change the last bits of a product.
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
 G=$(readlink -f "$1")
@@ -12,7 +13,7 @@ for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs
 "$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
 job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
      --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10
-     --set train.threads=1 --set algo.name=gasloc --set algo.topology=2peer --set algo.H=5)
+     --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc --set algo.topology=2peer --set algo.H=5)
 "$G" train "${job[@]}" --set cluster.workers=4 --set train.run_dir=inproc >/dev/null
 "$G" launch -n 4 -- "$G" train "${job[@]}" --set cluster.backend=gloo --set cluster.timeout_s=60 \
   --set train.run_dir=gloo >/dev/null

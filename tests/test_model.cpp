@@ -1,10 +1,14 @@
 // Model tests: causality, rotary embeddings, GQA, gradients (finite differences in float64),
-// the ability to fit a batch, presets and the flat parameter buffer.
+// the ability to fit a batch, presets, the flat parameter buffer, and BLAS thread control.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
+#include <array>
 #include <cmath>
 
+#include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/model/llama.hpp"
@@ -250,4 +254,60 @@ TEST(FlatParams, ParametersAreViewsAndDecayedFirst) {
   m->loss(x, x).backward();
   EXPECT_GT(flat.grad().abs().sum().item<double>(), 0);
   for (auto& p : m->parameters()) EXPECT_EQ(p.grad().data_ptr<float>() >= flat.grad().data_ptr<float>(), true);
+}
+
+// The in-process cluster runs its workers with one BLAS thread each (core/blas_threads.hpp). That
+// may change the last bits of a product (OpenBLAS picks other kernels for another split) but
+// nothing more, and at a fixed count a product is reproducible bit for bit. Shapes are the model's
+// (forward and the backward product with a transpose) and odd ones, large enough to be threaded.
+TEST(BlasThreads, ProductsAgreeToRoundingAcrossCountsAndRepeatExactlyAtOne) {
+  torch::manual_seed(3);
+  const std::vector<std::array<int64_t, 3>> shapes = {{64, 256, 768}, {128, 256, 8192}, {37, 129, 515}, {512, 512, 512}};
+  for (const auto& [m, k, n] : shapes) {
+    const auto a = torch::randn({m, k}), b = torch::randn({k, n}), g = torch::randn({m, n});
+    const auto reference = a.to(torch::kFloat64).matmul(b.to(torch::kFloat64));
+    const auto reference_ga = g.to(torch::kFloat64).matmul(b.t().to(torch::kFloat64));
+    torch::Tensor one, one_ga, again, again_ga, many, many_ga;
+    {
+      const BlasThreads blas(1);
+      if (!blas.active()) GTEST_SKIP() << "the BLAS LibTorch loaded has no thread control";
+      one = a.matmul(b);
+      one_ga = g.matmul(b.t());
+      again = a.matmul(b);
+      again_ga = g.matmul(b.t());
+    }
+    {
+      const BlasThreads blas(4);
+      many = a.matmul(b);
+      many_ga = g.matmul(b.t());
+    }
+    const std::string shape = std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+    EXPECT_TRUE(torch::equal(one, again)) << shape;
+    EXPECT_TRUE(torch::equal(one_ga, again_ga)) << shape;
+    // fp32 sums of k products of unit normals: error grows like sqrt(k) * 2^-24 per entry.
+    const double tol = 1e-5 * std::sqrt(static_cast<double>(k)) * 4;
+    for (const auto& [x, ref] : {std::pair{one, reference}, {many, reference}, {one_ga, reference_ga}, {many_ga, reference_ga}})
+      EXPECT_LT((x.to(torch::kFloat64) - ref).abs().max().item<double>(), tol) << shape;
+  }
+}
+
+TEST(BlasThreads, RestoresThePreviousCount) {
+  using Get = int (*)();
+  auto* get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (get == nullptr) GTEST_SKIP() << "not OpenBLAS";
+  const int before = get();
+  {
+    const BlasThreads blas(1);
+    EXPECT_TRUE(blas.active());
+    EXPECT_EQ(get(), 1);
+    {
+      const BlasThreads nested(3);
+      EXPECT_EQ(get(), 3);
+    }
+    EXPECT_EQ(get(), 1);
+  }
+  EXPECT_EQ(get(), before);
+  const BlasThreads none(0);  // 0 = leave it alone
+  EXPECT_FALSE(none.active());
+  EXPECT_EQ(get(), before);
 }

@@ -169,6 +169,7 @@ void JobConfig::validate() const {
   require(train.device == "cpu" || train.device == "cuda", "train.device", "must be cpu or cuda, got '" + train.device + "'");
   require(train.dtype == "fp32" || train.dtype == "bf16", "train.dtype", "must be fp32 or bf16, got '" + train.dtype + "'");
   require(train.threads >= 0, "train.threads", "must be >= 0");
+  require(train.blas_threads >= 0, "train.blas_threads", "must be >= 0");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
   require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
   require(cluster.backend == "inproc" || cluster.backend == "gloo", "cluster.backend",

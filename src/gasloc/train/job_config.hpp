@@ -126,6 +126,7 @@ struct TrainSection {
   std::string device = "cpu";
   std::string dtype = "fp32";
   int64_t threads = 0;
+  int64_t blas_threads = 0;
   std::string run_dir = "runs/default";
 
   template <class V>
@@ -139,6 +140,7 @@ struct TrainSection {
     v("device", device, "cpu or cuda");
     v("dtype", dtype, "fp32, or bf16 (autocast, fp32 master weights)");
     v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
+    v("blas_threads", blas_threads, "OpenBLAS threads per product (0 = 1 when workers are threads of one process, else its default)");
     v("run_dir", run_dir, "where run.json, metrics.jsonl and checkpoints go");
   }
 };

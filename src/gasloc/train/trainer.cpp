@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/inproc.hpp"
@@ -287,6 +288,12 @@ TrainSummary run_training(const TrainRequest& req) {
     cluster = std::make_unique<comm::InProcCluster>(world, network, job.cluster.timeout_s);
     for (int r = 0; r < world; ++r) comms.push_back(&cluster->comm(r));
   }
+  // Workers that are threads of this process keep the cores busy themselves: by default one BLAS
+  // thread each (core/blas_threads.hpp explains the spin this avoids).
+  const BlasThreads blas(job.train.blas_threads > 0 ? static_cast<int>(job.train.blas_threads) : ranks.size() > 1 ? 1 : 0);
+  if (blas.active() && !req.quiet)
+    fmt::print("{} worker thread(s) in this process, {} BLAS thread(s) per product (train.blas_threads)\n", ranks.size(),
+               job.train.blas_threads > 0 ? job.train.blas_threads : 1);
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(std::make_unique<Worker>(job, mc, dataset, *comms[i],
