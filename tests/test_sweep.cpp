@@ -10,6 +10,7 @@
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/train/run_summary.hpp"
 #include "gasloc/train/sweep.hpp"
 #include "test_util.hpp"
 
@@ -106,6 +107,12 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
   EXPECT_EQ(quick[1].dir, kRoot / "runs" / "ok-quick" / "big_lr" / "seed=1");
   EXPECT_EQ(quick[1].overrides[quick[1].overrides.size() - 2], "train.steps=2");  // [quick] comes last but the run dir
   expect_config_error("[[variant]]\nname = \"a\"\n[quick_grid]\n\"train.seed\" = [1]\n", "quick_grid.train.seed");
+  try {
+    train::load_sweep(sweep_file("badplot", "[[variant]]\nname = \"a\"\n", "plot_x = [\"loss\"]\n"));
+    ADD_FAILURE() << "plot_x = [\"loss\"] must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sweep.plot_x"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Sweep, RunsReusesAndWritesTheSection) {
@@ -124,8 +131,12 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   EXPECT_NE(doc.find("they are within 50%: **reproduced**"), std::string::npos) << doc;
   EXPECT_TRUE(fs::exists(kRoot / "plots" / "study-step.png"));
   // A second sweep's section goes beside the first, which stays.
-  train::run_sweep(train::load_sweep(sweep_file("other", "[[variant]]\nname = \"only\"\n")), options());
+  train::run_sweep(train::load_sweep(sweep_file("other", "[[variant]]\nname = \"only\"\n", "plot_x = [\"step\", \"consensus\"]\n")),
+                   options());
+  EXPECT_TRUE(fs::exists(kRoot / "plots" / "other-consensus.png"));
   const std::string both = read_file(kRoot / "results.md");
+  EXPECT_NE(both.find("![consensus distance versus step]"), std::string::npos) << both;
+  EXPECT_NE(both.find("Training time of these 1 runs:"), std::string::npos) << both;
   EXPECT_NE(both.find("<!-- study:begin"), std::string::npos);
   EXPECT_NE(both.find("<!-- other:begin"), std::string::npos);
 }
@@ -172,4 +183,32 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
   EXPECT_EQ(read_file(small / "metrics.jsonl"), finished);
   EXPECT_TRUE(fs::exists(large / "checkpoint.pt"));
   EXPECT_NE(read_file(kRoot / "disk.md").find("| large | 1 | 1 |"), std::string::npos);
+}
+
+// A run stopped and resumed is two processes writing one metrics file, each with its wall clock
+// starting at 0: the training time is the sum of the parts. Hand-written lines, hand-computed sums.
+TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {
+  const fs::path dir = kRoot / "summary";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "gasloc", "topology": "1peer"},
+    "train": {"steps": 30}, "optim": {"name": "adamw"}}})";
+  std::ofstream(dir / "metrics.jsonl")
+      << R"({"event":"train","step":10,"worker":1,"wall_time_s":4.0,"virtual_time_s":1.0,"bytes_sent":100})" "\n"
+      << R"({"event":"eval","step":10,"val_loss":5.0,"consensus_distance":0.5,"wall_time_s":4.5,"virtual_time_s":1.0})" "\n"
+      << R"({"event":"eval","step":20,"val_loss":4.0,"consensus_distance":0.25,"wall_time_s":9.0,"virtual_time_s":2.0})" "\n"
+      << "{\"event\":\"eval\",\"step\":2\n"  // the first process died mid-line
+      << R"({"event":"eval","step":20,"val_loss":4.0,"consensus_distance":0.25,"wall_time_s":0.5,"virtual_time_s":2.0})" "\n"
+      << R"({"event":"eval","step":30,"val_loss":3.5,"consensus_distance":0.125,"wall_time_s":6.0,"virtual_time_s":3.0})" "\n";
+  const auto r = train::read_run_summary(dir);
+  EXPECT_DOUBLE_EQ(r.wall_s, 9.0 + 6.0);
+  EXPECT_TRUE(r.finished());
+  EXPECT_EQ(r.label, "gasloc-1peer");
+  ASSERT_EQ(r.curve.size(), 4u);
+  EXPECT_DOUBLE_EQ(r.curve.back().consensus, 0.125);
+  EXPECT_DOUBLE_EQ(r.consensus, 0.125);
+  const auto hit = train::reach_target(r.curve, 3.75);  // halfway from step 20 (4.0) to 30 (3.5)
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_DOUBLE_EQ(hit->first, 25.0);
+  EXPECT_DOUBLE_EQ(hit->second, 2.5);
+  fs::remove_all(dir);
 }

@@ -23,8 +23,9 @@ Action add_report(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("--run,runs", o->runs, "run directories to compare")->required();
   app.add_option("--plot", o->plot, "write a PNG of validation loss (needs gnuplot)");
-  app.add_option("--plot-x", o->plot_x, "x axis of the plot: step, time (virtual seconds) or bytes (MB sent by worker 0)")
-      ->check(CLI::IsMember({"step", "time", "bytes"}));
+  app.add_option("--plot-x", o->plot_x, "x axis of the plot: step, time (virtual seconds), bytes (MB sent by worker 0), "
+                 "or consensus (consensus distance against step)")
+      ->check(CLI::IsMember({"step", "time", "bytes", "consensus"}));
   auto* t = app.add_option("--target", o->target, "add the step and virtual time at which each run first reaches this validation loss");
   app.add_option("--target-from", o->target_from, "like --target, with the final validation loss of this run directory")
       ->excludes(t);

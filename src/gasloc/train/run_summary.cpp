@@ -38,6 +38,7 @@ RunSummary read_run_summary(const fs::path& dir) {
     double idle_s = 0, virtual_s = 0;
   };
   std::map<int64_t, Last> last;  // worker -> its latest train line
+  double segment_wall = 0;       // each process (a resume is a new one) starts its wall clock at 0
   std::string line;
   while (std::getline(in, line)) {
     auto j = json::parse(line, nullptr, false);
@@ -50,11 +51,16 @@ RunSummary read_run_summary(const fs::path& dir) {
           static_cast<double>(j.value("optimizer_state_bytes", int64_t{0}) + j.value("sync_state_bytes", int64_t{0})) / n;
     } else if (event == "eval") {
       r.curve.push_back({step, j.value("val_loss", 0.0), j.value("virtual_time_s", 0.0),
-                         static_cast<double>(j.value("bytes_sent", int64_t{0})) / 1e6});
+                         static_cast<double>(j.value("bytes_sent", int64_t{0})) / 1e6,
+                         j.value("consensus_distance", 0.0)});
       r.val_loss = j.value("val_loss", 0.0);
       r.has_val_loss = true;
       r.consensus = j.value("consensus_distance", 0.0);
       r.last_step = step;
+      // Evaluations come from one writer in step order, so a smaller wall time starts a new segment.
+      const double wall = j.value("wall_time_s", 0.0);
+      if (wall < segment_wall) r.wall_s += segment_wall;
+      segment_wall = wall;
     } else if (event == "train") {
       auto& w = last[j.value("worker", int64_t{0})];
       if (step >= w.step)
@@ -63,6 +69,7 @@ RunSummary read_run_summary(const fs::path& dir) {
       r.virtual_s = std::max(r.virtual_s, j.value("virtual_time_s", 0.0));
     }
   }
+  r.wall_s += segment_wall;
   double total = 0, idle = 0;
   for (auto& [w, l] : last) {
     total += static_cast<double>(l.bytes);
@@ -95,20 +102,28 @@ void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::strin
   const fs::path dat = png.parent_path() / (png.stem().string() + ".dat");
   const fs::path gp = png.parent_path() / (png.stem().string() + ".gp");
   std::string data, plot = "plot ";
+  bool any_positive = false;  // a log scale needs one positive value to draw at all
+  for (const auto& r : runs)
+    for (const auto& e : r.curve) any_positive = any_positive || e.consensus > 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     data += "# " + titles[i] + "\n";
     for (const auto& e : runs[i].curve) {
       const double v = x == "time" ? e.virtual_s : x == "bytes" ? e.mb_sent : static_cast<double>(e.step);
-      data += fmt::format("{} {}\n", v, e.val_loss);
+      data += fmt::format("{} {}\n", v, x == "consensus" ? e.consensus : e.val_loss);
     }
     data += "\n\n";
     plot += fmt::format("{}'{}' index {} with linespoints title '{}'", i ? ", " : "", dat.string(), i, titles[i]);
   }
   const std::string xlabel = x == "time" ? "virtual time (s)" : x == "bytes" ? "MB sent (worker 0)" : "step";
+  // Consensus distance decays geometrically under gossip: a log scale shows the rate. Exact zeros
+  // (all-reduce methods) have no place on it and gnuplot leaves them out.
+  std::string ylabel = "set ylabel 'validation loss (average model)'";
+  if (x == "consensus")
+    ylabel = std::string("set ylabel 'consensus distance (mean squared, to the average)'") + (any_positive ? "\nset logscale y" : "");
   write_file_atomic(dat, data);
   write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560 noenhanced\nset output '{}'\nset xlabel '{}'\n"
-                                    "set ylabel 'validation loss (average model)'\nset grid\nset key top right\n{}\n",
-                                    png.string(), xlabel, plot));
+                                    "{}\nset grid\nset key top right\n{}\n",
+                                    png.string(), xlabel, ylabel, plot));
   if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", gp.string()).c_str()) != 0) {
     // pngcairo is missing from some gnuplot builds; the plain png terminal always exists.
     std::string script = read_file(gp);

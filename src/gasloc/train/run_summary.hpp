@@ -13,6 +13,7 @@ namespace gasloc::train {
 struct EvalPoint {
   int64_t step = 0;
   double val_loss = 0, virtual_s = 0, mb_sent = 0;  // average model; clock; MB sent by worker 0
+  double consensus = 0;                              // mean squared distance of workers to their average
 };
 
 struct RunSummary {
@@ -23,6 +24,7 @@ struct RunSummary {
   double state_per_param = -1;   // optimizer + algorithm bytes per parameter; < 0 if not logged
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
+  double wall_s = 0;             // training time on the wall clock, summed over resumed segments
   std::vector<EvalPoint> curve;
   // Evaluated at train.steps: the run is complete.
   bool finished() const { return has_val_loss && last_step >= planned_steps && planned_steps > 0; }
@@ -36,9 +38,9 @@ RunSummary read_run_summary(const std::filesystem::path& dir);
 // around the crossing: (step, virtual seconds), or nothing if it never does.
 std::optional<std::pair<double, double>> reach_target(const std::vector<EvalPoint>& curve, double target);
 
-// Draws validation loss against x ("step", "time" or "bytes") for the runs, one line each titled
-// by `titles`, into a PNG with gnuplot (the .dat and .gp files are kept beside it). Throws Error
-// if gnuplot fails.
+// Draws validation loss against x ("step", "time" or "bytes"), or with x = "consensus" the
+// consensus distance against step on a log scale, for the runs, one line each titled by `titles`,
+// into a PNG with gnuplot (the .dat and .gp files are kept beside it). Throws Error if gnuplot fails.
 void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::string>& titles,
                const std::filesystem::path& png, const std::string& x);
 

@@ -165,9 +165,10 @@ SweepSpec load_sweep(const fs::path& file) {
   }
   if (sw.contains("plot_x")) {
     spec.plot_x.clear();
-    if (!sw["plot_x"].is_array() || sw["plot_x"].empty()) bad("sweep.plot_x", "must be a non-empty list of step, time, bytes");
+    if (!sw["plot_x"].is_array() || sw["plot_x"].empty()) bad("sweep.plot_x", "must be a non-empty list of step, time, bytes, consensus");
     for (const auto& x : sw["plot_x"]) {
-      if (!x.is_string() || (x != "step" && x != "time" && x != "bytes")) bad("sweep.plot_x", "entries are step, time or bytes");
+      if (!x.is_string() || (x != "step" && x != "time" && x != "bytes" && x != "consensus"))
+        bad("sweep.plot_x", "entries are step, time, bytes or consensus");
       spec.plot_x.push_back(x.get<std::string>());
     }
   }
@@ -374,6 +375,17 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
     if (opts.quick && !spec.quick_grid.empty()) md += "Quick mode narrows the grid to" + axes(spec.quick_grid) + "\n";
   }
   std::vector<std::string> claim_lines;
+  double wall_s = 0;
+  int with_runs = 0;
+  for (const auto& [g, byvar] : groups)
+    for (const auto& [v, rs] : byvar)
+      for (const auto& r : rs) {
+        wall_s += r.wall_s;
+        ++with_runs;
+      }
+  md += fmt::format("\nTraining time of these {} runs: {:.1f} min (their own wall clock, summed; a resumed run counts "
+                    "each part).\n",
+                    with_runs, wall_s / 60);
   for (const auto& g : group_order) {
     auto& byvar = groups[g];
     // The target of this group.
@@ -387,17 +399,20 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
     md += fmt::format("\n### {}\n\n", g.empty() ? spec.title : g);
     if (target > 0) md += fmt::format("Target validation loss: {:.4f}{}.\n\n", target,
                                       spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
-    md += "| variant | runs | finished | val_loss (average model) | steps to target | virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
-    md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+    md += "| variant | runs | finished | val_loss (average model) | consensus distance | steps to target | virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
+    md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     std::map<std::string, Stats> loss, ttt;
     std::map<std::string, int> reached;
     for (const auto& v : spec.variants) {
       const auto& rs = byvar[v.name];
-      std::vector<double> l, st, tt, vt, mb, idle;
+      std::vector<double> l, cd, st, tt, vt, mb, idle;
       int finished = 0;
       for (const auto& r : rs) {
         finished += r.finished();
-        if (r.has_val_loss) l.push_back(r.val_loss);
+        if (r.has_val_loss) {
+          l.push_back(r.val_loss);
+          cd.push_back(r.consensus);
+        }
         vt.push_back(r.virtual_s);
         mb.push_back(r.mb_per_worker);
         idle.push_back(100 * r.idle_fraction);
@@ -412,8 +427,8 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       reached[v.name] = static_cast<int>(tt.size());
       // Over the runs that reached the target; "(k of n)" when some did not.
       const std::string partial = !tt.empty() && tt.size() < rs.size() ? fmt::format(" ({} of {})", tt.size(), rs.size()) : "";
-      md += fmt::format("| {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% |\n", v.name, rs.size(), finished,
-                        fmt_stats(loss[v.name], "{:.4f}"), fmt_stats(stats_of(st), "{:.0f}"), partial,
+      md += fmt::format("| {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% |\n", v.name, rs.size(), finished,
+                        fmt_stats(loss[v.name], "{:.4f}"), fmt_stats(stats_of(cd), "{:.3g}"), fmt_stats(stats_of(st), "{:.0f}"), partial,
                         fmt_stats(ttt[v.name], "{:.1f}"), partial, fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"),
                         fmt_stats(stats_of(idle), "{:.1f}"));
     }
@@ -436,7 +451,8 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       fs::create_directories(dir);
       plot_runs(rs, titles, dir / file, x);
       const fs::path rel = opts.doc.empty() ? dir / file : fs::relative(fs::absolute(dir / file), fs::absolute(opts.doc).parent_path());
-      md += fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());
+      md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel.string())
+                             : fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());
     }
     for (const auto& c : spec.claims) {
       const Stats a = loss[c.a], b = loss[c.b];

@@ -9,7 +9,7 @@
 //   title = "E2: local steps, 8 workers"
 //   job = "configs/demo_cluster.toml"           # the base job file
 //   target_from = "diloco"                      # time-to-target: this variant's final loss (or target = 6.5)
-//   plot_x = ["step", "time", "bytes"]
+//   plot_x = ["step", "time", "bytes"]           # loss against these; "consensus": consensus distance
 //   [set]                                       # settings of every run
 //   "algo.H" = 30
 //   [quick]                                     # on top of them with --quick
