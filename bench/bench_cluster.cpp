@@ -1,7 +1,9 @@
 // Overhead of the in-process cluster: inner-step throughput of N simulated workers (threads,
 // virtual clock, a synchronizer communicating every H steps) against one worker alone, in one
 // run. The CPU is shared by the workers, so the ideal total throughput equals one worker's;
-// the gap is the per-worker cost of threads, synchronizer and clock.
+// the gap is the per-worker cost of threads, synchronizer and clock. The cluster runs twice: with
+// the BLAS's own thread count and with one BLAS thread per worker, as `gasloc train` runs it
+// (core/blas_threads.hpp).
 //
 //   build/bench_cluster [--preset tiny] [--workers 8] [--batch 4] [--seq 64] [--steps 30] [--algo gasloc]
 #include <fmt/format.h>
@@ -11,6 +13,7 @@
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/inproc.hpp"
+#include "gasloc/core/blas_threads.hpp"
 #include "gasloc/train/worker.hpp"
 
 using namespace gasloc;
@@ -57,12 +60,23 @@ int main(int argc, char** argv) {
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
   const double t1 = time_cluster(1, "none");
   const double tn = time_cluster(workers, algo_name);
-  const double tps1 = tokens / t1, tpsn = tokens * workers / tn;
+  double tn1 = 0;
+  bool blas_control = false;
+  {
+    const BlasThreads one(1);
+    blas_control = one.active();
+    tn1 = time_cluster(workers, algo_name);
+  }
+  const double tps1 = tokens / t1, tpsn = tokens * workers / tn, tpsn1 = tokens * workers / tn1;
   fmt::print("bench_cluster: preset {} ({:.2f}M params), B={} T={}, {} timed steps per worker, torch threads {}\n", preset,
              mc.num_params() / 1e6, batch, seq, steps - 1, torch::get_num_threads());
   fmt::print("| setup | tokens/s (all workers) | vs one worker |\n| --- | --- | --- |\n");
   fmt::print("| 1 worker alone | {:.0f} | 1.00 |\n", tps1);
-  fmt::print("| {} workers, {} (H = 10, 2peer), in-process | {:.0f} | {:.2f} |\n", workers, algo_name, tpsn, tpsn / tps1);
-  fmt::print("per-worker overhead of the cluster: {:.1f}%\n", 100.0 * (1.0 - tpsn / tps1));
+  fmt::print("| {} workers, {} (H = 10, 2peer), in-process, BLAS's own thread count | {:.0f} | {:.2f} |\n", workers,
+             algo_name, tpsn, tpsn / tps1);
+  fmt::print("| {} workers, {} (H = 10, 2peer), in-process, 1 BLAS thread each{} | {:.0f} | {:.2f} |\n", workers, algo_name,
+             blas_control ? "" : " (no BLAS thread control: same as above)", tpsn1, tpsn1 / tps1);
+  fmt::print("one BLAS thread per worker: {:.2f}x the cluster's throughput with the BLAS's own thread count\n",
+             tpsn1 / tpsn);
   return 0;
 }

@@ -96,6 +96,8 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
   expect_config_error("[[variant]]\nname = \"a\"\nset = { \"optim.learning_rate\" = 1 }\n", "optim.learning_rate");
   expect_config_error("[[variant]]\nname = \"a\"\n[[claim]]\ntext = \"t\"\nkind = \"lower\"\na = \"a\"\nb = \"zz\"\n", "zz");
   expect_config_error("[[variant]]\nname = \"a\"\n[[claim]]\ntext = \"t\"\nkind = \"faster\"\na = \"a\"\nb = \"a\"\n", "target");
+  expect_config_error("[[variant]]\nname = \"a\"\n[[claim]]\ntext = \"t\"\nkind = \"lower\"\na = \"a\"\nb = \"a\"\nby = \"steps\"\n",
+                      "claim.by");
   // Four runs: two variants x two seeds, variants outermost, each in its own directory.
   const auto spec = train::load_sweep(sweep_file("ok", kTwoVariants));
   const auto runs = train::expand_sweep(spec, false, kRoot / "runs");
@@ -116,7 +118,10 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
 }
 
 TEST_F(Sweep, RunsReusesAndWritesTheSection) {
-  const auto spec = train::load_sweep(sweep_file("study", kTwoVariants));
+  const std::string faster_by_steps =
+      "[[claim]]\ntext = \"the larger rate gets there first\"\nkind = \"faster\"\na = \"big_lr\"\nb = \"small_lr\"\n"
+      "by = \"steps\"\n";
+  const auto spec = train::load_sweep(sweep_file("study", kTwoVariants + faster_by_steps, "target_from = \"small_lr\"\n"));
   train::run_sweep(spec, options());
   const auto runs = train::expand_sweep(spec, false, kRoot / "runs");
   std::vector<std::string> metrics;
@@ -129,6 +134,8 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   EXPECT_NE(doc.find("| small_lr | 2 | 2 |"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger learning rate ends lower"), std::string::npos) << doc;
   EXPECT_NE(doc.find("they are within 50%: **reproduced**"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("the larger rate gets there first: **"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("(steps to target: big_lr "), std::string::npos) << doc;
   EXPECT_TRUE(fs::exists(kRoot / "plots" / "study-step.png"));
   // A second sweep's section goes beside the first, which stays.
   train::run_sweep(train::load_sweep(sweep_file("other", "[[variant]]\nname = \"only\"\n", "plot_x = [\"step\", \"consensus\"]\n")),

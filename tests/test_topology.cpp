@@ -325,3 +325,23 @@ TEST(Spectral, GossipAveragingDecaysAsTheGapPredicts) {
   const auto d = simulate_consensus(ring, 20, 256, 5);
   for (size_t r = 1; r < d.size(); ++r) EXPECT_LE(d[r], d[r - 1] * rate * (1 + 1e-12)) << "round " << r;
 }
+
+TEST(Spectral, OuterMomentumOnDisagreementFollowsTheHandComputedRecursion) {
+  using namespace gasloc::topology;
+  // The complete graph sends every disagreement mode to 0 (lambda = 0), so with GASLoC's outer
+  // step (lr 0.7, momentum 0.9) each mode's amplitude e follows, from e = 1 and b = 0:
+  //   Delta = e; b = 0.9 b + Delta; e -= 0.7 (Delta + 0.9 b)
+  //   e1 = 1 - 0.7 * 1.9 = -0.33; b1 = 1
+  //   b2 = 0.9 - 0.33 = 0.57; e2 = -0.33 - 0.7 * (-0.33 + 0.513) = -0.4581
+  //   b3 = 0.513 - 0.4581 = 0.0549; e3 = -0.4581 - 0.7 * (-0.4581 + 0.04941) = -0.172017
+  // and the consensus distance ratio is e^2: it rises in round 2, as GASLoC's curves do.
+  const auto d = simulate_consensus(Topology(Kind::complete, 16, 1), 3, 64, 3, OuterStep{0.7, 0.9});
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_NEAR(d[1], 0.33 * 0.33, 1e-12);
+  EXPECT_NEAR(d[2], 0.4581 * 0.4581, 1e-12);
+  EXPECT_NEAR(d[3], 0.172017 * 0.172017, 1e-12);
+  // Plain averaging is the {1, 0} step.
+  EXPECT_EQ(simulate_consensus(Topology(Kind::two_peer, 16, 1), 4, 64, 3),
+            simulate_consensus(Topology(Kind::two_peer, 16, 1), 4, 64, 3, OuterStep{1.0, 0.0}));
+  EXPECT_THROW(simulate_consensus(Topology(Kind::two_peer, 16, 1), 4, 64, 3, OuterStep{0.7, 1.0}), ConfigError);
+}

@@ -74,6 +74,7 @@ Action add_topo(CLI::App& app) {
     std::string preset = "tiny";
     std::string wire_dtype = "bf16";
     int64_t consensus = 0;
+    double outer_lr = 1.0, outer_momentum = 0.0;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--topology,-t", o->topology, "complete, 1peer, 2peer, ring, exp")->required();
@@ -86,6 +87,10 @@ Action add_topo(CLI::App& app) {
   app.add_option("--consensus", o->consensus,
                  "also gossip random vectors for this many rounds (no training) and print the consensus distance "
                  "against the (1 - gap)^t the spectral gap predicts");
+  app.add_option("--outer-lr", o->outer_lr, "with --consensus: GASLoC's outer learning rate after each mixing (1 with "
+                 "momentum 0 is plain averaging)")->capture_default_str();
+  app.add_option("--outer-momentum", o->outer_momentum, "with --consensus: GASLoC's outer Nesterov momentum")
+      ->capture_default_str();
   return [o]() {
     if (o->wire_dtype != "bf16" && o->wire_dtype != "fp32")
       throw ConfigError("--wire-dtype must be bf16 or fp32, got '" + o->wire_dtype + "'");
@@ -129,10 +134,14 @@ Action add_topo(CLI::App& app) {
                  "of E[W^T W] does not show\n", t.period());
     if (o->consensus > 0) {
       // Vectors of 4096 entries: the per-round contraction concentrates around its expectation.
-      const auto sim = topology::simulate_consensus(t, o->consensus, 4096, o->seed);
+      const auto sim = topology::simulate_consensus(t, o->consensus, 4096, o->seed, {o->outer_lr, o->outer_momentum});
       // The closed form: the estimate over sampled rounds is biased low (see spectral.hpp).
       const double rate = 1.0 - closed;
-      fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
+      if (o->outer_lr == 1.0 && o->outer_momentum == 0.0)
+        fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
+      else
+        fmt::print("gossip with GASLoC's outer step (lr {}, momentum {}), no training (consensus distance / initial; "
+                   "(1-gap)^t of plain averaging, from the closed form):\n", o->outer_lr, o->outer_momentum);
       fmt::print("  {:>5} {:>12} {:>12} {:>8}\n", "round", "simulated", "(1-gap)^t", "ratio");
       for (size_t r = 0; r < sim.size(); ++r) {
         const double predicted = std::pow(rate, static_cast<double>(r));

@@ -82,20 +82,30 @@ double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes) {
   return max_degree(topo) * p;
 }
 
-std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed) {
+std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed, OuterStep outer) {
   if (rounds < 0 || dim < 1) throw ConfigError("consensus simulation needs rounds >= 0 and dim >= 1");
+  if (!(outer.lr > 0) || !(outer.momentum >= 0 && outer.momentum < 1))
+    throw ConfigError("the outer step needs lr > 0 and 0 <= momentum < 1");
+  const bool plain = outer.lr == 1.0 && outer.momentum == 0.0;
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(seed);
   auto x = torch::randn({topo.size(), dim}, gen, torch::kFloat64);  // [n, dim]
   auto distance = [&] { return (x - x.mean(0, true)).pow(2).sum(1).mean().item<double>(); };
   const double d0 = distance();
+  auto momentum_buf = torch::zeros_like(x);
   std::vector<double> out = {1.0};
   for (int64_t t = 0; t < rounds; ++t) {
     auto next = torch::zeros_like(x);
     const auto rows = topo.mixing_rows(t);
     for (int i = 0; i < topo.size(); ++i)
       for (auto [j, w] : rows[i]) next[i].add_(x[j], w);
-    x = next;
+    if (plain) {
+      x = next;  // exactly m, not x - (x - m)
+    } else {
+      const auto delta = x - next;
+      momentum_buf.mul_(outer.momentum).add_(delta);
+      x = x - outer.lr * (delta + outer.momentum * momentum_buf);
+    }
     out.push_back(distance() / d0);
   }
   return out;

@@ -25,12 +25,22 @@ int max_degree(const Topology& topo);
 // (the busiest worker's count).
 double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes);
 
-// Pure gossip averaging with no training: n workers start from independent standard normal
-// vectors of `dim` entries (from `seed`), and each round every worker replaces its vector by
-// sum_j W_t[i,j] x_j. Returns the consensus distance mean_i ||x_i - xbar||^2 after rounds
-// 0..rounds, divided by its initial value. For 1peer and 2peer, E[W^T W] restricted to the
-// vectors orthogonal to 1 is a multiple of the identity (permutation symmetry), so in
-// expectation this decays exactly as (1 - gap)^t.
-std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed);
+// GASLoC's outer step (DESIGN.md section 3) applied to the mixed vectors: Delta_i = x_i - m_i,
+// b_i <- momentum*b_i + Delta_i, x_i <- x_i - lr*(Delta_i + momentum*b_i). {1, 0} is plain gossip
+// averaging, x_i <- m_i.
+struct OuterStep {
+  double lr = 1.0;
+  double momentum = 0.0;
+};
+
+// Gossip with no training: n workers start from independent standard normal vectors of `dim`
+// entries (from `seed`); each round every worker mixes, m_i = sum_j W_t[i,j] x_j, and takes the
+// outer step. Returns the consensus distance mean_i ||x_i - xbar||^2 after rounds 0..rounds,
+// divided by its initial value. With plain averaging on 1peer and 2peer, E[W^T W] restricted to
+// the vectors orthogonal to 1 is a multiple of the identity (permutation symmetry), so in
+// expectation this decays exactly as (1 - gap)^t. With outer momentum it does not: on a mode
+// that W scales by lambda, the disagreement follows the two-term recursion of docs/topology.md.
+std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed,
+                                       OuterStep outer = {});
 
 }  // namespace gasloc::topology

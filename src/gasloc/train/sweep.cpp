@@ -206,7 +206,7 @@ SweepSpec load_sweep(const fs::path& file) {
   if (doc.contains("claim")) {
     if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");
     for (const auto& c : doc["claim"]) {
-      only_keys(c, "claim", {"text", "kind", "a", "b", "tolerance"});
+      only_keys(c, "claim", {"text", "kind", "a", "b", "tolerance", "by"});
       SweepClaim cl;
       cl.text = get_string(c, "text", "claim", true);
       cl.kind = get_string(c, "kind", "claim", true);
@@ -219,6 +219,10 @@ SweepSpec load_sweep(const fs::path& file) {
         if (!c["tolerance"].is_number() || c["tolerance"].get<double>() < 0) bad("claim.tolerance", "must be a number >= 0");
         cl.tolerance = c["tolerance"].get<double>();
       }
+      cl.by = get_string(c, "by", "claim", false);
+      if (cl.by.empty()) cl.by = "time";
+      if (cl.by != "time" && cl.by != "steps") bad("claim.by", "must be time (virtual seconds) or steps");
+      if (c.contains("by") && cl.kind != "faster") bad("claim.by", "only a 'faster' claim measures time or steps");
       if (cl.kind == "faster" && spec.target <= 0 && spec.target_from.empty())
         bad("claim.kind", "'faster' compares time to a target loss: set sweep.target or sweep.target_from");
       spec.claims.push_back(cl);
@@ -401,7 +405,7 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
                                       spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
     md += "| variant | runs | finished | val_loss (average model) | consensus distance | steps to target | virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
     md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-    std::map<std::string, Stats> loss, ttt;
+    std::map<std::string, Stats> loss, ttt, stt;  // final loss; virtual time and steps to target
     std::map<std::string, int> reached;
     for (const auto& v : spec.variants) {
       const auto& rs = byvar[v.name];
@@ -424,6 +428,7 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       }
       loss[v.name] = stats_of(l);
       ttt[v.name] = stats_of(tt);
+      stt[v.name] = stats_of(st);
       reached[v.name] = static_cast<int>(tt.size());
       // Over the runs that reached the target; "(k of n)" when some did not.
       const std::string partial = !tt.empty() && tt.size() < rs.size() ? fmt::format(" ({} of {})", tt.size(), rs.size()) : "";
@@ -458,8 +463,11 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       const Stats a = loss[c.a], b = loss[c.b];
       std::string verdict, numbers;
       if (c.kind == "faster") {
-        const Stats ta = ttt[c.a], tb = ttt[c.b];
-        numbers = fmt::format("virtual s to target: {} {}, {} {}", c.a, fmt_stats(ta, "{:.1f}"), c.b, fmt_stats(tb, "{:.1f}"));
+        const bool steps = c.by == "steps";
+        const Stats ta = steps ? stt[c.a] : ttt[c.a], tb = steps ? stt[c.b] : ttt[c.b];
+        const char* f = steps ? "{:.0f}" : "{:.1f}";
+        numbers = fmt::format("{} to target: {} {}, {} {}", steps ? "steps" : "virtual s", c.a, fmt_stats(ta, f), c.b,
+                              fmt_stats(tb, f));
         if (reached[c.a] == 0 && reached[c.b] == 0) verdict = "inconclusive";
         else if (reached[c.a] == 0) verdict = "not reproduced";
         else if (reached[c.b] == 0) verdict = "reproduced";

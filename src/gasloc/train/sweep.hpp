@@ -28,6 +28,7 @@
 //   a = "gasloc-2peer"
 //   b = "diloco"
 //   tolerance = 0.02                            # within: |a - b| <= tolerance * b
+//   by = "steps"                                # faster only: steps to the target, not virtual time
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,7 @@ namespace gasloc::train {
 struct SweepClaim {
   std::string text, kind, a, b;
   double tolerance = 0.0;  // within: relative gap allowed; faster: a's time <= b's / (1 + tolerance)
+  std::string by = "time";  // faster: "time" (virtual seconds) or "steps" to the target
 };
 
 struct SweepVariant {
