@@ -44,6 +44,18 @@ report=$("$G" report run gpa --target 100)
 grep -q '^| gpa | none | gpa | 1 | 20 | 20 | .* | 0.0% | 12.0 | 10 | ' <<<"$report" || fail "report of the GPA run: $report"
 grep -q '^| run | none | adamw | 1 | 20 | 20 | .* | 8.0 | 10 | ' <<<"$report" || fail "report of the AdamW run: $report"
 
+# Consensus distance against step (single-worker runs have none: a linear axis, still a plot).
+"$G" report run gpa --plot cons.png --plot-x consensus >/dev/null
+[ -s cons.png ] || fail "report --plot-x consensus wrote no plot"
+expect_error "--plot-x" "$G" report run --plot x.png --plot-x loss
+
+# Gossip with GASLoC's outer step: on the complete graph, round 1 leaves 0.33^2 of the
+# disagreement (docs/topology.md), where plain averaging leaves none.
+topo=$("$G" topo -t complete -n 8 --consensus 2 --outer-lr 0.7 --outer-momentum 0.9)
+grep -q "outer step (lr 0.7, momentum 0.9)" <<<"$topo" || fail "topo with the outer step: $topo"
+grep -qE '^ +1 +1\.0890e-01 ' <<<"$topo" || fail "topo: round 1 should leave 0.1089 of the disagreement: $topo"
+expect_error "momentum" "$G" topo -t 1peer -n 8 --consensus 2 --outer-momentum 1
+
 # Capture first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
 info=$("$G" model-info --preset tiny)
 grep -q "parameters: 7342336" <<<"$info" || fail "model-info tiny: $info"

@@ -92,6 +92,9 @@ Action add_topo(CLI::App& app) {
   app.add_option("--outer-momentum", o->outer_momentum, "with --consensus: GASLoC's outer Nesterov momentum")
       ->capture_default_str();
   return [o]() {
+    if (!(o->outer_lr > 0) || !(o->outer_momentum >= 0 && o->outer_momentum < 1))
+      throw ConfigError(fmt::format("--outer-lr {} / --outer-momentum {}: the outer step needs lr > 0 and 0 <= momentum < 1",
+                                    o->outer_lr, o->outer_momentum));
     if (o->wire_dtype != "bf16" && o->wire_dtype != "fp32")
       throw ConfigError("--wire-dtype must be bf16 or fp32, got '" + o->wire_dtype + "'");
     const topology::Topology t(topology::parse_kind(o->topology), o->n, o->seed);

@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help prints and succeeds; every usage error exits 2, like gasloc's own input errors.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     for (auto& [sub, action] : commands)
