@@ -89,6 +89,12 @@ tolerance = 0.5
 TEST_F(Sweep, BadSweepFilesNameTheKey) {
   expect_config_error("[[variant]]\nname = \"a\"\n[grid]\n\"train.seed\" = []\n", "grid.train.seed");
   expect_config_error("[[variant]]\nname = \"a\"\n[extra]\nx = 1\n", "sweep file.extra");
+  try {
+    train::load_sweep(sweep_file("badkeep", "[[variant]]\nname = \"a\"\n", "keep_checkpoints = 1\n"));
+    ADD_FAILURE() << "keep_checkpoints = 1 must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sweep.keep_checkpoints"), std::string::npos) << e.what();
+  }
   expect_config_error("[[variant]]\nname = \"a\"\nspeed = 2\n", "variant.speed");
   expect_config_error("", "variant");  // no variants
   expect_config_error("[[variant]]\nname = \"a\"\n[[variant]]\nname = \"a\"\n", "appears twice");
@@ -162,11 +168,12 @@ TEST_F(Sweep, ARunDirectoryOfAnotherConfigurationIsRefused) {
 }
 
 TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
-  // The second variant's checkpoint is larger than the file-size limit (as a full disk would
-  // refuse it); the first variant's fits.
+  // Every run evaluates at its last step, then writes its checkpoint. The second variant's
+  // checkpoint is larger than the file-size limit (as a full disk would refuse it); the first
+  // variant's fits. The third variant never starts.
   const auto spec = train::load_sweep(sweep_file(
       "disk", "[[variant]]\nname = \"small\"\nset = { \"model.n_layers\" = 1 }\n[[variant]]\nname = \"large\"\n"
-              "set = { \"model.n_layers\" = 8 }\n"));
+              "set = { \"model.n_layers\" = 8 }\n[[variant]]\nname = \"after\"\nset = { \"model.n_layers\" = 2 }\n"));
   auto prev = std::signal(SIGXFSZ, SIG_IGN);
   rlimit old{};
   getrlimit(RLIMIT_FSIZE, &old);
@@ -176,20 +183,32 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
   bool threw = false;
   try {
     train::run_sweep(spec, options("disk.md"));
-  } catch (const Error&) {
+  } catch (const Error& e) {
     threw = true;
+    EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
   }
   setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, prev);
   ASSERT_TRUE(threw);
-  const fs::path small = kRoot / "runs" / "disk" / "small", large = kRoot / "runs" / "disk" / "large";
-  ASSERT_TRUE(fs::exists(small / "checkpoint.pt"));
-  EXPECT_FALSE(fs::exists(large / "checkpoint.pt"));
-  const auto finished = read_file(small / "metrics.jsonl");
-  train::run_sweep(spec, options("disk.md"));  // space again: the finished run is kept, the other redone
-  EXPECT_EQ(read_file(small / "metrics.jsonl"), finished);
-  EXPECT_TRUE(fs::exists(large / "checkpoint.pt"));
-  EXPECT_NE(read_file(kRoot / "disk.md").find("| large | 1 | 1 |"), std::string::npos);
+  const fs::path root = kRoot / "runs" / "disk";
+  // The finished run gave up its checkpoint (sweep.keep_checkpoints is false) and kept its results.
+  EXPECT_FALSE(fs::exists(root / "small" / "checkpoint.pt"));
+  EXPECT_FALSE(fs::exists(root / "after"));
+  const auto small = read_file(root / "small" / "metrics.jsonl");
+  const auto large = read_file(root / "large" / "metrics.jsonl");  // evaluated at its last step before the failure
+  train::run_sweep(spec, options("disk.md"));  // space again: nothing is redone, the rest runs
+  EXPECT_EQ(read_file(root / "small" / "metrics.jsonl"), small);
+  EXPECT_EQ(read_file(root / "large" / "metrics.jsonl"), large);
+  EXPECT_FALSE(fs::exists(root / "large" / "checkpoint.pt.tmp"));  // the failed write's leftover is gone
+  EXPECT_TRUE(fs::exists(root / "after" / "metrics.jsonl"));
+  const std::string doc = read_file(kRoot / "disk.md");
+  for (const char* row : {"| small | 1 | 1 |", "| large | 1 | 1 |", "| after | 1 | 1 |"}) EXPECT_NE(doc.find(row), std::string::npos) << row;
+}
+
+TEST_F(Sweep, KeepCheckpointsKeepsThem) {
+  train::run_sweep(train::load_sweep(sweep_file("keep", "[[variant]]\nname = \"v\"\n", "keep_checkpoints = true\n")),
+                   options("keep.md"));
+  EXPECT_TRUE(fs::exists(kRoot / "runs" / "keep" / "v" / "checkpoint.pt"));
 }
 
 // A run stopped and resumed is two processes writing one metrics file, each with its wall clock

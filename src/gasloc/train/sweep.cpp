@@ -108,6 +108,21 @@ bool has_checkpoint(const fs::path& dir) {
   return fs::exists(dir / "checkpoint.pt") || fs::exists(dir / "checkpoint-rank0.pt");
 }
 
+// Removes a finished run's checkpoints (and the temporary files of a failed write); returns the
+// bytes freed. Its results live in metrics.jsonl.
+uintmax_t remove_checkpoints(const fs::path& dir) {
+  uintmax_t freed = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.rfind("checkpoint", 0) == 0 &&
+        (name.ends_with(".pt") || name.ends_with(".pt.tmp"))) {
+      freed += e.file_size();
+      fs::remove(e.path());
+    }
+  }
+  return freed;
+}
+
 // The first key at which two resolved configurations differ ("" if none), ignoring where the
 // run lives and where it was told to stop.
 std::string first_difference(const json& a, const json& b) {
@@ -150,7 +165,11 @@ SweepSpec load_sweep(const fs::path& file) {
   only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "quick_grid", "variant", "claim"});
   if (!doc.contains("sweep")) bad("sweep", "the [sweep] table is required (name, job)");
   const json& sw = doc["sweep"];
-  only_keys(sw, "sweep", {"name", "title", "job", "target", "target_from", "plot_x"});
+  only_keys(sw, "sweep", {"name", "title", "job", "target", "target_from", "plot_x", "keep_checkpoints"});
+  if (sw.contains("keep_checkpoints")) {
+    if (!sw["keep_checkpoints"].is_boolean()) bad("sweep.keep_checkpoints", "must be true or false");
+    spec.keep_checkpoints = sw["keep_checkpoints"].get<bool>();
+  }
   spec.name = get_string(sw, "name", "sweep", true);
   if (spec.name.empty() || spec.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
     bad("sweep.name", "must be lower-case letters, digits, - and _ (it names directories and a docs section)");
@@ -296,15 +315,24 @@ void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     const std::string what = fmt::format("[{}/{}] {}{}", i + 1, runs.size(), r.variant, r.point.empty() ? "" : " " + point_name(r.point));
-    // Finished: evaluated at its last step and its final checkpoint written (a run whose last
-    // checkpoint failed, for example on a full disk, is redone).
-    const bool finished = fs::exists(r.dir / "run.json") && read_run_summary(r.dir).finished() && has_checkpoint(r.dir);
+    // Finished: evaluated at its last step. Its results are complete even if its final checkpoint
+    // then failed (a full disk), so it is not redone.
+    const bool finished = fs::exists(r.dir / "run.json") && read_run_summary(r.dir).finished();
     if (opts.dry_run) {
       fmt::print("{}: {} ({})\n", what, finished ? "finished" : has_checkpoint(r.dir) ? "stopped, will resume" : "to run", r.dir.string());
       continue;
     }
+    // A finished run's checkpoints cost about 16 bytes per parameter per worker (a GB for 8 tiny
+    // workers) and serve no result: they go, unless the sweep keeps them to train on later.
+    auto tidy = [&] {
+      if (spec.keep_checkpoints) return;
+      if (const uintmax_t freed = remove_checkpoints(r.dir); freed > 0)
+        fmt::print("{}: removed its checkpoints ({:.0f} MB; sweep.keep_checkpoints = true keeps them)\n", what,
+                   static_cast<double>(freed) / 1e6);
+    };
     if (finished) {
       fmt::print("{}: finished, reused\n", what);
+      tidy();
       ++done;
       continue;
     }
@@ -322,6 +350,7 @@ void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     const TrainSummary s = run_training(req);
     if (s.interrupted)
       throw Error("sweep interrupted during " + what, "run the same command again: finished runs are reused and this one resumes");
+    tidy();
     ++done;
   }
   if (opts.dry_run) return;

@@ -10,6 +10,7 @@
 //   job = "configs/demo_cluster.toml"           # the base job file
 //   target_from = "diloco"                      # time-to-target: this variant's final loss (or target = 6.5)
 //   plot_x = ["step", "time", "bytes"]           # loss against these; "consensus": consensus distance
+//   keep_checkpoints = false                    # finished runs' checkpoints are removed (disk)
 //   [set]                                       # settings of every run
 //   "algo.H" = 30
 //   [quick]                                     # on top of them with --quick
@@ -55,6 +56,7 @@ struct SweepSpec {
   std::string name, title, job, target_from;
   double target = 0.0;  // 0 = none (or target_from)
   std::vector<std::string> plot_x = {"step"};
+  bool keep_checkpoints = false;  // keep finished runs' checkpoints (to train on later); they cost disk
   std::vector<std::string> settings, quick;
   std::vector<std::pair<std::string, std::vector<nlohmann::json>>> grid;        // key -> values
   std::vector<std::pair<std::string, std::vector<nlohmann::json>>> quick_grid;  // axes replaced in --quick
