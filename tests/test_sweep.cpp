@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <array>
 #include <fstream>
 
 #include "gasloc/core/atomic_file.hpp"
@@ -237,4 +238,44 @@ TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {
   EXPECT_DOUBLE_EQ(hit->first, 25.0);
   EXPECT_DOUBLE_EQ(hit->second, 2.5);
   fs::remove_all(dir);
+}
+
+// A time-to-target claim can read its target earlier in the reference's runs (target_at), as the
+// heterogeneity study does: hand-written curves, hand-computed crossings.
+TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
+  const fs::path root = kRoot / "target_at";
+  auto write_run = [&](const std::string& name, const std::vector<std::array<double, 3>>& evals) {
+    const fs::path dir = root / name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
+    std::ofstream m(dir / "metrics.jsonl");
+    for (const auto& [step, loss, t] : evals)
+      m << "{\"event\":\"eval\",\"step\":" << step << ",\"val_loss\":" << loss << ",\"virtual_time_s\":" << t << "}\n";
+    return train::SweepRun{name, {}, dir, {}};
+  };
+  // ref: loss 6.5 at step 90 (time 90), 6.0 at the end. fast: from 6.6 at step 90 (time 30) to
+  // 6.2 at 120 (time 40), so it crosses 6.5 a quarter of the way: step 97.5, time 32.5; it never
+  // reaches ref's final 6.0.
+  const std::vector<train::SweepRun> runs = {write_run("ref", {{{30, 8.0, 30}, {60, 7.0, 60}, {90, 6.5, 90}, {120, 6.0, 120}}}),
+                                             write_run("fast", {{{30, 7.5, 10}, {60, 6.8, 20}, {90, 6.6, 30}, {120, 6.2, 40}}})};
+  train::SweepSpec spec;
+  spec.name = spec.title = "t";
+  spec.target_from = "ref";
+  spec.plot_x.clear();
+  spec.variants = {{"ref", {}}, {"fast", {}}};
+  train::SweepClaim at_end{"fast reaches ref's final loss 2x sooner", "faster", "fast", "ref", 1.0};
+  train::SweepClaim early = at_end;
+  early.text = "fast reaches ref's 3/4 loss 2x sooner";
+  early.target_at = 0.75;
+  spec.claims = {at_end, early};
+  train::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  const std::string md = train::sweep_section(spec, runs, o);
+  EXPECT_NE(md.find("fast reaches ref's final loss 2x sooner: **not reproduced** (virtual s to target: fast -, ref 120.0)"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("fast reaches ref's 3/4 loss 2x sooner: **reproduced** (virtual s to target 6.5000 (ref's loss at 75% "
+                    "of its steps): fast 32.5, ref 90.0)"),
+            std::string::npos) << md;
+  fs::remove_all(root);
 }

@@ -150,6 +150,19 @@ Stats stats_of(const std::vector<double>& v) {
   for (double x : v) s.mean += x / static_cast<double>(v.size());
   return s;
 }
+// The validation loss of a curve at `step`, interpolated linearly between evaluations; nothing if
+// the curve does not span it.
+std::optional<double> loss_at(const std::vector<EvalPoint>& curve, double step) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const double s = static_cast<double>(curve[i].step);
+    if (s < step) continue;
+    if (s == step || i == 0) return s == step ? std::optional<double>(curve[i].val_loss) : std::nullopt;
+    const double s0 = static_cast<double>(curve[i - 1].step);
+    return curve[i - 1].val_loss + (step - s0) / (s - s0) * (curve[i].val_loss - curve[i - 1].val_loss);
+  }
+  return std::nullopt;
+}
+
 std::string fmt_stats(const Stats& s, const char* f) {
   if (s.n == 0) return "-";
   const std::string m = fmt::format(fmt::runtime(f), s.mean);
@@ -225,7 +238,7 @@ SweepSpec load_sweep(const fs::path& file) {
   if (doc.contains("claim")) {
     if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");
     for (const auto& c : doc["claim"]) {
-      only_keys(c, "claim", {"text", "kind", "a", "b", "tolerance", "by"});
+      only_keys(c, "claim", {"text", "kind", "a", "b", "tolerance", "by", "target_at"});
       SweepClaim cl;
       cl.text = get_string(c, "text", "claim", true);
       cl.kind = get_string(c, "kind", "claim", true);
@@ -242,6 +255,13 @@ SweepSpec load_sweep(const fs::path& file) {
       if (cl.by.empty()) cl.by = "time";
       if (cl.by != "time" && cl.by != "steps") bad("claim.by", "must be time (virtual seconds) or steps");
       if (c.contains("by") && cl.kind != "faster") bad("claim.by", "only a 'faster' claim measures time or steps");
+      if (c.contains("target_at")) {
+        if (!c["target_at"].is_number() || !(c["target_at"].get<double>() > 0 && c["target_at"].get<double>() <= 1))
+          bad("claim.target_at", "must be a fraction of train.steps in (0, 1]");
+        if (cl.kind != "faster" || spec.target_from.empty())
+          bad("claim.target_at", "only a 'faster' claim in a sweep with target_from reads the target earlier in a run");
+        cl.target_at = c["target_at"].get<double>();
+      }
       if (cl.kind == "faster" && spec.target <= 0 && spec.target_from.empty())
         bad("claim.kind", "'faster' compares time to a target loss: set sweep.target or sweep.target_from");
       spec.claims.push_back(cl);
@@ -493,13 +513,31 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       std::string verdict, numbers;
       if (c.kind == "faster") {
         const bool steps = c.by == "steps";
-        const Stats ta = steps ? stt[c.a] : ttt[c.a], tb = steps ? stt[c.b] : ttt[c.b];
+        Stats ta = steps ? stt[c.a] : ttt[c.a], tb = steps ? stt[c.b] : ttt[c.b];
+        int reached_a = reached[c.a], reached_b = reached[c.b];
+        std::string which = "target";
+        if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
+          std::vector<double> at;
+          for (const auto& r : byvar[spec.target_from])
+            if (auto l = loss_at(r.curve, c.target_at * static_cast<double>(r.planned_steps))) at.push_back(*l);
+          const double t = at.empty() ? 0.0 : stats_of(at).mean;
+          auto reach = [&](const std::string& v, int& n) {
+            std::vector<double> xs;
+            for (const auto& r : byvar[v])
+              if (auto hit = t > 0 ? reach_target(r.curve, t) : std::nullopt) xs.push_back(steps ? hit->first : hit->second);
+            n = static_cast<int>(xs.size());
+            return stats_of(xs);
+          };
+          ta = reach(c.a, reached_a);
+          tb = reach(c.b, reached_b);
+          which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps)", t, spec.target_from, 100 * c.target_at);
+        }
         const char* f = steps ? "{:.0f}" : "{:.1f}";
-        numbers = fmt::format("{} to target: {} {}, {} {}", steps ? "steps" : "virtual s", c.a, fmt_stats(ta, f), c.b,
+        numbers = fmt::format("{} to {}: {} {}, {} {}", steps ? "steps" : "virtual s", which, c.a, fmt_stats(ta, f), c.b,
                               fmt_stats(tb, f));
-        if (reached[c.a] == 0 && reached[c.b] == 0) verdict = "inconclusive";
-        else if (reached[c.a] == 0) verdict = "not reproduced";
-        else if (reached[c.b] == 0) verdict = "reproduced";
+        if (reached_a == 0 && reached_b == 0) verdict = "inconclusive";
+        else if (reached_a == 0) verdict = "not reproduced";
+        else if (reached_b == 0) verdict = "reproduced";
         else verdict = ta.mean * (1 + c.tolerance) <= tb.mean ? "reproduced" : "not reproduced";
       } else {
         numbers = fmt::format("final loss: {} {}, {} {}", c.a, fmt_stats(a, "{:.4f}"), c.b, fmt_stats(b, "{:.4f}"));

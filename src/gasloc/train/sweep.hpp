@@ -30,6 +30,7 @@
 //   b = "diloco"
 //   tolerance = 0.02                            # within: |a - b| <= tolerance * b
 //   by = "steps"                                # faster only: steps to the target, not virtual time
+//   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,7 @@ struct SweepClaim {
   std::string text, kind, a, b;
   double tolerance = 0.0;  // within: relative gap allowed; faster: a's time <= b's / (1 + tolerance)
   std::string by = "time";  // faster: "time" (virtual seconds) or "steps" to the target
+  double target_at = 1.0;   // faster: the target is target_from's loss at this fraction of train.steps
 };
 
 struct SweepVariant {
