@@ -163,6 +163,22 @@ std::optional<double> loss_at(const std::vector<EvalPoint>& curve, double step) 
   return std::nullopt;
 }
 
+// Where a variant's runs first reach `target` (none if target <= 0): steps and virtual seconds
+// over the runs that reach it, and how many do.
+struct Reach {
+  Stats steps, time;
+  size_t n = 0;
+};
+Reach reach_of(const std::vector<RunSummary>& runs, double target) {
+  std::vector<double> st, tt;
+  for (const auto& r : runs)
+    if (auto hit = target > 0 ? reach_target(r.curve, target) : std::nullopt) {
+      st.push_back(hit->first);
+      tt.push_back(hit->second);
+    }
+  return {stats_of(st), stats_of(tt), st.size()};
+}
+
 std::string fmt_stats(const Stats& s, const char* f) {
   if (s.n == 0) return "-";
   const std::string m = fmt::format(fmt::runtime(f), s.mean);
@@ -454,11 +470,11 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
                                       spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
     md += "| variant | runs | finished | val_loss (average model) | consensus distance | steps to target | virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
     md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-    std::map<std::string, Stats> loss, ttt, stt;  // final loss; virtual time and steps to target
-    std::map<std::string, int> reached;
+    std::map<std::string, Stats> loss;
+    std::map<std::string, Reach> reach;
     for (const auto& v : spec.variants) {
       const auto& rs = byvar[v.name];
-      std::vector<double> l, cd, st, tt, vt, mb, idle;
+      std::vector<double> l, cd, vt, mb, idle;
       int finished = 0;
       for (const auto& r : rs) {
         finished += r.finished();
@@ -469,21 +485,14 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
         vt.push_back(r.virtual_s);
         mb.push_back(r.mb_per_worker);
         idle.push_back(100 * r.idle_fraction);
-        if (target > 0)
-          if (auto hit = reach_target(r.curve, target)) {
-            st.push_back(hit->first);
-            tt.push_back(hit->second);
-          }
       }
       loss[v.name] = stats_of(l);
-      ttt[v.name] = stats_of(tt);
-      stt[v.name] = stats_of(st);
-      reached[v.name] = static_cast<int>(tt.size());
+      const Reach& hit = reach[v.name] = reach_of(rs, target);
       // Over the runs that reached the target; "(k of n)" when some did not.
-      const std::string partial = !tt.empty() && tt.size() < rs.size() ? fmt::format(" ({} of {})", tt.size(), rs.size()) : "";
+      const std::string partial = hit.n > 0 && hit.n < rs.size() ? fmt::format(" ({} of {})", hit.n, rs.size()) : "";
       md += fmt::format("| {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% |\n", v.name, rs.size(), finished,
-                        fmt_stats(loss[v.name], "{:.4f}"), fmt_stats(stats_of(cd), "{:.3g}"), fmt_stats(stats_of(st), "{:.0f}"), partial,
-                        fmt_stats(ttt[v.name], "{:.1f}"), partial, fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"),
+                        fmt_stats(loss[v.name], "{:.4f}"), fmt_stats(stats_of(cd), "{:.3g}"), fmt_stats(hit.steps, "{:.0f}"), partial,
+                        fmt_stats(hit.time, "{:.1f}"), partial, fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"),
                         fmt_stats(stats_of(idle), "{:.1f}"));
     }
     // Plots: each variant's first run (lowest seed) of this group.
@@ -513,25 +522,19 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       std::string verdict, numbers;
       if (c.kind == "faster") {
         const bool steps = c.by == "steps";
-        Stats ta = steps ? stt[c.a] : ttt[c.a], tb = steps ? stt[c.b] : ttt[c.b];
-        int reached_a = reached[c.a], reached_b = reached[c.b];
+        Reach ra = reach[c.a], rb = reach[c.b];
         std::string which = "target";
         if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
           std::vector<double> at;
           for (const auto& r : byvar[spec.target_from])
             if (auto l = loss_at(r.curve, c.target_at * static_cast<double>(r.planned_steps))) at.push_back(*l);
           const double t = at.empty() ? 0.0 : stats_of(at).mean;
-          auto reach = [&](const std::string& v, int& n) {
-            std::vector<double> xs;
-            for (const auto& r : byvar[v])
-              if (auto hit = t > 0 ? reach_target(r.curve, t) : std::nullopt) xs.push_back(steps ? hit->first : hit->second);
-            n = static_cast<int>(xs.size());
-            return stats_of(xs);
-          };
-          ta = reach(c.a, reached_a);
-          tb = reach(c.b, reached_b);
+          ra = reach_of(byvar[c.a], t);
+          rb = reach_of(byvar[c.b], t);
           which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps)", t, spec.target_from, 100 * c.target_at);
         }
+        const Stats ta = steps ? ra.steps : ra.time, tb = steps ? rb.steps : rb.time;
+        const int reached_a = static_cast<int>(ra.n), reached_b = static_cast<int>(rb.n);
         const char* f = steps ? "{:.0f}" : "{:.1f}";
         numbers = fmt::format("{} to {}: {} {}, {} {}", steps ? "steps" : "virtual s", which, c.a, fmt_stats(ta, f), c.b,
                               fmt_stats(tb, f));
