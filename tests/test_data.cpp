@@ -81,6 +81,13 @@ void write_json_array(const fs::path& p, const std::vector<std::string>& docs) {
   write_text(p, nlohmann::json(docs).dump());
 }
 
+// A stream's tokens, copied out one by one through at() (independent of read()'s bulk path).
+std::vector<uint16_t> tokens_of(const TokenStream& s) {
+  std::vector<uint16_t> v(static_cast<size_t>(s.size()));
+  for (int64_t i = 0; i < s.size(); ++i) v[static_cast<size_t>(i)] = s.at(i);
+  return v;
+}
+
 std::map<std::string, std::string> dir_files(const fs::path& dir) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) files[e.path().filename().string()] = gasloc::read_file(e.path());
@@ -142,6 +149,69 @@ TEST_F(DataTest, ShardWrittenLikeLlmcPythonLoads) {
   EXPECT_EQ(encode_shard(tokens), bytes);  // and ours is byte-identical to llm.c's
 }
 
+// The mapped stream against the in-memory reference: every range that starts or ends near a
+// shard boundary, over shards of 0, 1 and many tokens, reads the same tokens.
+TEST_F(DataTest, MappedStreamEqualsConcatenatedShards) {
+  const std::vector<size_t> sizes = {5, 0, 1, 1, 37, 0, 300, 2, 64};
+  std::vector<uint16_t> all;
+  std::vector<fs::path> paths;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<uint16_t> part(sizes[k]);
+    for (size_t i = 0; i < part.size(); ++i) part[i] = static_cast<uint16_t>(gasloc::random_below(7, all.size() + i, 65536));
+    paths.push_back(dir_ / fmt::format("s{}.bin", k));
+    write_shard(paths.back(), part);
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  const auto mapped = TokenStream::map_shards(paths, 65536);
+  const TokenStream reference(all);
+  ASSERT_EQ(mapped->size(), static_cast<int64_t>(all.size()));
+  EXPECT_EQ(tokens_of(*mapped), all);
+  const int64_t n = mapped->size();
+  std::vector<int64_t> a(all.size()), b(all.size());
+  for (int64_t start = 0; start <= n; ++start) {
+    for (int64_t len : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{40}, n - start}) {
+      if (start + len > n) continue;
+      mapped->read(start, len, a.data());
+      reference.read(start, len, b.data());
+      ASSERT_TRUE(std::equal(a.begin(), a.begin() + len, b.begin())) << "start " << start << " length " << len;
+    }
+  }
+  EXPECT_THROW(mapped->read(n - 3, 4, a.data()), std::out_of_range);
+  EXPECT_THROW(mapped->read(-1, 1, a.data()), std::out_of_range);
+  EXPECT_THROW(mapped->at(n), std::out_of_range);
+  EXPECT_EQ(TokenStream::map_shards({}, 0)->size(), 0);
+
+  // A mapping keeps its file: re-preparing a dataset (which replaces shards by rename) under a
+  // running job leaves the job reading the tokens it opened.
+  for (const auto& p : paths) fs::remove(p);
+  EXPECT_EQ(tokens_of(*mapped), all);
+  expect_data_error([&] { TokenStream::map_shards(paths, 0); }, {"s0.bin", "does not exist"});
+}
+
+// Windows drawn from mapped shards are the windows of the concatenated stream, including those
+// that straddle a boundary (shards of 50 tokens, windows of 33).
+TEST_F(DataTest, SamplerOverMappedShardsMatchesInMemory) {
+  std::vector<uint16_t> all;
+  std::vector<fs::path> paths;
+  for (int k = 0; k < 12; ++k) {
+    std::vector<uint16_t> part(50);
+    for (size_t i = 0; i < part.size(); ++i) part[i] = static_cast<uint16_t>((all.size() + i) * 31 % 1000);
+    paths.push_back(dir_ / fmt::format("train_{:06d}.bin", k));
+    write_shard(paths.back(), part);
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  const auto mapped = TokenStream::map_shards(paths, 1000);
+  const auto memory = std::make_shared<TokenStream>(all);
+  WindowSampler a(mapped, 4, 32, 5), b(memory, 4, 32, 5);
+  for (int i = 0; i < 50; ++i) {
+    const Batch x = a.next(), y = b.next();
+    ASSERT_TRUE(torch::equal(x.inputs, y.inputs) && torch::equal(x.targets, y.targets)) << "batch " << i;
+  }
+  const auto va = validation_batches(*mapped, 2, 32, 0), vb = validation_batches(*memory, 2, 32, 0);
+  ASSERT_EQ(va.size(), vb.size());
+  for (size_t i = 0; i < va.size(); ++i) EXPECT_TRUE(torch::equal(va[i].inputs, vb[i].inputs)) << "batch " << i;
+}
+
 TEST_F(DataTest, LlmcDirectoryOpensWithGpt2Vocab) {
   std::vector<uint16_t> train(3000), val(500);
   for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint16_t>((i * 7919) % 50257);
@@ -155,14 +225,15 @@ TEST_F(DataTest, LlmcDirectoryOpensWithGpt2Vocab) {
   EXPECT_EQ(ds.vocab_size, 50257);
   EXPECT_EQ(ds.tokenizer_kind, "gpt2");
   EXPECT_EQ(ds.bos_id, 50256);
-  ASSERT_EQ(ds.train->size(), train.size() + train2.size());
-  EXPECT_TRUE(std::equal(train.begin(), train.end(), ds.train->begin()));  // file-name order
-  EXPECT_EQ((*ds.train)[train.size()], 50256);
-  EXPECT_EQ(*ds.val, val);
+  ASSERT_EQ(ds.train->size(), static_cast<int64_t>(train.size() + train2.size()));
+  std::vector<uint16_t> concatenated = train;  // file-name order
+  concatenated.insert(concatenated.end(), train2.begin(), train2.end());
+  EXPECT_EQ(tokens_of(*ds.train), concatenated);
+  EXPECT_EQ(tokens_of(*ds.val), val);
   // A smaller override vocab makes the GPT-2 ids invalid.
   expect_data_error([&] { Dataset::open(dir_, 1000); }, {"fineweb_train_000001.bin", ">= the vocabulary size 1000"});
   write_shard(dir_ / "tiny_shakespeare_val.bin", val);  // llm.c's unnumbered names count too
-  EXPECT_EQ(Dataset::open(dir_).val->size(), 2 * val.size());
+  EXPECT_EQ(Dataset::open(dir_).val->size(), static_cast<int64_t>(2 * val.size()));
   fs::remove(dir_ / "fineweb_val_000000.bin");
   fs::remove(dir_ / "tiny_shakespeare_val.bin");
   expect_data_error([&] { Dataset::open(dir_); }, {"no llm.c validation shards"});
@@ -236,11 +307,11 @@ TEST_F(DataTest, PrepareSentencePieceIsDeterministic) {
 
   Dataset ds = Dataset::open(dir_ / "out1");
   EXPECT_EQ(ds.vocab_size, 400);
-  EXPECT_EQ(static_cast<int64_t>(ds.train->size()), r1.train_tokens);
+  EXPECT_EQ(ds.train->size(), r1.train_tokens);
   Tokenizer tok = Tokenizer::load_sentencepiece(ds.tokenizer_model);
-  EXPECT_EQ((*ds.train)[0], tok.bos_id());
-  EXPECT_EQ(std::count(ds.train->begin(), ds.train->end(), tok.bos_id()) +
-                std::count(ds.val->begin(), ds.val->end(), tok.bos_id()),
+  const std::vector<uint16_t> train = tokens_of(*ds.train), val = tokens_of(*ds.val);
+  EXPECT_EQ(train[0], tok.bos_id());
+  EXPECT_EQ(std::count(train.begin(), train.end(), tok.bos_id()) + std::count(val.begin(), val.end(), tok.bos_id()),
             1500);  // one BOS per document
   const std::string text = "monri selpo 1234 — ünïcode ✓ and  two  spaces";
   EXPECT_EQ(tok.decode(tok.encode(text)), text);  // byte fallback + identity normalization
@@ -261,8 +332,9 @@ TEST_F(DataTest, PrepareByteLevelRoundTrip) {
   Dataset ds = Dataset::open(dir_ / "out");
   EXPECT_EQ(ds.tokenizer_kind, "byte");
   EXPECT_EQ(ds.bos_id, 256);
-  std::vector<int> all(ds.train->begin(), ds.train->end());
-  all.insert(all.end(), ds.val->begin(), ds.val->end());
+  const std::vector<uint16_t> train = tokens_of(*ds.train), val = tokens_of(*ds.val);
+  std::vector<int> all(train.begin(), train.end());
+  all.insert(all.end(), val.begin(), val.end());
   EXPECT_EQ(std::count(all.begin(), all.end(), 256), 5);
   const Tokenizer tok = Tokenizer::byte_level();
   const std::string text = "any bytes: \x01\xff ✓ \n";
@@ -286,7 +358,7 @@ TEST_F(DataTest, PrepareSplitsLargeTrainStreamsIntoShards) {
   ASSERT_GT(expect_shards, 2);
   EXPECT_TRUE(fs::exists(dir_ / "out" / fmt::format("train_{:06d}.bin", expect_shards - 1)));
   EXPECT_FALSE(fs::exists(dir_ / "out" / fmt::format("train_{:06d}.bin", expect_shards)));
-  EXPECT_EQ(static_cast<int64_t>(Dataset::open(dir_ / "out").train->size()), r.train_tokens);
+  EXPECT_EQ(Dataset::open(dir_ / "out").train->size(), r.train_tokens);
 
   // Without dataset.json (an interrupted prepare) the shards are not mistaken for llm.c's.
   const std::string meta = gasloc::read_file(dir_ / "out" / "dataset.json");
@@ -298,7 +370,7 @@ TEST_F(DataTest, PrepareSplitsLargeTrainStreamsIntoShards) {
   opt.shard_tokens = 100'000'000;
   prepare(opt);
   EXPECT_FALSE(fs::exists(dir_ / "out" / "train_000001.bin"));
-  EXPECT_EQ(static_cast<int64_t>(Dataset::open(dir_ / "out").train->size()), r.train_tokens);
+  EXPECT_EQ(Dataset::open(dir_ / "out").train->size(), r.train_tokens);
 }
 
 TEST_F(DataTest, PrepareErrorsAreClear) {
@@ -350,10 +422,10 @@ TEST_F(DataTest, PrepareErrorsAreClear) {
 // ---- samplers -------------------------------------------------------------------------------
 
 namespace {
-std::shared_ptr<const std::vector<uint16_t>> ramp(size_t n) {
-  auto v = std::make_shared<std::vector<uint16_t>>(n);
-  for (size_t i = 0; i < n; ++i) (*v)[i] = static_cast<uint16_t>(i % 60000);
-  return v;
+std::shared_ptr<const TokenStream> ramp(size_t n) {
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i % 60000);
+  return std::make_shared<TokenStream>(std::move(v));
 }
 }  // namespace
 

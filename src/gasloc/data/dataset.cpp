@@ -6,7 +6,6 @@
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
-#include "gasloc/data/shard.hpp"
 
 namespace gasloc::data {
 namespace fs = std::filesystem;
@@ -16,15 +15,11 @@ namespace {
 
 const char* kPrepareHint = "create a dataset with `gasloc prepare --input FILE... --out DIR`";
 
-std::shared_ptr<const std::vector<uint16_t>> load(const fs::path& dir, const std::vector<std::string>& names,
-                                                  int64_t vocab) {
-  auto all = std::make_shared<std::vector<uint16_t>>();
-  for (const auto& n : names) {
-    auto part = read_shard(dir / n, vocab);
-    if (all->empty()) *all = std::move(part);
-    else all->insert(all->end(), part.begin(), part.end());
-  }
-  return all;
+std::shared_ptr<const TokenStream> load(const fs::path& dir, const std::vector<std::string>& names, int64_t vocab) {
+  std::vector<fs::path> paths;
+  paths.reserve(names.size());
+  for (const auto& n : names) paths.push_back(dir / n);
+  return TokenStream::map_shards(paths, vocab);
 }
 
 // True when `word` is one of the `_`-separated parts of the file stem after the first: llm.c

@@ -1,4 +1,4 @@
-// A prepared dataset held in memory: the train and validation token streams.
+// A prepared dataset: the train and validation token streams, memory-mapped (token_stream.hpp).
 //
 // Two layouts open:
 //  - a `gasloc prepare` directory (dataset.json lists the shards and the tokenizer);
@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "gasloc/data/token_stream.hpp"
+
 namespace gasloc::data {
 
 inline constexpr const char* kDatasetFormat = "gasloc-dataset-1";
@@ -23,7 +25,7 @@ struct Dataset {
   std::filesystem::path dir;
   std::string tokenizer_kind;              // "sentencepiece", "byte", or "gpt2" (llm.c directory)
   int64_t vocab_size = 0;
-  std::shared_ptr<const std::vector<uint16_t>> train, val;
+  std::shared_ptr<const TokenStream> train, val;
   int bos_id = -1;                          // document separator id
   std::filesystem::path tokenizer_model;    // dir/tokenizer.model, or empty when there is none
 

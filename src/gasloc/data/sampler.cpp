@@ -16,25 +16,22 @@ void check_sizes(int64_t batch_size, int64_t seq_len) {
 
 // Builds one batch from window start offsets: one [B, T+1] buffer, split into shifted views
 // and made contiguous so callers may .view() them freely.
-Batch make_batch(const uint16_t* data, const std::vector<int64_t>& starts, int64_t seq_len) {
+Batch make_batch(const TokenStream& tokens, const std::vector<int64_t>& starts, int64_t seq_len) {
   const int64_t b = static_cast<int64_t>(starts.size());
   torch::Tensor buf = torch::empty({b, seq_len + 1}, torch::kLong);
   int64_t* out = buf.data_ptr<int64_t>();
-  for (int64_t i = 0; i < b; ++i) {
-    const uint16_t* src = data + starts[i];
-    for (int64_t t = 0; t <= seq_len; ++t) out[i * (seq_len + 1) + t] = src[t];
-  }
+  for (int64_t i = 0; i < b; ++i) tokens.read(starts[i], seq_len + 1, out + i * (seq_len + 1));
   using torch::indexing::Slice;
   return {buf.index({Slice(), Slice(0, seq_len)}).contiguous(), buf.index({Slice(), Slice(1, seq_len + 1)}).contiguous()};
 }
 
 }  // namespace
 
-WindowSampler::WindowSampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t batch_size,
+WindowSampler::WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size,
                              int64_t seq_len, uint64_t seed)
     : tokens_(std::move(tokens)), batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
   check_sizes(batch_size, seq_len);
-  const int64_t n = tokens_ ? static_cast<int64_t>(tokens_->size()) : 0;
+  const int64_t n = tokens_ ? tokens_->size() : 0;
   if (n < seq_len + 1)
     throw DataError(fmt::format("the token stream has {} tokens, but a window of seq_len {} needs {} (seq_len + 1)", n,
                                 seq_len, seq_len + 1),
@@ -42,18 +39,18 @@ WindowSampler::WindowSampler(std::shared_ptr<const std::vector<uint16_t>> tokens
 }
 
 Batch WindowSampler::next() {
-  const uint64_t span = tokens_->size() - static_cast<uint64_t>(seq_len_);  // number of valid starts
+  const auto span = static_cast<uint64_t>(tokens_->size() - seq_len_);  // number of valid starts
   std::vector<int64_t> starts(batch_size_);
   for (int64_t i = 0; i < batch_size_; ++i)
     starts[i] = static_cast<int64_t>(random_below(seed_, position_ + i, span));
   position_ += batch_size_;
-  return make_batch(tokens_->data(), starts, seq_len_);
+  return make_batch(*tokens_, starts, seq_len_);
 }
 
-std::vector<Batch> validation_batches(const std::vector<uint16_t>& tokens, int64_t batch_size, int64_t seq_len,
+std::vector<Batch> validation_batches(const TokenStream& tokens, int64_t batch_size, int64_t seq_len,
                                       int64_t max_batches) {
   check_sizes(batch_size, seq_len);
-  const int64_t windows = static_cast<int64_t>(tokens.size()) / (seq_len + 1);
+  const int64_t windows = tokens.size() / (seq_len + 1);
   int64_t batches = windows / batch_size;
   if (batches < 1)
     throw DataError(fmt::format("the validation stream has {} tokens; one batch of {} windows of {} tokens needs {}",
@@ -66,7 +63,7 @@ std::vector<Batch> validation_batches(const std::vector<uint16_t>& tokens, int64
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<int64_t> starts(batch_size);
     for (int64_t i = 0; i < batch_size; ++i) starts[i] = (b * batch_size + i) * (seq_len + 1);
-    out.push_back(make_batch(tokens.data(), starts, seq_len));
+    out.push_back(make_batch(tokens, starts, seq_len));
   }
   return out;
 }

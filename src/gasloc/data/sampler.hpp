@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "gasloc/data/token_stream.hpp"
+
 namespace gasloc::data {
 
 struct Batch {
@@ -20,14 +22,14 @@ struct Batch {
 class WindowSampler {
  public:
   // DataError if the stream has fewer than seq_len + 1 tokens or a size is not positive.
-  WindowSampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t batch_size, int64_t seq_len,
+  WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size, int64_t seq_len,
                 uint64_t seed);
   Batch next();                                    // the next batch_size windows
   uint64_t position() const { return position_; }  // windows drawn so far (batch_size per next())
   void set_position(uint64_t windows) { position_ = windows; }
 
  private:
-  std::shared_ptr<const std::vector<uint16_t>> tokens_;
+  std::shared_ptr<const TokenStream> tokens_;
   int64_t batch_size_, seq_len_;
   uint64_t seed_, position_ = 0;
 };
@@ -36,7 +38,7 @@ class WindowSampler {
 // start of the stream, grouped into batches of batch_size; at most max_batches batches
 // (max_batches <= 0: as many as fit). Partial batches are dropped. DataError if not even one
 // full batch fits.
-std::vector<Batch> validation_batches(const std::vector<uint16_t>& tokens, int64_t batch_size, int64_t seq_len,
+std::vector<Batch> validation_batches(const TokenStream& tokens, int64_t batch_size, int64_t seq_len,
                                       int64_t max_batches);
 
 }  // namespace gasloc::data

@@ -1,9 +1,16 @@
 #include "gasloc/data/shard.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
+#include <utility>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -33,22 +40,48 @@ void write_shard(const fs::path& path, const std::vector<uint16_t>& tokens) {
   write_file_atomic(path, encode_shard(tokens));
 }
 
-std::vector<uint16_t> read_shard(const fs::path& path, int64_t vocab_size) {
+MappedShard::MappedShard(MappedShard&& other) noexcept { *this = std::move(other); }
+
+MappedShard& MappedShard::operator=(MappedShard&& other) noexcept {
+  if (this != &other) {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    tokens_ = std::exchange(other.tokens_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedShard::~MappedShard() {
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+MappedShard MappedShard::open(const fs::path& path, int64_t vocab_size) {
   const std::string name = "token shard '" + path.string() + "'";
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     throw DataError(name + " does not exist", "check the path, or create shards with `gasloc prepare`");
-  const auto file_bytes = static_cast<int64_t>(fs::file_size(path, ec));
-  if (ec) throw DataError("cannot stat " + name + ": " + ec.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("cannot open " + name, "check the file's permissions");
-
+  struct Fd {  // closed on every path; the mapping keeps its own reference to the file
+    int fd;
+    ~Fd() { if (fd >= 0) ::close(fd); }
+  } file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) throw DataError("cannot open " + name + ": " + std::strerror(errno), "check the file's permissions");
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) throw DataError("cannot stat " + name + ": " + std::strerror(errno));
+  const auto file_bytes = static_cast<int64_t>(st.st_size);
   if (file_bytes < kShardHeaderBytes)
     throw DataError(name + " is " + std::to_string(file_bytes) + " bytes, shorter than the " +
                         std::to_string(kShardHeaderBytes) + "-byte llm.c header",
                     "the file is truncated or not a token shard; recreate it with `gasloc prepare`");
+  MappedShard m;
+  void* base = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, file.fd, 0);
+  if (base == MAP_FAILED) throw DataError("cannot map " + name + ": " + std::strerror(errno));
+  m.base_ = base;
+  m.bytes_ = static_cast<size_t>(file_bytes);
+
   int32_t header[kShardHeaderInts];
-  in.read(reinterpret_cast<char*>(header), kShardHeaderBytes);
+  std::memcpy(header, m.base_, kShardHeaderBytes);
   if (header[0] != kShardMagic)
     throw DataError(name + " has bad magic number: expected " + std::to_string(kShardMagic) + ", got " +
                         std::to_string(header[0]),
@@ -64,21 +97,30 @@ std::vector<uint16_t> read_shard(const fs::path& path, int64_t vocab_size) {
     throw DataError(name + " is truncated or corrupt: header says " + std::to_string(count) + " tokens (" +
                         std::to_string(count * 2) + " bytes) but " + std::to_string(body) + " bytes follow the header",
                     "the file was cut short (interrupted copy or download?); recreate or re-download it");
-
-  std::vector<uint16_t> tokens(static_cast<size_t>(count));
-  in.read(reinterpret_cast<char*>(tokens.data()), body);
-  if (in.gcount() != body) throw DataError("cannot read " + name + ": short read", "check the disk and the file");
+  // The body starts 1024 bytes into a page-aligned mapping, so uint16 access is aligned.
+  m.tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(m.base_) + kShardHeaderBytes);
+  m.size_ = count;
 
   if (vocab_size > 0) {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] >= vocab_size)
-        throw DataError(name + " has token id " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                            ", which is >= the vocabulary size " + std::to_string(vocab_size),
-                        "the shard was made with a different tokenizer; re-prepare the data or set the model's "
-                        "vocab size to match the tokenizer");
+    // One branch-free pass for the maximum (the whole corpus goes through here at open), and
+    // a second only to name the first offending position.
+    uint16_t max_id = 0;
+    for (int64_t i = 0; i < count; ++i) max_id = std::max(max_id, m.tokens_[i]);
+    if (max_id >= vocab_size) {
+      int64_t i = 0;
+      while (m.tokens_[i] < vocab_size) ++i;
+      throw DataError(name + " has token id " + std::to_string(m.tokens_[i]) + " at position " + std::to_string(i) +
+                          ", which is >= the vocabulary size " + std::to_string(vocab_size),
+                      "the shard was made with a different tokenizer; re-prepare the data or set the model's "
+                      "vocab size to match the tokenizer");
     }
   }
-  return tokens;
+  return m;
+}
+
+std::vector<uint16_t> read_shard(const fs::path& path, int64_t vocab_size) {
+  const MappedShard m = MappedShard::open(path, vocab_size);
+  return std::vector<uint16_t>(m.tokens(), m.tokens() + m.size());
 }
 
 }  // namespace gasloc::data

@@ -22,8 +22,31 @@ std::string encode_shard(const std::vector<uint16_t>& tokens);
 // Writes a shard atomically (a crash leaves either the old file or the complete new one).
 void write_shard(const std::filesystem::path& path, const std::vector<uint16_t>& tokens);
 
-// Reads and validates a shard. With vocab_size > 0, every id must be below it. Throws
-// DataError naming the file for a missing, short, foreign, truncated or out-of-vocab shard.
+// A shard mapped read-only into memory; its tokens stay valid while the object lives. The file
+// must not be truncated meanwhile (reading a page cut from a mapped file is a SIGBUS).
+class MappedShard {
+ public:
+  // Maps and validates a shard. With vocab_size > 0, every id must be below it. Throws
+  // DataError naming the file for a missing, short, foreign, truncated or out-of-vocab shard.
+  static MappedShard open(const std::filesystem::path& path, int64_t vocab_size = 0);
+  MappedShard(MappedShard&& other) noexcept;
+  MappedShard& operator=(MappedShard&& other) noexcept;
+  MappedShard(const MappedShard&) = delete;
+  MappedShard& operator=(const MappedShard&) = delete;
+  ~MappedShard();
+
+  const uint16_t* tokens() const { return tokens_; }
+  int64_t size() const { return size_; }
+
+ private:
+  MappedShard() = default;
+  void* base_ = nullptr;  // the whole file, header included
+  size_t bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Reads a shard into memory: MappedShard::open's checks, then a copy.
 std::vector<uint16_t> read_shard(const std::filesystem::path& path, int64_t vocab_size = 0);
 
 }  // namespace gasloc::data
