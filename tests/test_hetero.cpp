@@ -198,6 +198,13 @@ TEST_F(Hetero, VirtualTimeIsDeterministicAndTheStragglerStepsLess) {
     for (int r = 0; r < 4; ++r) expected[r] += (r == 3 || partner_of(t, 3, round) == r) ? 2 : 5;
   EXPECT_EQ(local, expected);
   EXPECT_EQ(local[3], 8);
+  // At step 5 the straggler has used its 2 steps: its line says so, with no gradient norm; a
+  // worker outside its pair computed step 5.
+  const int other = partner_of(t, 3, 0) == 0 ? 1 : 0;
+  EXPECT_FALSE(ka.at({3, 5})["computed"].get<bool>());
+  EXPECT_TRUE(ka.at({3, 5})["grad_norm"].is_null());
+  EXPECT_TRUE(ka.at({other, 5})["computed"].get<bool>());
+  EXPECT_GT(ka.at({other, 5})["grad_norm"].get<double>(), 0.0);
   // The evaluation's virtual time is when the average model exists: the latest clock.
   const auto evals = events(kRoot / "a", "eval");
   ASSERT_EQ(evals.size(), 2u);

@@ -143,7 +143,10 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
       const double tps = tokens_per_step * static_cast<double>(window_computed) / std::max(dt, 1e-9);
       const double eta = dt / static_cast<double>(window_steps) * static_cast<double>(s.end_step - step);
       s.metrics->write({{"event", "train"}, {"step", step}, {"worker", rank}, {"train_loss", r.loss},
-                        {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"round_done", r.round_done}, {"tokens_per_s", tps},
+                        {"lr", r.lr}, {"computed", r.computed},
+                        // A step skipped by its local-step budget had no gradient: null, not 0.
+                        {"grad_norm", r.computed ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
+                        {"round_done", r.round_done}, {"tokens_per_s", tps},
                         {"wall_time_s", seconds_since(s.t0)}, {"virtual_time_s", comm.now()},
                         {"bytes_sent", stats.bytes_sent - s.meeting->own_bytes(rank)}, {"idle_s", stats.idle_s},
                         {"local_steps", worker.local_steps_done()}});
