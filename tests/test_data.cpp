@@ -476,6 +476,44 @@ TEST(Sampler, CoversWholeStreamIncludingLastWindow) {
   expect_data_error([&] { WindowSampler(ramp(16), 1, 16, 0); }, {"16 tokens", "seq_len 16", "17"});
 }
 
+TEST(Sampler, SlicesPartitionTheStream) {
+  for (int64_t size : {0, 1, 7, 100, 1001}) {
+    for (int world : {1, 2, 3, 8, 64}) {
+      int64_t next = 0, smallest = size, largest = 0;
+      for (int r = 0; r < world; ++r) {
+        const TokenRange s = slice_of(size, r, world);
+        EXPECT_EQ(s.begin, next) << size << " tokens, rank " << r << " of " << world;  // no gap, no overlap
+        next = s.end;
+        smallest = std::min(smallest, s.end - s.begin);
+        largest = std::max(largest, s.end - s.begin);
+      }
+      EXPECT_EQ(next, size);
+      EXPECT_LE(largest - smallest, 1);
+    }
+  }
+}
+
+TEST(Sampler, ASliceConfinesEveryWindowAndTheWholeRangeChangesNothing) {
+  auto tokens = ramp(1000);
+  // The whole stream as an explicit range is the plain sampler, batch for batch.
+  WindowSampler plain(tokens, 4, 16, 3), ranged(tokens, 4, 16, 3, TokenRange{0, 1000});
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(torch::equal(plain.next().inputs, ranged.next().inputs)) << "batch " << i;
+  // Rank 2 of 4 owns tokens [500, 750): windows of 17 tokens start in [500, 733], all of them.
+  WindowSampler s(tokens, 1, 16, 9, slice_of(1000, 2, 4));
+  std::set<int64_t> starts;
+  for (int i = 0; i < 5000; ++i) {
+    const Batch b = s.next();
+    starts.insert(b.inputs[0][0].item<int64_t>());
+    ASSERT_LT(b.targets[0][15].item<int64_t>(), 750);
+  }
+  EXPECT_EQ(*starts.begin(), 500);
+  EXPECT_EQ(*starts.rbegin(), 733);
+  EXPECT_EQ(starts.size(), 234u);
+  expect_data_error([&] { WindowSampler(tokens, 1, 16, 0, slice_of(1000, 0, 64)); },
+                    {"slice has 15 tokens", "seq_len 16", "fewer workers"});
+  expect_data_error([&] { WindowSampler(tokens, 1, 16, 0, TokenRange{900, 1001}); }, {"[900, 1001)", "1000 tokens"});
+}
+
 TEST(Sampler, ValidationBatchesAreFixed) {
   auto tokens = ramp(1000);
   auto v1 = validation_batches(*tokens, 3, 10, 100), v2 = validation_batches(*tokens, 3, 10, 100);

@@ -247,6 +247,34 @@ TEST_F(Trainer, ClusterSettingsAreChecked) {
   EXPECT_THROW(train::run_training(request("bad3", {"cluster.backend=mpi"})), ConfigError);
 }
 
+// data.sampling = "disjoint" gives each worker its slice of the stream: with one worker the slice
+// is the whole stream, so the run must equal a shared one bit for bit; with two it must not.
+TEST_F(Trainer, DisjointSamplingReducesToSharedOnOneWorker) {
+  const std::vector<std::string> one = {"train.steps=10", "train.eval_every=10"};
+  auto with = [](std::vector<std::string> v, const std::string& extra) {
+    v.push_back(extra);
+    return v;
+  };
+  const auto shared1 = train::run_training(request("shared1", one));
+  const auto disjoint1 = train::run_training(request("disjoint1", with(one, "data.sampling=disjoint")));
+  EXPECT_EQ(disjoint1.train_losses, shared1.train_losses);
+  EXPECT_EQ(disjoint1.final_val_loss, shared1.final_val_loss);
+
+  const std::vector<std::string> two = {"train.steps=10", "train.eval_every=10", "cluster.workers=2",
+                                        "algo.name=diloco", "algo.H=5"};
+  const auto shared2 = train::run_training(request("shared2", two));
+  const auto disjoint2 = train::run_training(request("disjoint2", with(two, "data.sampling=disjoint")));
+  EXPECT_NE(disjoint2.train_losses, shared2.train_losses);
+  EXPECT_TRUE(std::isfinite(disjoint2.final_val_loss));
+  try {
+    train::run_training(request("bad_sampling", {"data.sampling=iid"}));
+    ADD_FAILURE() << "data.sampling = iid was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.sampling"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shared or disjoint"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Trainer, SixtyFourNanoWorkersRunInOneProcess) {
   // Cluster size is limited by memory only: 64 workers of the nano preset, two 1peer rounds.
   const auto s = train::run_training(request("n64", {"cluster.workers=64", "algo.name=gasloc", "algo.topology=1peer",

@@ -27,22 +27,37 @@ Batch make_batch(const TokenStream& tokens, const std::vector<int64_t>& starts, 
 
 }  // namespace
 
-WindowSampler::WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size,
-                             int64_t seq_len, uint64_t seed)
-    : tokens_(std::move(tokens)), batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
+TokenRange slice_of(int64_t size, int rank, int world) {
+  return {size * rank / world, size * (rank + 1) / world};
+}
+
+WindowSampler::WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size, int64_t seq_len,
+                             uint64_t seed)
+    : WindowSampler(tokens, batch_size, seq_len, seed, TokenRange{0, tokens ? tokens->size() : 0}) {}
+
+WindowSampler::WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size, int64_t seq_len,
+                             uint64_t seed, TokenRange range)
+    : tokens_(std::move(tokens)), batch_size_(batch_size), seq_len_(seq_len), range_(range), seed_(seed) {
   check_sizes(batch_size, seq_len);
-  const int64_t n = tokens_ ? tokens_->size() : 0;
+  const int64_t total = tokens_ ? tokens_->size() : 0;
+  if (range.begin < 0 || range.end > total || range.begin > range.end)
+    throw DataError(fmt::format("token range [{}, {}) is outside a stream of {} tokens", range.begin, range.end, total),
+                    "a sampler's range must lie within its stream (data::slice_of gives such ranges)");
+  const int64_t n = range.end - range.begin;
+  const bool whole = n == total;
   if (n < seq_len + 1)
-    throw DataError(fmt::format("the token stream has {} tokens, but a window of seq_len {} needs {} (seq_len + 1)", n,
-                                seq_len, seq_len + 1),
-                    "use a shorter sequence length or prepare more text");
+    throw DataError(fmt::format("the token {} has {} tokens, but a window of seq_len {} needs {} (seq_len + 1)",
+                                whole ? "stream" : "slice", n, seq_len, seq_len + 1),
+                    whole ? "use a shorter sequence length or prepare more text"
+                          : "each worker's slice is 1/workers of the training stream (data.sampling = \"disjoint\"): "
+                            "use fewer workers, a shorter sequence length, or more text");
 }
 
 Batch WindowSampler::next() {
-  const auto span = static_cast<uint64_t>(tokens_->size() - seq_len_);  // number of valid starts
+  const auto span = static_cast<uint64_t>(range_.end - range_.begin - seq_len_);  // number of valid starts
   std::vector<int64_t> starts(batch_size_);
   for (int64_t i = 0; i < batch_size_; ++i)
-    starts[i] = static_cast<int64_t>(random_below(seed_, position_ + i, span));
+    starts[i] = range_.begin + static_cast<int64_t>(random_below(seed_, position_ + i, span));
   position_ += batch_size_;
   return make_batch(*tokens_, starts, seq_len_);
 }

@@ -3,7 +3,10 @@
 // Training draws i.i.d. windows of seq_len + 1 tokens: the k-th window of a sampler starts at
 // random_below(seed, k, n - seq_len), so the sampler's whole state is the count of windows
 // drawn and a run resumes exactly from that count. Workers pass seed = base seed + rank and
-// so see independent streams over the same data (the homogeneous setting).
+// so see independent streams over the same data (the homogeneous setting). A sampler may be
+// confined to a slice of the stream: with disjoint slices per worker, workers see different
+// data (the heterogeneous setting); its windows then start at begin + random_below(..., end -
+// begin - seq_len) and never leave the slice.
 #pragma once
 #include <torch/types.h>
 
@@ -19,11 +22,22 @@ struct Batch {
   torch::Tensor inputs, targets;  // [B, T] int64, contiguous; targets[:, t] is the token after inputs[:, t]
 };
 
+// Tokens [begin, end) of a stream.
+struct TokenRange {
+  int64_t begin = 0, end = 0;
+};
+
+// The r-th of n equal contiguous slices of a stream of `size` tokens (sizes differ by at most 1).
+TokenRange slice_of(int64_t size, int rank, int world);
+
 class WindowSampler {
  public:
-  // DataError if the stream has fewer than seq_len + 1 tokens or a size is not positive.
+  // The whole stream. DataError if it has fewer than seq_len + 1 tokens or a size is not positive.
   WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size, int64_t seq_len,
                 uint64_t seed);
+  // Windows within `range` only; DataError if the range holds fewer than seq_len + 1 tokens.
+  WindowSampler(std::shared_ptr<const TokenStream> tokens, int64_t batch_size, int64_t seq_len,
+                uint64_t seed, TokenRange range);
   Batch next();                                    // the next batch_size windows
   uint64_t position() const { return position_; }  // windows drawn so far (batch_size per next())
   void set_position(uint64_t windows) { position_ = windows; }
@@ -31,6 +45,7 @@ class WindowSampler {
  private:
   std::shared_ptr<const TokenStream> tokens_;
   int64_t batch_size_, seq_len_;
+  TokenRange range_;
   uint64_t seed_, position_ = 0;
 };
 

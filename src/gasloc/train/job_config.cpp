@@ -141,6 +141,8 @@ void JobConfig::validate() const {
   require(data.batch_size > 0, "data.batch_size", "must be positive");
   require(data.val_batches > 0, "data.val_batches", "must be positive");
   require(data.vocab_size >= 0 && data.vocab_size <= 65536, "data.vocab_size", "must be in [0, 65536]");
+  require(data.sampling == "shared" || data.sampling == "disjoint", "data.sampling",
+          "must be shared or disjoint, got '" + data.sampling + "'");
 
   require(optim.name == "adamw" || optim.name == "gpa" || optim.name == "schedule_free", "optim.name",
           "unknown optimizer '" + optim.name + "'; valid: adamw, gpa, schedule_free");

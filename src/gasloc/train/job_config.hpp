@@ -52,6 +52,7 @@ struct DataSection {
   int64_t batch_size = 16;
   int64_t val_batches = 8;
   int64_t vocab_size = 0;
+  std::string sampling = "shared";
 
   template <class V>
   void visit(V&& v) {
@@ -60,6 +61,8 @@ struct DataSection {
     v("batch_size", batch_size, "sequences per inner step and worker B");
     v("val_batches", val_batches, "batches in the fixed validation set");
     v("vocab_size", vocab_size, "vocabulary size override (0 = from dataset.json; llm.c shards: 50257)");
+    v("sampling", sampling,
+      "shared: every worker draws from the whole stream; disjoint: worker r from the r-th of n slices (heterogeneous data)");
   }
 };
 

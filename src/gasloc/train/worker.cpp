@@ -69,8 +69,12 @@ Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const 
   schedule_.decay = job_.optim.decay;
   sync_->attach(optimizer_.get());
   sync_->init(params_);
+  // Disjoint sampling gives each rank its own slice of the stream: the heterogeneous-data setting.
+  const data::TokenRange range = job_.data.sampling == "disjoint"
+                                     ? data::slice_of(dataset.train->size(), comm_.rank(), comm_.world())
+                                     : data::TokenRange{0, dataset.train->size()};
   sampler_ = std::make_unique<data::WindowSampler>(dataset.train, job_.data.batch_size, job_.data.seq_len,
-                                                   job_.train.seed + static_cast<uint64_t>(comm_.rank()));
+                                                   job_.train.seed + static_cast<uint64_t>(comm_.rank()), range);
 }
 
 namespace {
