@@ -63,18 +63,22 @@ Action add_comm_check(CLI::App& app) {
     int rounds = 2;
     int die_rank = -1, mismatch_rank = -1;
     double timeout = 0;
+    std::string bandwidth;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--backend", o->backend, "gloo or nccl")->capture_default_str();
   app.add_option("--numel", o->numel, "elements per buffer")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--rounds", o->rounds, "exchange rounds (pairs then ring each round)")->capture_default_str();
   app.add_option("--out", o->out, "write DIR/rank<r>.json with every check and checksum");
-  app.add_option("--timeout", o->timeout, "communication timeout in seconds (default: GASLOC_COMM_TIMEOUT or 60)");
+  app.add_option("--timeout", o->timeout, "communication timeout in seconds (default 60; gasloc launch --timeout sets it)");
+  app.add_option("--bandwidth-limit", o->bandwidth,
+                 "throttle this rank's link: BYTES_PER_S for every rank, or RANK=BYTES_PER_S,... (gasloc launch passes it)");
   app.add_option("--die-rank", o->die_rank, "fault injection: this rank exits abruptly (status 3) before its first exchange");
   app.add_option("--mismatch-rank", o->mismatch_rank, "fault injection: this rank exchanges one element more than the others");
   return [o]() {
     auto opts = comm::gloo_options_from_env();
     if (o->timeout > 0) opts.timeout_s = o->timeout;
+    if (!o->bandwidth.empty()) opts.bandwidth_limit_Bps = comm::parse_bandwidth_limit(o->bandwidth, opts.rank);
     auto comm = comm::make_process_communicator(o->backend, opts);
     const int r = comm->rank(), n = comm->world();
     const int64_t N = o->numel;

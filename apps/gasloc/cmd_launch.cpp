@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "commands.hpp"
+#include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/error.hpp"
 
 extern char** environ;
@@ -38,26 +39,6 @@ void on_signal(int sig) {
   const char c = static_cast<char>(sig);
   [[maybe_unused]] auto _ = ::write(g_signal_pipe[1], &c, 1);
   errno = saved;
-}
-
-// A free TCP port: bind port 0 on every interface (where the rank-0 store will listen), read
-// the port the OS chose, release it. Another process could take it before rank 0 binds it;
-// rank 0 then reports the port in use.
-int pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw CommError(fmt::format("launch: cannot open a socket to pick a port: {}", std::strerror(errno)));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const std::string err = std::strerror(errno);
-    ::close(fd);
-    throw CommError("launch: cannot pick a free port: " + err, "pass one with --master-port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // COMMAND as a path for execve: "gasloc" means this very binary (so the ranks run the same
@@ -156,7 +137,7 @@ struct Opts {
   int n = 0;
   int port = 0;
   std::string addr = "127.0.0.1";
-  double timeout = 0, grace = 10;
+  double timeout = 0, grace = 10;  // timeout 0: the command's own (gasloc train: cluster.timeout_s)
   std::string bandwidth;
   std::vector<std::string> cmd;
 };
@@ -164,25 +145,41 @@ struct Opts {
 int run_launch(const Opts& o) {
   if (o.n < 1) throw Error("launch: -n must be at least 1");
   if (o.cmd.empty()) throw Error("launch: no command given", "usage: gasloc launch -n N -- COMMAND ARGS...");
-  const int port = o.port > 0 ? o.port : pick_free_port();
   const std::string exe = resolve(o.cmd[0]);
+  // The launcher hosts the rendezvous store (ranks connect as to torchrun's agent store), so it
+  // outlives any rank: survivors can still read there which rank failed first, and the launcher
+  // records the ranks it sees exit. Port 0 lets the OS choose a free port, with no race.
+  comm::StoreHost store_host(o.addr, o.port, std::max(60.0, o.timeout));
+  const int port = store_host.port();
+  // --timeout and --bandwidth-limit reach gasloc's own commands as their arguments (gasloc reads
+  // no variable of its own); another command gets its settings from the user.
+  std::vector<std::string> args = o.cmd;
+  const bool self = exe == resolve("gasloc") && args.size() >= 2;
+  if (self && args[1] == "train") {
+    if (o.timeout > 0) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", o.timeout)});
+    if (!o.bandwidth.empty())
+      throw Error("launch: --bandwidth-limit does not apply to gasloc train",
+                  "describe the links in the job's [network] section and set network.throttle_gloo = true");
+  } else if (self && args[1] == "comm-check") {
+    if (o.timeout > 0) args.insert(args.begin() + 2, {"--timeout", fmt::format("{}", o.timeout)});
+    if (!o.bandwidth.empty()) args.insert(args.begin() + 2, {"--bandwidth-limit", o.bandwidth});
+  } else if (o.timeout > 0 || !o.bandwidth.empty()) {
+    throw Error("launch: --timeout and --bandwidth-limit apply to gasloc train and gasloc comm-check only",
+                "give the command its own timeout setting");
+  }
 
   // Everything the children need is prepared before fork(): between fork and exec only
   // async-signal-safe calls are allowed.
   std::vector<std::string> base_env;
   auto overridden = [](const std::string& kv) {
     for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                          "TORCHELASTIC_USE_AGENT_STORE=", "GASLOC_COMM_TIMEOUT=", "GASLOC_BANDWIDTH_LIMIT="})
+                          "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_RESTART_COUNT="})
       if (kv.rfind(k, 0) == 0) return true;
     return false;
   };
   for (char** e = environ; *e != nullptr; ++e)
     if (!overridden(*e)) base_env.emplace_back(*e);
-  // Inherited settings the launcher did not override stay as they are.
-  if (o.timeout > 0) base_env.push_back(fmt::format("GASLOC_COMM_TIMEOUT={}", o.timeout));
-  else if (const char* v = std::getenv("GASLOC_COMM_TIMEOUT")) base_env.push_back(std::string("GASLOC_COMM_TIMEOUT=") + v);
-  if (!o.bandwidth.empty()) base_env.push_back("GASLOC_BANDWIDTH_LIMIT=" + o.bandwidth);
-  else if (const char* v = std::getenv("GASLOC_BANDWIDTH_LIMIT")) base_env.push_back(std::string("GASLOC_BANDWIDTH_LIMIT=") + v);
+  base_env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
   std::vector<std::vector<std::string>> envs(o.n, base_env);
   for (int i = 0; i < o.n; ++i)
     for (auto kv : {fmt::format("RANK={}", i), fmt::format("WORLD_SIZE={}", o.n), fmt::format("LOCAL_RANK={}", i),
@@ -193,7 +190,6 @@ int run_launch(const Opts& o) {
     for (auto& kv : envs[i]) envps[i].push_back(kv.data());
     envps[i].push_back(nullptr);
   }
-  std::vector<std::string> args = o.cmd;
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -297,6 +293,10 @@ int run_launch(const Opts& o) {
         if (r.pid != pid || !r.running) continue;
         r.running = false;
         r.status = status;
+        if (failed(status) && !interrupted)  // a rank's own record, written before it exited, wins
+          comm::publish_failure(store_host.store(), r.index,
+                                {r.index, fmt::format("rank {} exited with {} (seen by gasloc launch)", r.index,
+                                                      describe_status(status))});
         if (failed(status) && first_failed < 0 && !interrupted) {
           first_failed = r.index;
           const double t = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -357,6 +357,10 @@ int run_launch(const Opts& o) {
       if (!WIFEXITED(r.status)) continue;
       for (size_t k = r.tail.size() > 5 ? r.tail.size() - 5 : 0; k < r.tail.size(); ++k) msg += "  | " + r.tail[k] + "\n";
     }
+    // The first rank to exit may have failed because of another one (a stuck rank makes its peers
+    // time out first): its record in the store names the rank that failed first.
+    if (const auto rec = comm::read_failure(store_host.store(), f.index); rec && rec->root >= 0 && rec->root != f.index)
+      msg += fmt::format("launch: rank {} reports that rank {} failed first: {}\n", f.index, rec->root, rec->what);
     write_all(2, msg);
     const int s = f.status;
     return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
@@ -374,11 +378,12 @@ int run_launch(const Opts& o) {
 Action add_launch(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-n,--nproc", o->n, "number of ranks (processes) to start on this host")->required();
-  app.add_option("--master-port", o->port, "port of the rendezvous store that rank 0 hosts (default: a free one)");
+  app.add_option("--master-port", o->port, "port of the rendezvous store that the launcher hosts (default: a free one)");
   app.add_option("--master-addr", o->addr, "address of rank 0 as the ranks reach it")->capture_default_str();
-  app.add_option("--timeout", o->timeout, "communication timeout of the ranks in seconds (GASLOC_COMM_TIMEOUT; default 60)");
+  app.add_option("--timeout", o->timeout,
+                 "communication timeout of the ranks in seconds (gasloc train: sets cluster.timeout_s; comm-check: --timeout)");
   app.add_option("--bandwidth-limit", o->bandwidth,
-                 "throttle the ranks' links (GASLOC_BANDWIDTH_LIMIT): BYTES_PER_S for all, or RANK=BYTES_PER_S,...");
+                 "comm-check: throttle the ranks' links: BYTES_PER_S for all, or RANK=BYTES_PER_S,...");
   app.add_option("--grace", o->grace, "seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str();
   app.add_option("command", o->cmd, "the command every rank runs, after --")->required();
   app.footer("example: gasloc launch -n 4 -- gasloc comm-check");

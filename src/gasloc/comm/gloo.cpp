@@ -113,17 +113,37 @@ struct GlooCommunicator::Impl {
                       "a failed process group cannot be reused; restart the ranks (from the last checkpoint)");
   }
 
-  [[noreturn]] void fail(const std::string& msg) {
-    broken = msg;
-    throw CommError(msg + (store ? describe_dead_ranks(*store, o.rank, o.world) : std::string()),
-                    "check the other ranks' output; raise the timeout (gasloc launch --timeout, GASLOC_COMM_TIMEOUT) if "
-                    "they are only slow");
+  // Throws the CommError for `msg`, a failure of the operation with `peer` (-1: a collective).
+  // Before that, this rank names the rank that failed first (the peer's own record when the peer
+  // failed because of a third rank) and records it in the store for the ranks that fail after it.
+  [[noreturn]] void fail(const std::string& msg, int peer = -1, bool timed_out = false) {
+    std::string text = msg;
+    int root = peer;
+    if (store) {
+      // A peer that timed out at the same moment as this rank publishes its record a moment later.
+      const double wait_s = timed_out ? std::min(2.0, o.timeout_s / 2) : 0.0;
+      const FailureRecord rec = root_failure(*store, o.rank, o.world, peer, msg, wait_s);
+      publish_failure(*store, o.rank, rec);
+      root = rec.root;
+      if (rec.what != msg)
+        text += rec.root >= 0 ? fmt::format("; the failure started at rank {}: {}", rec.root, rec.what)
+                              : fmt::format("; an earlier failure: {}", rec.what);
+      text += describe_dead_ranks(*store, o.rank, o.world);
+    }
+    broken = text;
+    throw CommError(text,
+                    root >= 0 ? fmt::format("look at rank {}'s output first; raise cluster.timeout_s (gasloc launch "
+                                            "--timeout) if it is only slow",
+                                            root)
+                              : "check the other ranks' output; raise cluster.timeout_s (gasloc launch --timeout) if "
+                                "they are only slow",
+                    root);
   }
 
   // Waits for `w` until `deadline`; a failure becomes a CommError worded by describe(timed_out,
   // detail). Gloo reports a timeout and a closed connection both as exceptions.
   template <class Describe>
-  void wait(const c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline, Describe&& describe) {
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline, Describe&& describe, int peer = -1) {
     // 0 ms would mean "no timeout" to c10d; never pass it.
     const auto left =
         std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -136,7 +156,7 @@ struct GlooCommunicator::Impl {
     }
     const bool timed_out = Clock::now() + std::chrono::milliseconds(50) >= deadline ||
                            detail.find("imed out") != std::string::npos || detail.find("imeout") != std::string::npos;
-    fail(describe(timed_out, detail));
+    fail(describe(timed_out, detail), peer, timed_out);
   }
 
   void sleep_for_bandwidth(double send_bytes, double recv_bytes) {
@@ -176,7 +196,7 @@ struct GlooCommunicator::Impl {
 };
 
 GlooCommunicator::GlooCommunicator(const GlooOptions& o) : impl_(std::make_unique<Impl>()) {
-  validate(o);
+  validate(o, /*check_rank=*/false);  // join_store checks the rank and tells every rank
   auto& I = *impl_;
   I.o = o;
   I.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
@@ -279,7 +299,7 @@ void GlooCommunicator::exchange(const std::vector<int>& peers, const torch::Tens
     try {
       return fn();
     } catch (const std::exception& e) {
-      I.fail(failed_msg(p, first_line(e.what())));
+      I.fail(failed_msg(p, first_line(e.what())), p);
     }
   };
 
@@ -300,14 +320,15 @@ void GlooCommunicator::exchange(const std::vector<int>& peers, const torch::Tens
   auto describe_for = [&](int p) {
     return [&, p](bool timed_out, const std::string& detail) { return timed_out ? timed_out_msg(p) : failed_msg(p, detail); };
   };
-  for (size_t k = 0; k < peers.size(); ++k) I.wait(recv_w[k], deadline, describe_for(peers[k]));
+  for (size_t k = 0; k < peers.size(); ++k) I.wait(recv_w[k], deadline, describe_for(peers[k]), peers[k]);
   for (size_t k = 0; k < peers.size(); ++k) {
     const auto h = headers[k].accessor<int64_t, 1>();
     const auto dt = static_cast<c10::ScalarType>(h[2]);
     if (h[0] != kMagic)
       I.fail(fmt::format("rank {}: exchange with rank {}: received a malformed header (is rank {} running another "
                          "program or version?)",
-                         me, peers[k], peers[k]));
+                         me, peers[k], peers[k]),
+             peers[k]);
     if (h[1] != send.numel() || dt != send.scalar_type()) {
       // Lower rank first, so both ends print the same sentence.
       std::string a = fmt::format("rank {} sends {} {} elements", me, send.numel(), dtype_name(send.scalar_type()));
@@ -315,10 +336,11 @@ void GlooCommunicator::exchange(const std::vector<int>& peers, const torch::Tens
       if (peers[k] < me) std::swap(a, b);
       I.fail(fmt::format("rank {}: exchange with rank {}: {} but {}; both ends of a link must exchange buffers of the same "
                          "size and dtype",
-                         me, peers[k], a, b));
+                         me, peers[k], a, b),
+             peers[k]);
     }
   }
-  for (size_t k = 0; k < peers.size(); ++k) I.wait(send_w[k], deadline, describe_for(peers[k]));
+  for (size_t k = 0; k < peers.size(); ++k) I.wait(send_w[k], deadline, describe_for(peers[k]), peers[k]);
 
   // 2. Payload. A rank with a bandwidth limit starts it late, as its slow link would finish late.
   const double nbytes = static_cast<double>(send.numel() * send.element_size());
@@ -344,8 +366,8 @@ void GlooCommunicator::exchange(const std::vector<int>& peers, const torch::Tens
       send_w[k] = post([&] { return I.pg->send(v, peers[k], tags[k] | kPayload); }, peers[k]);
     }
     deadline = Clock::now() + I.timeout;
-    for (size_t k = 0; k < peers.size(); ++k) I.wait(recv_w[k], deadline, describe_for(peers[k]));
-    for (size_t k = 0; k < peers.size(); ++k) I.wait(send_w[k], deadline, describe_for(peers[k]));
+    for (size_t k = 0; k < peers.size(); ++k) I.wait(recv_w[k], deadline, describe_for(peers[k]), peers[k]);
+    for (size_t k = 0; k < peers.size(); ++k) I.wait(send_w[k], deadline, describe_for(peers[k]), peers[k]);
   }
   I.stats.bytes_sent += static_cast<int64_t>(n * nbytes);
   I.stats.bytes_received += static_cast<int64_t>(n * nbytes);

@@ -82,6 +82,13 @@ std::string key(const std::string& what, int rank) { return what + "/" + std::to
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
+// Keys of this job live under one prefix, so a store shared with an agent (torchrun) that
+// restarts workers does not mix attempts.
+c10::intrusive_ptr<c10d::Store> job_keys(const c10::intrusive_ptr<c10d::Store>& tcp) {
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return c10::make_intrusive<c10d::PrefixStore>(std::string("gasloc/") + (attempt != nullptr ? attempt : "0"), tcp);
+}
+
 }  // namespace
 
 double parse_bandwidth_limit(const std::string& spec_in, int rank) {
@@ -90,7 +97,7 @@ double parse_bandwidth_limit(const std::string& spec_in, int rank) {
   double v = 0;
   if (spec.find('=') == std::string::npos) {
     if (!parse_double(spec, v) || v < 0)
-      throw CommError(fmt::format("GASLOC_BANDWIDTH_LIMIT='{}' is not a bandwidth in bytes/s", spec),
+      throw CommError(fmt::format("bandwidth limit '{}' is not a bandwidth in bytes/s", spec),
                       "use a number such as 1e8, or per-rank entries such as 2=1e7,3=5e7");
     return v;
   }
@@ -100,16 +107,17 @@ double parse_bandwidth_limit(const std::string& spec_in, int rank) {
     const auto eq = item.find('=');
     long long r = 0;
     if (eq == std::string::npos || !parse_int(item.substr(0, eq), r) || !parse_double(item.substr(eq + 1), v) || v < 0)
-      throw CommError(fmt::format("GASLOC_BANDWIDTH_LIMIT entry '{}' is not RANK=BYTES_PER_S", trim(item)),
+      throw CommError(fmt::format("bandwidth limit entry '{}' is not RANK=BYTES_PER_S", trim(item)),
                       "use a number such as 1e8, or per-rank entries such as 2=1e7,3=5e7");
     if (r == rank) mine = v;
   }
   return mine;
 }
 
-void validate(const GlooOptions& o) {
+void validate(const GlooOptions& o, bool check_rank) {
   if (o.world < 1) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", o.world), kLaunchHint);
-  if (o.rank < 0 || o.rank >= o.world)
+  if (o.rank < 0) throw CommError(fmt::format("RANK={} must not be negative", o.rank), kLaunchHint);
+  if (check_rank && o.rank >= o.world)
     throw CommError(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", o.rank, o.world),
                     "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
   if (o.master_addr.empty()) throw CommError("MASTER_ADDR is empty", kLaunchHint);
@@ -136,9 +144,8 @@ GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>&
   const long long rank = require_int(lookup, "RANK");
   const long long port = require_int(lookup, "MASTER_PORT");
   if (world < 1 || world > (1 << 20)) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", world), kLaunchHint);
-  if (rank < 0 || rank >= world)
-    throw CommError(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", rank, world),
-                    "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
+  // RANK >= WORLD_SIZE is checked at the store (join_store), where every rank hears of it.
+  if (rank < 0) throw CommError(fmt::format("RANK={} must not be negative", rank), kLaunchHint);
   if (port < 1 || port > 65535) throw CommError(fmt::format("MASTER_PORT={} is outside 1..65535", port), kLaunchHint);
   o.world = static_cast<int>(world);
   o.rank = static_cast<int>(rank);
@@ -149,14 +156,9 @@ GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>&
     if (!parse_int(v, lr) || lr < 0) throw CommError(fmt::format("LOCAL_RANK='{}' is not a non-negative integer", v));
     o.local_rank = static_cast<int>(lr);
   }
-  if (const char* v = lookup("GASLOC_COMM_TIMEOUT")) {
-    if (!parse_double(v, o.timeout_s) || o.timeout_s <= 0)
-      throw CommError(fmt::format("GASLOC_COMM_TIMEOUT='{}' is not a positive number of seconds", v));
-  }
-  if (const char* v = lookup("GASLOC_BANDWIDTH_LIMIT")) o.bandwidth_limit_Bps = parse_bandwidth_limit(v, o.rank);
   if (const char* v = lookup("GLOO_SOCKET_IFNAME")) o.interface = trim(v);
   if (const char* v = lookup("TORCHELASTIC_USE_AGENT_STORE")) o.connect_only = trim(v) == "True" || trim(v) == "1";
-  validate(o);
+  validate(o, /*check_rank=*/false);
   return o;
 }
 
@@ -165,7 +167,7 @@ GlooOptions gloo_options_from_env() {
 }
 
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
-  validate(o);
+  validate(o, /*check_rank=*/false);
   const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   c10d::TCPStoreOptions so;
@@ -192,28 +194,43 @@ c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
                                 o.timeout_s, msg.substr(0, msg.find('\n'))),
                     "is rank 0 running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?");
   }
-  // Keys of this job live under one prefix, so a store shared with an agent (torchrun) that
-  // restarts workers does not mix attempts.
-  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      std::string("gasloc/") + (attempt != nullptr ? attempt : "0"), tcp);
+  auto store = job_keys(tcp);
+  // A mistake that one rank sees (another WORLD_SIZE, a RANK claimed twice or out of range) is
+  // published as "abort", so every rank stops at once with the same message instead of waiting
+  // for the timeout.
+  auto abort_all = [&](const std::string& why, const std::string& hint) {
+    publish_abort(*store, why);
+    throw CommError(why, hint);
+  };
   try {
+    if (o.rank < 0 || o.rank >= o.world)
+      abort_all(fmt::format("a rank started with RANK={} and WORLD_SIZE={}: RANK must be in 0..{}", o.rank, o.world,
+                            o.world - 1),
+                "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
     // WORLD_SIZE: the first rank to arrive sets it; every other rank compares.
     const auto agreed = text(store->compareSet("world", {}, bytes(std::to_string(o.world))));
     if (agreed != std::to_string(o.world))
-      throw CommError(fmt::format("rank {} has WORLD_SIZE={} but another rank joined the store at {} with WORLD_SIZE={}",
-                                  o.rank, o.world, where, agreed),
-                      "every rank must get the same WORLD_SIZE");
+      abort_all(fmt::format("rank {} has WORLD_SIZE={} but another rank joined the store at {} with WORLD_SIZE={}", o.rank,
+                            o.world, where, agreed),
+                "every rank must get the same WORLD_SIZE");
     if (store->add(key("rank", o.rank), 1) != 1)
-      throw CommError(fmt::format("two processes claim RANK={} at the store {}", o.rank, where),
-                      "every rank needs a distinct RANK in 0..WORLD_SIZE-1");
+      abort_all(fmt::format("two processes claim RANK={} at the store {}", o.rank, where),
+                "every rank needs a distinct RANK in 0..WORLD_SIZE-1");
     store->set(key("proc", o.rank), bytes(fmt::format("{} {}", this_host(), ::getpid())));
     // Wait for everyone by polling check(): unlike a blocking wait() it tells us who is missing
-    // when the deadline passes.
+    // when the deadline passes. A published abort, or a rank recorded as failed (by itself or by
+    // the launcher that saw it exit), ends the wait at once.
     std::vector<std::string> keys;
     for (int r = 0; r < o.world; ++r) keys.push_back(key("rank", r));
     const double deadline = now_s() + o.timeout_s;
     for (int sleep_ms = 1; !store->check(keys); sleep_ms = std::min(50, sleep_ms * 2)) {
+      if (store->check({"abort"})) throw CommError(text(store->get("abort")), "every rank stopped because of it");
+      if (store->add("failures", 0) > 0)
+        for (int r = 0; r < o.world; ++r)
+          if (auto rec = read_failure(*store, r); rec && r != o.rank)
+            throw CommError(fmt::format("rendezvous on rank {} stopped: rank {} failed before every rank joined: {}",
+                                        o.rank, r, rec->what),
+                            "fix what stopped that rank and start all ranks again", rec->root >= 0 ? rec->root : r);
       if (now_s() > deadline) {
         std::string missing;
         int n = 0;
@@ -256,6 +273,47 @@ std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world) {
   return out;
 }
 
+void publish_failure(c10d::Store& store, int rank, const FailureRecord& rec) noexcept {
+  try {
+    // compareSet answers, so the record is in the store before this rank closes a connection.
+    store.compareSet(key("failed", rank), {}, bytes(fmt::format("{}\n{}", rec.root, rec.what)));
+    store.add("failures", 1);
+  } catch (const std::exception&) {
+  }
+}
+
+void publish_abort(c10d::Store& store, const std::string& why) noexcept {
+  try {
+    store.compareSet("abort", {}, bytes(why));
+  } catch (const std::exception&) {
+  }
+}
+
+std::optional<FailureRecord> read_failure(c10d::Store& store, int rank) noexcept {
+  try {
+    if (!store.check({key("failed", rank)})) return std::nullopt;
+    const std::string v = text(store.get(key("failed", rank)));
+    const auto nl = v.find('\n');
+    long long root = -1;
+    if (nl == std::string::npos || !parse_int(v.substr(0, nl), root)) return std::nullopt;
+    return FailureRecord{static_cast<int>(root), v.substr(nl + 1)};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+FailureRecord root_failure(c10d::Store& store, int self, int world, int peer, const std::string& own, double wait_s) {
+  const double deadline = now_s() + wait_s;
+  for (;;) {
+    for (int r = 0; r < world; ++r) {
+      if (r == self || (peer >= 0 && r != peer)) continue;
+      if (auto rec = read_failure(store, r)) return *rec;
+    }
+    if (now_s() >= deadline) return {peer, own};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 StoreHost::StoreHost(const std::string& addr, int port, double timeout_s) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(port);
@@ -265,7 +323,7 @@ StoreHost::StoreHost(const std::string& addr, int port, double timeout_s) {
   try {
     auto s = c10::make_intrusive<c10d::TCPStore>(addr, so);
     port_ = s->getPort();
-    store_ = s;
+    store_ = job_keys(s);
   } catch (const std::exception& e) {
     const std::string msg = e.what();
     throw CommError(fmt::format("cannot host a rendezvous store on {}:{}: {}", addr, port, msg.substr(0, msg.find('\n'))));
@@ -275,6 +333,7 @@ StoreHost::StoreHost(const std::string& addr, int port, double timeout_s) {
 StoreHost::~StoreHost() = default;
 
 int StoreHost::port() const { return port_; }
+c10d::Store& StoreHost::store() { return *store_; }
 
 bool nccl_available() {
 #ifdef GASLOC_WITH_NCCL

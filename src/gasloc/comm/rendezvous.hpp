@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gasloc/comm/communicator.hpp"
@@ -32,20 +33,21 @@ struct GlooOptions {
   bool connect_only = false;
 };
 
-// Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required), LOCAL_RANK,
-// GASLOC_COMM_TIMEOUT (seconds), GASLOC_BANDWIDTH_LIMIT (bytes/s; a single number, or
-// per-rank "RANK=BPS,..." entries), GLOO_SOCKET_IFNAME and TORCHELASTIC_USE_AGENT_STORE.
-// Throws CommError naming the variable and saying how to launch.
+// Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required),
+// LOCAL_RANK, GLOO_SOCKET_IFNAME and TORCHELASTIC_USE_AGENT_STORE. Everything else (timeout,
+// bandwidth limit) comes from the job's configuration or the command line, never from gasloc's
+// own variables. Throws CommError naming the variable and saying how to launch.
 GlooOptions gloo_options_from_env();
 // The same, reading variables through `lookup` (returns nullptr for an unset variable): tests.
 GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>& lookup);
 
-// Parses a GASLOC_BANDWIDTH_LIMIT value for `rank`: "1e8" (every rank) or "2=1e7,3=5e7"
+// Parses a bandwidth limit (`--bandwidth-limit`) for `rank`: "1e8" (every rank) or "2=1e7,3=5e7"
 // (listed ranks; others unlimited). Throws CommError on a malformed value.
 double parse_bandwidth_limit(const std::string& spec, int rank);
 
-// Checks the fields (rank in [0, world), port in range, positive timeout ...).
-void validate(const GlooOptions& o);
+// Checks the fields (rank in [0, world), port in range, positive timeout ...). join_store checks
+// the rank's range itself, after joining, so that every rank hears of it.
+void validate(const GlooOptions& o, bool check_rank = true);
 
 // Connects this rank to the rendezvous store (hosting it on rank 0 unless connect_only), checks
 // that every rank agrees on WORLD_SIZE and that no rank is claimed twice, and waits until all
@@ -58,9 +60,29 @@ c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o);
 // is known.
 std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world);
 
+// Why a rank failed, kept in the rendezvous store under failed/RANK. A rank that fails closes its
+// connections, so its peers fail after it; before they report, each looks up the record of the
+// peer it was talking to and names the rank that failed first (`root`) instead of that peer.
+// The first record of a rank wins.
+struct FailureRecord {
+  int root = -1;     // the rank that failed first (-1: unknown, e.g. a collective timed out)
+  std::string what;  // what the rank that saw it fail reported
+};
+// Never throws: the store may be gone with the rank that hosted it.
+void publish_failure(c10d::Store& store, int rank, const FailureRecord& rec) noexcept;
+// A mistake that stops every rank (WORLD_SIZE mismatch...): ranks waiting in join_store fail at
+// once with `why`.
+void publish_abort(c10d::Store& store, const std::string& why) noexcept;
+std::optional<FailureRecord> read_failure(c10d::Store& store, int rank) noexcept;
+// The failure behind this rank's own: the record of `peer` (of any other rank when peer < 0),
+// polled for up to wait_s seconds (a peer that timed out at the same moment publishes a little
+// later); {peer, own} when there is none.
+FailureRecord root_failure(c10d::Store& store, int self, int world, int peer, const std::string& own, double wait_s);
+
 // Hosts a rendezvous store outside any rank, so that every rank (rank 0 included) connects with
-// connect_only = true: tests that run ranks as threads of one process use it with port 0 (the
-// OS picks a free port; no race between choosing and binding it).
+// connect_only = true: `gasloc launch` (the store outlives every rank) and tests that run ranks
+// as threads of one process, with port 0 (the OS picks a free port; no race between choosing
+// and binding it).
 class StoreHost {
  public:
   StoreHost(const std::string& addr, int port, double timeout_s);
@@ -68,6 +90,8 @@ class StoreHost {
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;
   int port() const;
+  // The job's keys (where ranks publish failures; see FailureRecord).
+  c10d::Store& store();
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -28,9 +28,18 @@ class DataError : public Error {
 class CheckpointError : public Error {
   using Error::Error;
 };
-// A peer or transport failure (later: timeouts, dead ranks).
+// A peer or transport failure: a timeout, a dead or misbehaving rank. `failed_rank` is the rank
+// that failed first as far as this rank could tell (-1: unknown), which is not always the peer
+// this rank was talking to: a rank that fails closes its connections and makes its own peers
+// fail after it.
 class CommError : public Error {
-  using Error::Error;
+ public:
+  explicit CommError(const std::string& what, std::string hint = {}, int failed_rank = -1)
+      : Error(what, std::move(hint)), failed_rank_(failed_rank) {}
+  int failed_rank() const { return failed_rank_; }
+
+ private:
+  int failed_rank_ = -1;
 };
 
 }  // namespace gasloc
