@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 
@@ -61,7 +62,7 @@ Action add_comm_check(CLI::App& app) {
     std::string backend = "gloo", out;
     int64_t numel = 100000;
     int rounds = 2;
-    int die_rank = -1, mismatch_rank = -1;
+    int die_rank = -1, mismatch_rank = -1, stall_rank = -1;
     double timeout = 0;
     std::string bandwidth;
   };
@@ -74,6 +75,7 @@ Action add_comm_check(CLI::App& app) {
   app.add_option("--bandwidth-limit", o->bandwidth,
                  "throttle this rank's link: BYTES_PER_S for every rank, or RANK=BYTES_PER_S,... (gasloc launch passes it)");
   app.add_option("--die-rank", o->die_rank, "fault injection: this rank exits abruptly (status 3) before its first exchange");
+  app.add_option("--stall-rank", o->stall_rank, "fault injection: this rank stops itself (SIGSTOP) before its first exchange");
   app.add_option("--mismatch-rank", o->mismatch_rank, "fault injection: this rank exchanges one element more than the others");
   return [o]() {
     auto opts = comm::gloo_options_from_env();
@@ -112,6 +114,11 @@ Action add_comm_check(CLI::App& app) {
       fmt::print("comm-check rank {}: exiting abruptly before the exchange (--die-rank {})\n", r, r);
       std::fflush(stdout);
       ::_exit(3);  // no destructors: the sockets close as if the process had crashed
+    }
+    if (r == o->stall_rank) {
+      fmt::print("comm-check rank {}: stopping itself before the exchange (--stall-rank {})\n", r, r);
+      std::fflush(stdout);
+      ::raise(SIGSTOP);  // alive, connections open, silent: its peers must time out naming it
     }
     std::vector<torch::Tensor> recv;
     for (int round = 0; round < o->rounds; ++round) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <optional>
 
 #include "commands.hpp"
@@ -154,7 +155,8 @@ int run_launch(const Opts& o) {
   // --timeout and --bandwidth-limit reach gasloc's own commands as their arguments (gasloc reads
   // no variable of its own); another command gets its settings from the user.
   std::vector<std::string> args = o.cmd;
-  const bool self = exe == resolve("gasloc") && args.size() >= 2;
+  std::error_code ec;
+  const bool self = args.size() >= 2 && std::filesystem::equivalent(exe, resolve("gasloc"), ec);
   if (self && args[1] == "train") {
     if (o.timeout > 0) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", o.timeout)});
     if (!o.bandwidth.empty())
