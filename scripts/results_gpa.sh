@@ -29,7 +29,7 @@ for name in adamw gpa diloco_h32; do
   fi
   echo "== $name =="
   # shellcheck disable=SC2086
-  if [ -f "$dir/checkpoint.pt" ]; then build/gasloc train --resume "$dir" --set train.steps="$steps"
+  if [ -d "$dir/checkpoints" ]; then build/gasloc train --resume "$dir" --set train.steps="$steps"
   else build/gasloc train "${common[@]}" ${extra[$name]} --set train.run_dir="$dir"; fi | grep --line-buffered -v '^    '
 done
 # Training time of the runs themselves (their last wall_time_s), whether run now or reused.

@@ -65,9 +65,9 @@ expect_error "bad.toml:3" "$G" train --config bad.toml
 expect_error "optim.learning_rate" "$G" train "${common[@]}" --set optim.learning_rate=1
 expect_error "unknown model preset 'huge'" "$G" train "${common[@]}" --set model.preset=huge
 expect_error "data.seq_len" "$G" train "${common[@]}" --set data.seq_len=4096
-expect_error "already holds a checkpoint" "$G" train "${common[@]}" --set train.run_dir=run
+expect_error "already holds checkpoints" "$G" train "${common[@]}" --set train.run_dir=run
 expect_error "differs" "$G" train --resume run --set model.n_layers=3
-expect_error "'adamw' optimizer" "$G" train --resume run --set optim.name=gpa --set train.steps=30
+expect_error 'optim is "adamw" in the checkpoint' "$G" train --resume run --set optim.name=gpa --set train.steps=30
 expect_error "optim.mu_y" "$G" train "${common[@]}" --set optim.name=gpa --set optim.mu_y=0
 expect_error "missing.txt" "$G" prepare --input missing.txt --out d2
 printf '{"text": "ok"}\nnot json\n' > bad.jsonl

@@ -12,6 +12,7 @@
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/run_summary.hpp"
+#include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/sweep.hpp"
 #include "test_util.hpp"
 
@@ -193,14 +194,14 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
   ASSERT_TRUE(threw);
   const fs::path root = kRoot / "runs" / "disk";
   // The finished run gave up its checkpoint (sweep.keep_checkpoints is false) and kept its results.
-  EXPECT_FALSE(fs::exists(root / "small" / "checkpoint.pt"));
+  EXPECT_FALSE(fs::exists(root / "small" / "checkpoints"));
   EXPECT_FALSE(fs::exists(root / "after"));
   const auto small = read_file(root / "small" / "metrics.jsonl");
   const auto large = read_file(root / "large" / "metrics.jsonl");  // evaluated at its last step before the failure
   train::run_sweep(spec, options("disk.md"));  // space again: nothing is redone, the rest runs
   EXPECT_EQ(read_file(root / "small" / "metrics.jsonl"), small);
   EXPECT_EQ(read_file(root / "large" / "metrics.jsonl"), large);
-  EXPECT_FALSE(fs::exists(root / "large" / "checkpoint.pt.tmp"));  // the failed write's leftover is gone
+  EXPECT_FALSE(fs::exists(root / "large" / "checkpoints"));  // finished: its checkpoints and the failed write's leftover are gone
   EXPECT_TRUE(fs::exists(root / "after" / "metrics.jsonl"));
   const std::string doc = read_file(kRoot / "disk.md");
   for (const char* row : {"| small | 1 | 1 |", "| large | 1 | 1 |", "| after | 1 | 1 |"}) EXPECT_NE(doc.find(row), std::string::npos) << row;
@@ -209,7 +210,8 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
 TEST_F(Sweep, KeepCheckpointsKeepsThem) {
   train::run_sweep(train::load_sweep(sweep_file("keep", "[[variant]]\nname = \"v\"\n", "keep_checkpoints = true\n")),
                    options("keep.md"));
-  EXPECT_TRUE(fs::exists(kRoot / "runs" / "keep" / "v" / "checkpoint.pt"));
+  EXPECT_TRUE(fs::exists(kRoot / "runs" / "keep" / "v" / "checkpoints"));
+  EXPECT_FALSE(train::RunCheckpoints(kRoot / "runs" / "keep" / "v", 1).committed(0).empty());
 }
 
 // A run stopped and resumed is two processes writing one metrics file, each with its wall clock

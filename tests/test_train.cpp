@@ -15,6 +15,7 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/trainer.hpp"
+#include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
 
 using namespace gasloc;
@@ -23,6 +24,13 @@ namespace fs = std::filesystem;
 namespace {
 // One directory per process: ctest runs the tests of this file as parallel processes.
 const fs::path kRoot = test_util::temp_root("test_train");
+
+// The file of `rank`'s newest committed checkpoint in `run`.
+fs::path newest(const fs::path& run, int rank = 0, int world = 1) {
+  const train::RunCheckpoints c(run, world);
+  const auto steps = c.committed(rank);
+  return steps.empty() ? run / "no-committed-checkpoint" : c.file(steps.front(), rank);
+}
 
 // Sends SIGINT, like Ctrl+C, once training is under way (its first metrics line exists).
 std::thread interrupt_when_running(const fs::path& run, std::atomic<bool>& done) {
@@ -73,8 +81,8 @@ TEST_F(Trainer, ResumeIsBitExact) {
     EXPECT_EQ(second.train_losses[i], full.train_losses[50 + i]) << "step " << 51 + i;
   }
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
-  auto a = train::load_checkpoint(kRoot / "full" / "checkpoint.pt");
-  auto b = train::load_checkpoint(kRoot / "halves" / "checkpoint.pt");
+  auto a = train::load_checkpoint(newest(kRoot / "full"));
+  auto b = train::load_checkpoint(newest(kRoot / "halves"));
   EXPECT_TRUE(torch::equal(a.tensors.at("params"), b.tensors.at("params")));
   EXPECT_TRUE(torch::equal(a.tensors.at("optim.exp_avg_sq"), b.tensors.at("optim.exp_avg_sq")));
 
@@ -96,7 +104,7 @@ TEST_F(Trainer, ResumeIsBitExact) {
 
 TEST_F(Trainer, RefusesAnotherModelShapeAndExistingRuns) {
   train::run_training(request("shape", {"train.steps=10", "train.eval_every=0"}));
-  const auto before = read_file(kRoot / "shape" / "checkpoint.pt");
+  const auto before = read_file(newest(kRoot / "shape"));
   train::TrainRequest r;
   r.quiet = true;
   r.resume_dir = (kRoot / "shape").string();
@@ -105,11 +113,13 @@ TEST_F(Trainer, RefusesAnotherModelShapeAndExistingRuns) {
     train::run_training(r);
     ADD_FAILURE() << "resuming with another model shape must fail";
   } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("differs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("differs from this job: model.n_layers is 2 in the checkpoint, 3 in this job"),
+              std::string::npos)
+        << e.what();
   }
   // A fresh run into a directory that holds a checkpoint is refused, nothing overwritten.
   EXPECT_THROW(train::run_training(request("shape", {"train.steps=10"})), CheckpointError);
-  EXPECT_EQ(read_file(kRoot / "shape" / "checkpoint.pt"), before);
+  EXPECT_EQ(read_file(newest(kRoot / "shape")), before);
   // --resume of something that is not a run.
   r.overrides.clear();
   r.resume_dir = (kRoot / "nope").string();
@@ -169,7 +179,7 @@ TEST_F(Trainer, InterruptWritesACheckpointAndResumes) {
   killer.join();
   EXPECT_TRUE(s.interrupted);
   EXPECT_LT(s.steps_done, 100000);
-  auto ckpt = train::load_checkpoint(run / "checkpoint.pt");
+  auto ckpt = train::load_checkpoint(newest(run));
   EXPECT_EQ(ckpt.meta["step"], s.steps_done);
   train::TrainRequest r;
   r.quiet = true;
@@ -200,9 +210,8 @@ TEST_F(Trainer, InProcessClusterResumeIsBitExact) {
   }
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
   for (int r = 0; r < 4; ++r) {
-    const auto name = "checkpoint-rank" + std::to_string(r) + ".pt";
-    auto a = train::load_checkpoint(kRoot / "cluster_full" / name);
-    auto b = train::load_checkpoint(kRoot / "cluster_halves" / name);
+    auto a = train::load_checkpoint(newest(kRoot / "cluster_full", r, 4));
+    auto b = train::load_checkpoint(newest(kRoot / "cluster_halves", r, 4));
     EXPECT_TRUE(torch::equal(a.tensors.at("params"), b.tensors.at("params"))) << "rank " << r;
     EXPECT_TRUE(torch::equal(a.tensors.at("sync.theta"), b.tensors.at("sync.theta"))) << "rank " << r;
     EXPECT_TRUE(torch::equal(a.tensors.at("sync.momentum"), b.tensors.at("sync.momentum"))) << "rank " << r;
@@ -232,7 +241,7 @@ TEST_F(Trainer, InProcessClusterStopsEveryWorkerAtTheSameStep) {
   killer.join();
   EXPECT_TRUE(s.interrupted);
   for (int r = 0; r < 3; ++r)
-    EXPECT_EQ(train::load_checkpoint(run / ("checkpoint-rank" + std::to_string(r) + ".pt")).meta["step"], s.steps_done);
+    EXPECT_EQ(train::load_checkpoint(newest(run, r, 3)).meta["step"], s.steps_done);
   train::TrainRequest r;
   r.quiet = true;
   r.resume_dir = run.string();
@@ -319,9 +328,8 @@ void expect_resume_bit_exact(const std::string& name, std::vector<std::string> o
   for (size_t i = 0; i < 23; ++i) EXPECT_EQ(second.train_losses[i], full.train_losses[17 + i]) << "step " << 18 + i;
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
   for (int r = 0; r < workers; ++r) {
-    const std::string file = workers == 1 ? "checkpoint.pt" : "checkpoint-rank" + std::to_string(r) + ".pt";
-    auto a = train::load_checkpoint(kRoot / (name + "_full") / file);
-    auto b = train::load_checkpoint(kRoot / (name + "_halves") / file);
+    auto a = train::load_checkpoint(newest(kRoot / (name + "_full"), r, workers));
+    auto b = train::load_checkpoint(newest(kRoot / (name + "_halves"), r, workers));
     ASSERT_EQ(a.tensors.size(), b.tensors.size());
     for (const auto& [k, t] : a.tensors)  // the global RNG is shared by the runs of this test process
       if (k != "rng.cpu") EXPECT_TRUE(torch::equal(t, b.tensors.at(k))) << k << " rank " << r;
@@ -333,7 +341,7 @@ TEST_F(Trainer, GpaAndScheduleFreeResumeBitExactly) {
   expect_resume_bit_exact("gpa", {"optim.name=gpa", "optim.mu_x=0.9"}, 1, request);
   expect_resume_bit_exact("sf", {"optim.name=schedule_free", "optim.decay=constant", "optim.decay_on=y"}, 1, request);
   // The checkpoint holds x (params), z, y, the moments; and schedule-free's averaging weights.
-  auto c = train::load_checkpoint(kRoot / "sf_full" / "checkpoint.pt");
+  auto c = train::load_checkpoint(newest(kRoot / "sf_full"));
   for (const char* k : {"params", "optim.z", "optim.y", "optim.exp_avg", "optim.exp_avg_sq", "optim.sf_weight_sum"})
     EXPECT_TRUE(c.tensors.count(k)) << k;
   // params is x = y + (1 - 1/mu_y)(z - y), not y.
@@ -361,7 +369,7 @@ TEST_F(Trainer, GpaInsideDiLoCoResumesBitExactly) {
 
 TEST_F(Trainer, ACheckpointOfAnotherOptimizerIsRefused) {
   train::run_training(request("optim_switch", {"train.steps=10", "train.eval_every=0"}));
-  const auto before = read_file(kRoot / "optim_switch" / "checkpoint.pt");
+  const auto before = read_file(newest(kRoot / "optim_switch"));
   train::TrainRequest r;
   r.quiet = true;
   r.resume_dir = (kRoot / "optim_switch").string();
@@ -370,7 +378,152 @@ TEST_F(Trainer, ACheckpointOfAnotherOptimizerIsRefused) {
     train::run_training(r);
     ADD_FAILURE() << "resuming an AdamW run as GPA must fail";
   } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("'adamw' optimizer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("optim is \"adamw\" in the checkpoint, \"gpa\" in this job"), std::string::npos)
+        << e.what();
   }
-  EXPECT_EQ(read_file(kRoot / "optim_switch" / "checkpoint.pt"), before);
+  EXPECT_EQ(read_file(newest(kRoot / "optim_switch")), before);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-phase checkpoints, integrity, counters across resume, run directories, divergence.
+
+namespace {
+// Every metrics line of a run without the fields that measure real time, sorted (worker threads
+// write their lines in any order).
+std::vector<std::string> metrics_without_wall_time(const fs::path& run) {
+  std::vector<std::string> out;
+  std::ifstream m(run / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    j.erase("wall_time_s");
+    j.erase("tokens_per_s");
+    out.push_back(j.dump());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Makes the path a directory, so that writing a file there fails as a full disk would.
+void block_path(const fs::path& p) { fs::create_directories(p); }
+
+const std::vector<std::string> kCluster = {"cluster.workers=3", "algo.name=gasloc", "algo.topology=2peer", "algo.H=5",
+                                           "train.steps=30", "train.eval_every=10", "train.checkpoint_every=10",
+                                           "train.log_every=5"};
+}  // namespace
+
+TEST_F(Trainer, ARankThatFailsMidSaveLeavesTheRunResumable) {
+  const auto full = train::run_training(request("two_phase_full", kCluster));
+  // Rank 1 cannot write its step-20 file (rank 0 and 2 can): the step is never committed, every
+  // rank stops, and --resume continues from step 10, as if nothing had happened.
+  const fs::path run = kRoot / "two_phase";
+  auto part = kCluster;
+  part.push_back("train.stop_at=10");
+  train::run_training(request("two_phase", part));
+  block_path(run / "checkpoints" / "step-00000020" / "rank1.pt.tmp");
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = run.string();
+  EXPECT_THROW(train::run_training(again), Error);
+  EXPECT_EQ(train::RunCheckpoints(run, 3).committed(0), (std::vector<int64_t>{10}));
+  fs::remove_all(run / "checkpoints" / "step-00000020" / "rank1.pt.tmp");
+  const auto second = train::run_training(again);
+  EXPECT_EQ(second.train_losses.size(), 20u);  // steps 11..30
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+  for (int r = 0; r < 3; ++r) {
+    auto a = train::load_checkpoint(newest(kRoot / "two_phase_full", r, 3));
+    auto b = train::load_checkpoint(newest(run, r, 3));
+    for (const auto& [k, t] : a.tensors)
+      if (k != "rng.cpu") EXPECT_TRUE(torch::equal(t, b.tensors.at(k))) << k << " rank " << r;
+  }
+  // Every metric continues across the resume (bytes, virtual time, idle): the whole run's lines
+  // equal the uninterrupted run's, real-time fields aside.
+  EXPECT_EQ(metrics_without_wall_time(run), metrics_without_wall_time(kRoot / "two_phase_full"));
+}
+
+TEST_F(Trainer, AStepCommittedByOneRankIsResumedByAll) {
+  const auto full = train::run_training(request("commit_full", kCluster));
+  const fs::path run = kRoot / "commit_partial";
+  auto part = kCluster;
+  part.push_back("train.stop_at=10");
+  train::run_training(request("commit_partial", part));
+  // Rank 2 cannot record its commit of step 20 (it wrote the file; ranks 0 and 1 commit).
+  block_path(run / "checkpoints" / "rank2.committed.tmp");
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  EXPECT_THROW(train::run_training(r), Error);
+  fs::remove_all(run / "checkpoints" / "rank2.committed.tmp");
+  const train::RunCheckpoints c(run, 3);
+  EXPECT_EQ(c.committed(0), (std::vector<int64_t>{20, 10}));
+  EXPECT_EQ(c.committed(2), (std::vector<int64_t>{10}));
+  const auto second = train::run_training(r);  // from step 20: rank 0's commit proves rank 2 wrote it
+  EXPECT_EQ(second.train_losses.size(), 10u);
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+  EXPECT_EQ(metrics_without_wall_time(run), metrics_without_wall_time(kRoot / "commit_full"));
+  // Mixed steps that no commit explains are refused, naming the rank.
+  fs::remove(c.file(30, 1));
+  try {
+    train::run_training(r);
+    ADD_FAILURE() << "a missing rank file was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("mixed steps: step 30 is committed, but rank 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Trainer, ADamagedCheckpointIsRefusedAndThePreviousStepOffered) {
+  auto opts = kCluster;
+  opts.push_back("train.stop_at=20");
+  train::run_training(request("damaged", opts));
+  const fs::path run = kRoot / "damaged";
+  const fs::path f = train::RunCheckpoints(run, 3).file(20, 1);
+  {  // 4 KB of garbage in the middle of the tensor data, in place (size and zip structure intact)
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(f) / 2));
+    const std::string junk(4096, '\x5a');
+    io.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  try {
+    train::run_training(r);
+    ADD_FAILURE() << "a damaged checkpoint was loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt checkpoint"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("--resume-step 10"), std::string::npos) << e.hint();
+  }
+  r.resume_step = 10;
+  EXPECT_EQ(train::run_training(r).steps_done, 30);
+}
+
+TEST_F(Trainer, ARunDirectoryThatHoldsAnotherRunIsRefused) {
+  train::run_training(request("taken", {"cluster.workers=2", "algo.name=diloco", "algo.H=5", "train.steps=10"}));
+  // A multi-worker run's checkpoints count (the old guard looked for checkpoint.pt only).
+  EXPECT_THROW(train::run_training(request("taken", {"train.steps=10"})), CheckpointError);
+  // Another run's run.json and metrics, without a checkpoint: refused too, nothing appended.
+  fs::remove_all(kRoot / "taken" / "checkpoints");
+  const auto metrics = read_file(kRoot / "taken" / "metrics.jsonl");
+  try {
+    train::run_training(request("taken", {"train.steps=10", "optim.lr=0.001"}));
+    ADD_FAILURE() << "a run directory of another configuration was reused";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds another run"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(kRoot / "taken" / "metrics.jsonl"), metrics);
+}
+
+TEST_F(Trainer, ADivergingWorkerStopsTheRunBeforeItSends) {
+  // lr = 10 makes the loss climb far above ln(257) = 5.5; the run stops with an error instead of
+  // finishing "done" at loss 238, and keeps its last committed checkpoint.
+  const auto opts = std::vector<std::string>{"optim.lr=10", "optim.warmup_steps=0", "optim.grad_clip=0",
+                                             "train.steps=200", "train.checkpoint_every=1", "train.eval_every=0"};
+  try {
+    train::run_training(request("diverge", opts));
+    ADD_FAILURE() << "a diverging run finished";
+  } catch (const train::TrainingDiverged& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 0 diverged at step"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("last committed checkpoint is step"), std::string::npos) << e.hint();
+  }
+  EXPECT_FALSE(train::RunCheckpoints(kRoot / "diverge", 1).committed(0).empty());
+  EXPECT_THROW(train::run_training(request("inf_lr", {"optim.lr=inf"})), ConfigError);
 }

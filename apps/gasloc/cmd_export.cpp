@@ -18,7 +18,7 @@ Action add_export(CLI::App& app) {
     std::string run, out, dtype = "float32";
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--run", o->run, "run directory (holds run.json and checkpoint.pt)")->required();
+  app.add_option("--run", o->run, "run directory (holds run.json and checkpoints/)")->required();
   app.add_option("--out", o->out, "output directory for model.safetensors and config.json")->required();
   app.add_option("--dtype", o->dtype, "float32 or bfloat16")->capture_default_str();
   return [o]() {
@@ -30,7 +30,11 @@ Action add_export(CLI::App& app) {
       throw CheckpointError("corrupt run.json in '" + o->run + "'");
     const auto job = train::job_from_json(info["config"], {});
     const auto mc = job.model.resolve(info["model"].value("vocab_size", int64_t{0}));
-    const auto ckpt = train::load_checkpoint(run / "checkpoint.pt");
+    const train::RunCheckpoints ckpts(run, info.value("world", 1));
+    const auto steps = ckpts.committed(0);
+    if (steps.empty())
+      throw CheckpointError("run '" + o->run + "' has no committed checkpoint", "export a run that saved one");
+    const auto ckpt = train::load_checkpoint(ckpts.file(steps.front(), 0));
     model::Llama m(mc);
     FlatParams flat(m->hf_parameters());
     const auto it = ckpt.tensors.find("params");

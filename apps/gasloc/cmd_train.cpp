@@ -1,8 +1,10 @@
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
 
 #include "commands.hpp"
+#include "gasloc/core/error.hpp"
 #include "gasloc/train/trainer.hpp"
 
 namespace gasloc::app {
@@ -16,7 +18,10 @@ Action add_train(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("--config,-c", o->req.config_path, "TOML job file (see configs/ and --help-config)");
   app.add_option("--set,-s", o->req.overrides, "override a setting: section.key=value (repeatable)");
-  app.add_option("--resume", o->req.resume_dir, "continue the run in this directory from its checkpoint");
+  app.add_option("--resume", o->req.resume_dir, "continue the run in this directory from its newest committed checkpoint");
+  app.add_option("--resume-step", o->req.resume_step,
+                 "with --resume: continue from this committed step instead (the previous one is kept, e.g. when the "
+                 "newest is damaged)");
   app.add_option("--device", o->device, "cpu or cuda (same as --set train.device=...)");
   app.add_option("--dtype", o->dtype, "fp32 or bf16 (same as --set train.dtype=...)");
   app.add_flag("--help-config", o->help_config, "list every setting with its default and doc, then exit");
@@ -26,11 +31,18 @@ Action add_train(CLI::App& app) {
       return 0;
     }
     auto req = o->req;
+    if (req.config_path.empty() && req.resume_dir.empty() && req.overrides.empty() && o->device.empty() &&
+        o->dtype.empty())
+      throw ConfigError("gasloc train needs a job: --config FILE, --resume RUN, or --set options over the defaults",
+                        "e.g. gasloc train --config configs/tiny.toml; see gasloc train --help and --help-config");
     if (!o->device.empty()) req.overrides.push_back("train.device=" + o->device);
     if (!o->dtype.empty()) req.overrides.push_back("train.dtype=" + o->dtype);
     const auto s = train::run_training(req);
-    fmt::print("{} after {} steps: validation loss {:.4f} (run: {})\n", s.interrupted ? "stopped" : "done", s.steps_done,
-               s.final_val_loss, s.run_dir);
+    if (s.interrupted || !std::isfinite(s.final_val_loss))
+      fmt::print("stopped after {} steps; checkpoint committed (run: {}; continue with `gasloc train --resume {}`)\n",
+                 s.steps_done, s.run_dir, s.run_dir);
+    else
+      fmt::print("done after {} steps: validation loss {:.4f} (run: {})\n", s.steps_done, s.final_val_loss, s.run_dir);
     return s.interrupted ? 130 : 0;
   };
 }

@@ -226,6 +226,10 @@ GlooCommunicator::~GlooCommunicator() = default;
 int GlooCommunicator::rank() const { return impl_->o.rank; }
 int GlooCommunicator::world() const { return impl_->o.world; }
 const GlooOptions& GlooCommunicator::options() const { return impl_->o; }
+
+void GlooCommunicator::record_own_failure(const std::string& what) {
+  if (impl_->store) publish_failure(*impl_->store, impl_->o.rank, {impl_->o.rank, what});
+}
 CommStats GlooCommunicator::stats() const { return impl_->stats; }
 double GlooCommunicator::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
 

@@ -66,6 +66,9 @@ class GlooCommunicator final : public Communicator {
   CommStats stats() const override;
 
   const GlooOptions& options() const;
+  // Records in the rendezvous store that this rank is failing for its own reason (`what`), before
+  // it exits: its peers, which fail when its connections close, then name it and the reason.
+  void record_own_failure(const std::string& what);
 
  private:
   struct Impl;

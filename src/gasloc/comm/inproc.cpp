@@ -300,4 +300,12 @@ CommStats InProcCluster::stats(int rank) const { return comm_at(rank, "stats").s
 
 double InProcCluster::clock(int rank) const { return comm_at(rank, "clock").now(); }
 
+void InProcCluster::restore(int rank, double clock, const CommStats& stats) {
+  comm_at(rank, "restore");
+  std::lock_guard lk(state_->mu);
+  if (state_->running) throw CommError("InProcCluster::restore: the cluster is running");
+  state_->ranks[rank].clock = clock;
+  state_->ranks[rank].stats = stats;
+}
+
 }  // namespace gasloc::comm

@@ -49,6 +49,9 @@ class InProcCluster {
   void run(const std::function<void(int, Communicator&)>& f);
   CommStats stats(int rank) const;
   double clock(int rank) const;
+  // Sets a rank's clock and counters before a run: a resumed run continues where its checkpoint
+  // left them, so every later price (max of clocks, idle time) is what it would have been.
+  void restore(int rank, double clock, const CommStats& stats);
 
  private:
   const Communicator& comm_at(int rank, const char* what) const;  // checks the rank

@@ -1,21 +1,45 @@
 #include "gasloc/train/checkpoint.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/checksum.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::train {
+namespace fs = std::filesystem;
 
 static constexpr const char* kFormat = "gasloc-checkpoint-1";
 
-void save_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt) {
+namespace {
+// Names and bytes of every tensor, in the map's (sorted) order.
+std::string tensors_checksum(const StateDict& tensors) {
+  Checksum sum;
+  for (const auto& [name, t] : tensors) {
+    const torch::Tensor c = t.detach().cpu().contiguous();
+    sum.update(name.data(), name.size());
+    const int64_t dtype = static_cast<int64_t>(c.scalar_type());
+    sum.update(&dtype, sizeof dtype);
+    for (const int64_t d : c.sizes()) sum.update(&d, sizeof d);
+    sum.update(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  }
+  return sum.hex();
+}
+
+const char* kDamagedHint = "the file is damaged; resume from the previous committed step (the error names it) or restore a copy";
+}  // namespace
+
+void save_checkpoint(const fs::path& path, const Checkpoint& ckpt) {
   torch::serialize::OutputArchive archive;
   nlohmann::json meta = ckpt.meta;
   meta["format"] = kFormat;
+  meta["checksum"] = tensors_checksum(ckpt.tensors);
   archive.write("meta", c10::IValue(meta.dump()));
   for (const auto& [name, t] : ckpt.tensors) archive.write("t/" + name, t.detach().cpu().contiguous(), /*is_buffer=*/true);
   std::ostringstream out;
@@ -27,8 +51,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt) 
   }
 }
 
-Checkpoint load_checkpoint(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path))
+Checkpoint load_checkpoint(const fs::path& path) {
+  if (!fs::exists(path))
     throw CheckpointError("no checkpoint at '" + path.string() + "'", "pass the run directory of a run that saved a checkpoint");
   Checkpoint ckpt;
   torch::serialize::InputArchive archive;
@@ -49,12 +73,99 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   } catch (const std::exception& e) {
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));
-    throw CheckpointError("corrupt checkpoint '" + path.string() + "': " + msg,
-                          "the file is damaged or not a gasloc checkpoint; start a new run or restore a copy");
+    throw CheckpointError("corrupt checkpoint '" + path.string() + "': " + msg, kDamagedHint);
   }
   if (ckpt.meta.value("format", "") != kFormat)
     throw CheckpointError("'" + path.string() + "' is not a " + kFormat + " file");
+  // The archive format checks its structure but not the tensor bytes (LibTorch 1.13 ignores the
+  // zip CRCs): without this, 4 KB overwritten in place would load and train on garbage.
+  if (!ckpt.meta.contains("checksum"))
+    throw CheckpointError("checkpoint '" + path.string() + "' carries no checksum (written by an older gasloc)",
+                          "start a new run; checkpoints are verified since gasloc 0.2");
+  if (tensors_checksum(ckpt.tensors) != ckpt.meta["checksum"].get<std::string>())
+    throw CheckpointError("corrupt checkpoint '" + path.string() + "': its tensor data does not match its checksum",
+                          kDamagedHint);
   return ckpt;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+RunCheckpoints::RunCheckpoints(fs::path run_dir, int world)
+    : run_dir_(std::move(run_dir)), dir_(run_dir_ / "checkpoints"), world_(world) {}
+
+fs::path RunCheckpoints::file(int64_t step, int rank) const {
+  return dir_ / fmt::format("step-{:08d}", step) / fmt::format("rank{}.pt", rank);
+}
+
+void RunCheckpoints::write(int64_t step, int rank, const Checkpoint& ckpt) const { save_checkpoint(file(step, rank), ckpt); }
+
+std::vector<int64_t> RunCheckpoints::committed(int rank) const {
+  const fs::path marker = dir_ / fmt::format("rank{}.committed", rank);
+  if (!fs::exists(marker)) return {};
+  auto j = nlohmann::json::parse(read_file(marker), nullptr, false);
+  if (j.is_discarded() || !j.contains("steps") || !j["steps"].is_array())
+    throw CheckpointError("corrupt commit record '" + marker.string() + "'",
+                          "remove it to fall back to rank files by hand, or start a new run");
+  return j["steps"].get<std::vector<int64_t>>();
+}
+
+void RunCheckpoints::commit(int64_t step, int rank) const {
+  std::vector<int64_t> steps = committed(rank);
+  if (steps.empty() || steps.front() != step) steps.insert(steps.begin(), step);
+  if (steps.size() > 2) steps.resize(2);
+  try {
+    write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", steps}}).dump() + "\n");
+  } catch (const Error& e) {
+    throw CheckpointError("checkpoint not committed: " + std::string(e.what()), e.hint());
+  }
+  // This rank's files of steps it no longer keeps; a step directory goes with its last file.
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(dir_, ec)) {
+    const std::string name = d.path().filename().string();
+    if (!d.is_directory() || name.rfind("step-", 0) != 0) continue;
+    int64_t s = -1;
+    try {
+      s = std::stoll(name.substr(5));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (s >= steps.back()) continue;
+    fs::remove(d.path() / fmt::format("rank{}.pt", rank), ec);
+    if (fs::is_empty(d.path(), ec)) fs::remove(d.path(), ec);
+  }
+}
+
+int64_t RunCheckpoints::resume_step(const std::vector<std::vector<int64_t>>& committed_by_rank,
+                                    const std::vector<int>& local_ranks) const {
+  int64_t step = -1;
+  for (const auto& steps : committed_by_rank)
+    if (!steps.empty()) step = std::max(step, steps.front());
+  if (step < 0)
+    throw CheckpointError("'" + run_dir_.string() + "' holds no committed checkpoint",
+                          "the run stopped before its first checkpoint; start it again without --resume");
+  std::string missing;
+  for (const int r : local_ranks) {
+    const auto& steps = committed_by_rank.at(static_cast<size_t>(r));
+    if (fs::exists(file(step, r))) continue;
+    missing += fmt::format("{}rank {} (committed: {})", missing.empty() ? "" : ", ", r,
+                           steps.empty() ? std::string("none") : fmt::format("{}", fmt::join(steps, ", ")));
+  }
+  if (!missing.empty())
+    throw CheckpointError(fmt::format("the checkpoints in '{}' are from mixed steps: step {} is committed, but {} {} no "
+                                      "file for it",
+                                      run_dir_.string(), step, missing, missing.find(',') == std::string::npos ? "has" : "have"),
+                          "restore the missing files, or resume an earlier step with --resume-step");
+  return step;
+}
+
+bool RunCheckpoints::any() const {
+  std::error_code ec;
+  if (fs::exists(dir_, ec) && !fs::is_empty(dir_, ec)) return true;
+  for (const auto& e : fs::directory_iterator(run_dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint", 0) == 0 && e.path().extension() == ".pt") return true;
+  }
+  return false;
 }
 
 }  // namespace gasloc::train

@@ -125,6 +125,13 @@ void OptimSection::resolve() {
 }
 
 void JobConfig::validate() const {
+  // inf or nan is never a setting (optim.lr = inf used to train on NaN).
+  for_each_section([](const char* section, auto& s) {
+    const_cast<std::decay_t<decltype(s)>&>(s).visit([&](const char* key, auto& value, const char*) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>)
+        require(std::isfinite(value), std::string(section) + "." + key, "must be a finite number");
+    });
+  });
   model.resolve(0);  // preset known and shape consistent
   for (auto [k, v] : {std::pair{"dim", model.dim}, {"n_layers", model.n_layers}, {"n_heads", model.n_heads},
                       {"n_kv_heads", model.n_kv_heads}, {"max_seq_len", model.max_seq_len}})
@@ -173,6 +180,8 @@ void JobConfig::validate() const {
   require(train.threads >= 0, "train.threads", "must be >= 0");
   require(train.blas_threads >= 0, "train.blas_threads", "must be >= 0");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
+  require(train.divergence_factor == 0 || train.divergence_factor > 1, "train.divergence_factor",
+          "must be 0 (never stop) or above 1 (a multiple of ln(vocab))");
   require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
   require(cluster.backend == "inproc" || cluster.backend == "gloo", "cluster.backend",
           "must be inproc or gloo, got '" + cluster.backend + "'");

@@ -131,6 +131,7 @@ struct TrainSection {
   int64_t threads = 0;
   int64_t blas_threads = 0;
   std::string run_dir = "runs/default";
+  double divergence_factor = 2.0;
 
   template <class V>
   void visit(V&& v) {
@@ -145,6 +146,8 @@ struct TrainSection {
     v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
     v("blas_threads", blas_threads, "OpenBLAS threads per product (0 = 1 when workers are threads of one process, else its default)");
     v("run_dir", run_dir, "where run.json, metrics.jsonl and checkpoints go");
+    v("divergence_factor", divergence_factor,
+      "stop the run when a worker's training loss exceeds this many times ln(vocab), the loss of a uniform guess (0 = never)");
   }
 };
 

@@ -33,6 +33,9 @@ class Meeting {
   // Called by every rank after every step; true when this rank must stop after `step`.
   // All ranks stop after the same step.
   virtual bool should_stop(int rank, int64_t step, bool stop_requested) = 0;
+  // Collective: returns when every rank has called it (checkpoint commits). Costs no virtual
+  // time: the algorithm's clocks do not see it.
+  virtual void barrier(int rank) = 0;
   // Bytes the meeting itself sent from this rank (excluded from reported traffic).
   virtual int64_t own_bytes(int rank) const { return 0; }
 };
@@ -43,6 +46,7 @@ class ThreadMeeting final : public Meeting {
   ThreadMeeting(std::vector<Worker*> workers, const std::vector<data::Batch>* val, double timeout_s);
   EvalResult evaluate(int rank, Worker& worker, int64_t step) override;
   bool should_stop(int rank, int64_t step, bool stop_requested) override;
+  void barrier(int) override { wait_all([] {}); }
   // Wakes every waiting rank with a CommError (a worker thread failed).
   void fail(const std::string& why);
 
@@ -68,6 +72,7 @@ class CommMeeting final : public Meeting {
   CommMeeting(comm::Communicator& comm, const std::vector<data::Batch>* val, int64_t check_every);
   EvalResult evaluate(int rank, Worker& worker, int64_t step) override;
   bool should_stop(int rank, int64_t step, bool stop_requested) override;
+  void barrier(int) override { comm_.barrier(); }
   int64_t own_bytes(int) const override { return own_bytes_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "gasloc/train/sweep.hpp"
 
+#include "gasloc/train/checkpoint.hpp"
+
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
@@ -104,14 +106,18 @@ std::string point_name(const std::vector<std::pair<std::string, json>>& point) {
   return s;
 }
 
-bool has_checkpoint(const fs::path& dir) {
-  return fs::exists(dir / "checkpoint.pt") || fs::exists(dir / "checkpoint-rank0.pt");
-}
+bool has_checkpoint(const fs::path& dir) { return !RunCheckpoints(dir, 1).committed(0).empty(); }
 
 // Removes a finished run's checkpoints (and the temporary files of a failed write); returns the
 // bytes freed. Its results live in metrics.jsonl.
 uintmax_t remove_checkpoints(const fs::path& dir) {
   uintmax_t freed = 0;
+  std::error_code ec;
+  if (fs::exists(dir / "checkpoints")) {
+    for (const auto& e : fs::recursive_directory_iterator(dir / "checkpoints", ec))
+      if (e.is_regular_file()) freed += e.file_size();
+    fs::remove_all(dir / "checkpoints", ec);
+  }
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (e.is_regular_file() && name.rfind("checkpoint", 0) == 0 &&

@@ -12,6 +12,7 @@ struct TrainRequest {
   std::string config_path;             // TOML job file ("" = defaults only)
   std::vector<std::string> overrides;  // section.key=value
   std::string resume_dir;              // continue this run from its checkpoint
+  int64_t resume_step = -1;            // with resume_dir: this committed step (-1 = the newest)
   bool quiet = false;                  // no progress lines (tests)
 };
 

@@ -1,7 +1,10 @@
 #include "gasloc/train/worker.hpp"
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/hf_export.hpp"
@@ -75,6 +78,7 @@ Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const 
                                      : data::TokenRange{0, dataset.train->size()};
   sampler_ = std::make_unique<data::WindowSampler>(dataset.train, job_.data.batch_size, job_.data.seq_len,
                                                    job_.train.seed + static_cast<uint64_t>(comm_.rank()), range);
+  max_loss_ = job_.train.divergence_factor * std::log(static_cast<double>(model_cfg_.vocab_size));
 }
 
 namespace {
@@ -103,8 +107,18 @@ StepResult Worker::step() {
   {
     AutocastGuard autocast(device_, job_.train.dtype);
     auto loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_));
-    loss.backward();
     r.loss = loss.item<double>();
+    // Checked before anything is sent: a diverged worker must stop itself, not contaminate its
+    // peers and then see them blamed.
+    if (!std::isfinite(r.loss) || (max_loss_ > 0 && r.loss > max_loss_))
+      throw TrainingDiverged(
+          std::isfinite(r.loss)
+              ? fmt::format("worker {} diverged at step {}: training loss {:.4g} exceeds {:g} x ln(vocab {}) = {:.2f} "
+                            "(train.divergence_factor)",
+                            comm_.rank(), k, r.loss, job_.train.divergence_factor, model_cfg_.vocab_size, max_loss_)
+              : fmt::format("worker {} diverged at step {}: training loss is {}", comm_.rank(), k, r.loss),
+          "lower optim.lr or raise optim.warmup_steps");
+    loss.backward();
   }
   sync_->after_backward(k, params_, comm_);
   r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);

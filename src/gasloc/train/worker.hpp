@@ -11,6 +11,7 @@
 
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/communicator.hpp"
+#include "gasloc/core/error.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/data/dataset.hpp"
 #include "gasloc/data/sampler.hpp"
@@ -21,6 +22,12 @@
 #include "gasloc/train/job_config.hpp"
 
 namespace gasloc::train {
+
+// A worker whose training loss is not finite or far above a uniform guess: thrown before the
+// step communicates, so a diverged worker never sends its parameters to a healthy one.
+class TrainingDiverged : public Error {
+  using Error::Error;
+};
 
 struct StepResult {
   double loss = 0.0;       // training loss of this step's batch (before the update)
@@ -35,6 +42,8 @@ class Worker {
   Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const data::Dataset& dataset,
          comm::Communicator& comm, std::unique_ptr<algo::Synchronizer> sync);
 
+  // One inner step. Throws TrainingDiverged (before any communication of the step) when the
+  // batch's loss is not finite or exceeds train.divergence_factor * ln(vocab).
   StepResult step();
   // Mean validation loss over the batches at the optimizer's evaluation point (GPA: x), always
   // in fp32 so that runs at different training dtypes are compared on the same footing. Throws
@@ -79,6 +88,7 @@ class Worker {
   std::atomic<bool> stepping_{false};
   int64_t step_ = 0;
   double last_loss_ = 0.0;
+  double max_loss_ = 0.0;  // 0: no limit
 };
 
 // The inner optimizer named by optim.name over `params`.
