@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -63,6 +64,7 @@ Action add_comm_check(CLI::App& app) {
     int64_t numel = 100000;
     int rounds = 2;
     int die_rank = -1, mismatch_rank = -1, stall_rank = -1;
+    double measure_mb = 0;
     double timeout = 0;
     std::string bandwidth;
   };
@@ -75,6 +77,8 @@ Action add_comm_check(CLI::App& app) {
   app.add_option("--bandwidth-limit", o->bandwidth,
                  "throttle this rank's link: BYTES_PER_S for every rank, or RANK=BYTES_PER_S,... (gasloc launch passes it)");
   app.add_option("--die-rank", o->die_rank, "fault injection: this rank exits abruptly (status 3) before its first exchange");
+  app.add_option("--measure-bandwidth", o->measure_mb,
+                 "then measure each rank's real exchange rate: rank r swaps MB megabytes with rank 0, one rank at a time");
   app.add_option("--stall-rank", o->stall_rank, "fault injection: this rank stops itself (SIGSTOP) before its first exchange");
   app.add_option("--mismatch-rank", o->mismatch_rank, "fault injection: this rank exchanges one element more than the others");
   return [o]() {
@@ -146,6 +150,25 @@ Action add_comm_check(CLI::App& app) {
     ref = exchange_input(root, 99, N);
     record("broadcast", torch::equal(t, ref), diff(t, ref), sum(t));
     comm->barrier();
+    // 5. Real link rates: rank r and rank 0 swap a buffer while the others wait (an exchange
+    //    with no peers), so each rank's rate is its own link's (rank 0 must be unimpeded).
+    if (o->measure_mb > 0 && n > 1) {
+      const auto big = torch::ones({static_cast<int64_t>(o->measure_mb * 1e6 / 4)}, torch::kFloat);
+      for (int q = 1; q < n; ++q) {
+        const std::vector<int> peers = r == 0 ? std::vector<int>{q} : r == q ? std::vector<int>{0} : std::vector<int>{};
+        comm->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        comm->exchange(peers, big, recv);
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r == q) {
+          const double rate = static_cast<double>(big.numel() * 4) / dt;
+          report["bandwidth_Bps"] = rate;
+          fmt::print("comm-check rank {}/{}: exchange rate with rank 0 {:.3f} MB/s ({:.1f} MB in {:.2f} s)\n", r, n,
+                     rate / 1e6, static_cast<double>(big.numel() * 4) / 1e6, dt);
+          std::fflush(stdout);
+        }
+      }
+    }
     const auto s = comm->stats();
     report["ok"] = all_ok;
     report["stats"] = {{"bytes_sent", s.bytes_sent}, {"bytes_received", s.bytes_received}, {"idle_s", s.idle_s}};

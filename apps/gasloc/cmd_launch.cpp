@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -22,7 +23,10 @@
 
 #include "commands.hpp"
 #include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/train/job_config.hpp"
+#include "netns_testbed.hpp"
 
 extern char** environ;
 
@@ -140,23 +144,70 @@ struct Opts {
   std::string addr = "127.0.0.1";
   double timeout = 0, grace = 10;  // timeout 0: the command's own (gasloc train: cluster.timeout_s)
   std::string bandwidth;
+  bool netns = false, keep = false, cleanup = false;
+  std::string netns_config;               // links of the test bed for a command that is not gasloc train
+  std::vector<std::string> netns_set;
   std::vector<std::string> cmd;
 };
 
+// The links of the test bed: the [network] section of the job that `gasloc train` will run (its
+// --config/--set, or the run.json of --resume), else --netns-config/--netns-set, else defaults.
+std::vector<double> testbed_links(const Opts& o, bool self_train) {
+  train::JobConfig job;
+  if (self_train) {
+    std::string config, resume;
+    std::vector<std::string> sets;
+    for (size_t i = 2; i + 1 < o.cmd.size(); ++i) {
+      const std::string& a = o.cmd[i];
+      if (a == "--config" || a == "-c") config = o.cmd[++i];
+      else if (a == "--set" || a == "-s") sets.push_back(o.cmd[++i]);
+      else if (a == "--resume") resume = o.cmd[++i];
+    }
+    if (!resume.empty()) {
+      auto doc = nlohmann::json::parse(read_file(std::filesystem::path(resume) / "run.json"), nullptr, false);
+      if (doc.is_discarded() || !doc.contains("config")) throw Error("launch --netns: cannot read " + resume + "/run.json");
+      job = train::job_from_json(doc["config"], sets);
+    } else {
+      job = train::load_job(config, sets);
+    }
+  } else {
+    job = train::load_job(o.netns_config, o.netns_set);
+  }
+  job.network.validate(o.n);
+  const comm::NetworkModel links = job.network.model(o.n);
+  std::vector<double> bw;
+  for (int r = 0; r < o.n; ++r) bw.push_back(links.bandwidth(r));
+  return bw;
+}
+
 int run_launch(const Opts& o) {
+  if (o.cleanup) {
+    const int removed = NetnsTestbed::cleanup_leftovers();
+    fmt::print("launch --cleanup: removed {} namespace(s) and bridge(s) of earlier test beds\n", removed);
+    return 0;
+  }
   if (o.n < 1) throw Error("launch: -n must be at least 1");
   if (o.cmd.empty()) throw Error("launch: no command given", "usage: gasloc launch -n N -- COMMAND ARGS...");
   const std::string exe = resolve(o.cmd[0]);
   // The launcher hosts the rendezvous store (ranks connect as to torchrun's agent store), so it
   // outlives any rank: survivors can still read there which rank failed first, and the launcher
   // records the ranks it sees exit. Port 0 lets the OS choose a free port, with no race.
-  comm::StoreHost store_host(o.addr, o.port, std::max(60.0, o.timeout));
+  std::error_code ec;
+  const bool self_cmd = o.cmd.size() >= 2 && std::filesystem::equivalent(exe, resolve("gasloc"), ec);
+  // --netns: every rank its own host on a private bridge with shaped links; the launcher, on the
+  // bridge's address, hosts the store.
+  std::unique_ptr<NetnsTestbed> testbed;
+  if (o.netns) {
+    testbed = std::make_unique<NetnsTestbed>(testbed_links(o, self_cmd && o.cmd[1] == "train"), o.keep);
+    write_all(1, testbed->describe());
+  }
+  const std::string master_addr = testbed ? testbed->bridge_address() : o.addr;
+  comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout));
   const int port = store_host.port();
   // --timeout and --bandwidth-limit reach gasloc's own commands as their arguments (gasloc reads
   // no variable of its own); another command gets its settings from the user.
   std::vector<std::string> args = o.cmd;
-  std::error_code ec;
-  const bool self = args.size() >= 2 && std::filesystem::equivalent(exe, resolve("gasloc"), ec);
+  const bool self = self_cmd;
   if (self && args[1] == "train") {
     if (o.timeout > 0) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", o.timeout)});
     if (!o.bandwidth.empty())
@@ -182,10 +233,16 @@ int run_launch(const Opts& o) {
   for (char** e = environ; *e != nullptr; ++e)
     if (!overridden(*e)) base_env.emplace_back(*e);
   base_env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
+  if (testbed) {  // Gloo's data connections on the host's own interface
+    base_env.erase(std::remove_if(base_env.begin(), base_env.end(),
+                                  [](const std::string& kv) { return kv.rfind("GLOO_SOCKET_IFNAME=", 0) == 0; }),
+                   base_env.end());
+    base_env.push_back("GLOO_SOCKET_IFNAME=eth0");
+  }
   std::vector<std::vector<std::string>> envs(o.n, base_env);
   for (int i = 0; i < o.n; ++i)
     for (auto kv : {fmt::format("RANK={}", i), fmt::format("WORLD_SIZE={}", o.n), fmt::format("LOCAL_RANK={}", i),
-                    fmt::format("LOCAL_WORLD_SIZE={}", o.n), "MASTER_ADDR=" + o.addr, fmt::format("MASTER_PORT={}", port)})
+                    fmt::format("LOCAL_WORLD_SIZE={}", o.n), "MASTER_ADDR=" + master_addr, fmt::format("MASTER_PORT={}", port)})
       envs[i].push_back(kv);
   std::vector<std::vector<char*>> envps(o.n);
   for (int i = 0; i < o.n; ++i) {
@@ -239,6 +296,11 @@ int run_launch(const Opts& o) {
       if (devnull >= 0) ::dup2(devnull, 0);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      if (testbed && ::setns(testbed->netns_fd(i), CLONE_NEWNET) != 0) {
+        static const char msg[] = "launch: cannot enter the rank's network namespace\n";
+        [[maybe_unused]] auto w0 = ::write(2, msg, sizeof msg - 1);
+        ::_exit(127);
+      }
       ::execve(exe.c_str(), argv.data(), envps[i].data());
       [[maybe_unused]] auto w1 = ::write(2, exec_error.data(), exec_error.size());
       const char* e = ::strerror(errno);
@@ -379,7 +441,7 @@ int run_launch(const Opts& o) {
 
 Action add_launch(CLI::App& app) {
   auto o = std::make_shared<Opts>();
-  app.add_option("-n,--nproc", o->n, "number of ranks (processes) to start on this host")->required();
+  app.add_option("-n,--nproc", o->n, "number of ranks (processes) to start on this host");
   app.add_option("--master-port", o->port, "port of the rendezvous store that the launcher hosts (default: a free one)");
   app.add_option("--master-addr", o->addr, "address of rank 0 as the ranks reach it")->capture_default_str();
   app.add_option("--timeout", o->timeout,
@@ -387,9 +449,20 @@ Action add_launch(CLI::App& app) {
   app.add_option("--bandwidth-limit", o->bandwidth,
                  "comm-check: throttle the ranks' links: BYTES_PER_S for all, or RANK=BYTES_PER_S,...");
   app.add_option("--grace", o->grace, "seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str();
-  app.add_option("command", o->cmd, "the command every rank runs, after --")->required();
+  app.add_flag("--netns", o->netns,
+               "run every rank in its own network namespace on a private bridge, its links shaped with tbf as the job's "
+               "[network] section says (root)");
+  app.add_flag("--keep", o->keep, "with --netns: leave the namespaces and the bridge in place after the run");
+  app.add_flag("--cleanup", o->cleanup, "remove the namespaces and bridges that earlier --netns launches left, then exit");
+  app.add_option("--netns-config", o->netns_config, "with --netns, for a command that is not gasloc train: a job file whose [network] section shapes the links");
+  app.add_option("--netns-set", o->netns_set, "with --netns: override a setting of those links, e.g. network.preset=straggler_bw10");
+  app.add_option("command", o->cmd, "the command every rank runs, after --");
   app.footer("example: gasloc launch -n 4 -- gasloc comm-check");
-  return [o]() { return run_launch(*o); };
+  return [o]() {
+    if (!o->cleanup && (o->n < 1 || o->cmd.empty()))
+      throw Error("launch: give -n N and a command", "usage: gasloc launch -n N [--netns] -- COMMAND ARGS...");
+    return run_launch(*o);
+  };
 }
 
 }  // namespace gasloc::app

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# gasloc launch --netns: every rank its own network namespace on a private bridge, links shaped
+# with tbf. Needs root and network namespaces; elsewhere it says why and is skipped (exit 77).
+#  1. comm-check measures each rank's real exchange rate: a 10% straggler's is within 20% of the
+#     configured rate, the others are not slowed by it;
+#  2. faults on real links, each bounded: a rank's link set down mid-exchange, a link shaped down
+#     to a trickle, a stalled rank (SIGSTOP): the survivors stop within the timeout naming it;
+#  3. a training rank killed with SIGKILL: the launcher names it, --resume (again under --netns)
+#     finishes the run;
+#  4. --keep leaves the test bed, --cleanup removes it.
+#   tests/netns_launch.sh path/to/gasloc
+set -euo pipefail
+G=$(readlink -f "$1")
+if [ "$(id -u)" -ne 0 ]; then echo "SKIP: launch --netns needs root"; exit 77; fi
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then echo "SKIP: no ip/tc (apt-get install iproute2)"; exit 77; fi
+if ! ip netns add gasloc_probe 2>/dev/null; then echo "SKIP: network namespaces are not available here"; exit 77; fi
+ip netns del gasloc_probe
+tmp=$(mktemp -d)
+trap '"$G" launch --cleanup >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+links=(--netns-set network.preset=straggler_bw10 --netns-set network.bandwidth_gbit=0.2)   # 25 MB/s; rank 3 2.5 MB/s
+
+# 1. Measured rates.
+timeout 60 "$G" launch -n 4 --netns "${links[@]}" --timeout 30 -- gasloc comm-check --numel 1000 --measure-bandwidth 8 > bw.log 2>&1 ||
+  fail "comm-check under --netns failed: $(tail -20 bw.log)"
+rate() { sed -nE "s/^\[rank $1\] comm-check rank $1\/4: exchange rate with rank 0 ([0-9.]+) MB\/s.*/\1/p" bw.log; }
+for r in 1 2 3; do [ -n "$(rate $r)" ] || fail "no rate for rank $r: $(cat bw.log)"; done
+awk -v s="$(rate 3)" 'BEGIN { exit !(s >= 2.0 && s <= 3.0) }' || fail "the straggler's rate $(rate 3) MB/s is not within 20% of 2.5"
+for r in 1 2; do
+  awk -v s="$(rate $r)" 'BEGIN { exit !(s >= 17.5) }' || fail "rank $r's rate $(rate $r) MB/s is slowed (configured 25)"
+done
+echo "netns_launch: measured rates (MB/s): rank 1 $(rate 1), rank 2 $(rate 2), straggler $(rate 3) (configured 25, 25, 2.5)"
+
+# 2. Faults on real links. $1: what to do to rank 3's host once its measurement is under way.
+fault() {
+  local name=$1; shift
+  timeout 60 "$G" launch -n 4 --netns "${links[@]}" --timeout 5 --grace 1 -- gasloc comm-check --numel 1000 \
+    --measure-bandwidth 40 > "$name.log" 2>&1 &
+  local launcher=$!
+  for _ in $(seq 1 400); do grep -q "\[rank 2\] comm-check rank 2/4: exchange rate" "$name.log" 2>/dev/null && break; sleep 0.05; done
+  local id; id=$(sed -nE 's/.*hosts on bridge glb([0-9]+) .*/\1/p' "$name.log")
+  [ -n "$id" ] || fail "$name: no test bed line: $(cat "$name.log")"
+  "$@" "gasloc${id}r3"
+  local t0=$SECONDS rc=0
+  wait $launcher || rc=$?
+  [ $rc -ne 0 ] || fail "$name: the run did not fail"
+  [ $rc -ne 124 ] || fail "$name: the launcher hung"
+  [ $((SECONDS - t0)) -le 30 ] || fail "$name: stopping took $((SECONDS - t0)) s"
+  grep -q "rank 3" "$name.log" || fail "$name: rank 3 is not named: $(tail -20 "$name.log")"
+  grep -qE "reports that rank 3 failed first|the failure started at rank 3|exchange with rank 3 (timed out|failed)" "$name.log" ||
+    fail "$name: the survivors do not blame rank 3: $(grep -E 'error|launch:' "$name.log" | head)"
+}
+link_down() { ip -n "$1" link set eth0 down; }
+trickle() { tc -n "$1" qdisc replace dev eth0 root tbf rate 8kbit burst 65536 latency 100ms; }
+fault link_down link_down
+fault trickle trickle
+# A stalled rank: comm-check stops itself with SIGSTOP before its exchange.
+timeout 60 "$G" launch -n 3 --netns "${links[@]}" --timeout 4 --grace 1 -- gasloc comm-check --numel 1000 --stall-rank 1 \
+  > stall.log 2>&1 && fail "a stalled rank did not fail the run"
+grep -q "reports that rank 1 failed first" stall.log || fail "the stalled rank is not named: $(tail -20 stall.log)"
+echo "netns_launch: a link set down, a trickle and a stalled rank each stopped the run naming the rank"
+
+# 3. SIGKILL of a training rank, resume under --netns.
+for i in $(seq 1 200); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
+"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
+     --set train.steps=40 --set train.log_every=5 --set train.eval_every=20 --set train.checkpoint_every=5
+     --set train.threads=1 --set train.blas_threads=1 --set algo.name=diloco --set algo.H=5 --set cluster.backend=gloo
+     --set train.run_dir=run --set network.bandwidth_gbit=0.5)
+timeout 60 "$G" launch -n 2 --netns --timeout 10 -- "$G" train "${job[@]}" > k1.log 2>&1 &
+launcher=$!
+for _ in $(seq 1 600); do [ -f run/checkpoints/rank1.committed ] && break; sleep 0.05; done
+victim=$(pgrep -f -- "--set train.run_dir=run" | while read -r p; do
+  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && echo "$p"; done | head -1)
+[ -n "$victim" ] || fail "could not find training rank 1: $(tail k1.log)"
+kill -9 "$victim"
+rc=0; wait $launcher || rc=$?
+if [ $rc -ne 0 ]; then
+  grep -q "rank 1 of 2 failed with signal 9" k1.log || fail "the launcher did not name rank 1: $(tail -20 k1.log)"
+fi
+timeout 60 "$G" launch -n 2 --netns --timeout 10 -- "$G" train --resume run > k2.log 2>&1 || fail "resume failed: $(tail -20 k2.log)"
+grep -q "done after 40 steps" k2.log || fail "the resumed run did not finish: $(tail -20 k2.log)"
+
+# 4. --keep and --cleanup.
+timeout 60 "$G" launch -n 2 --netns --keep -- gasloc comm-check --numel 100 > keep.log 2>&1 || fail "--keep run failed: $(tail keep.log)"
+id=$(sed -nE 's/.*hosts on bridge glb([0-9]+) .*/\1/p' keep.log)
+ip netns list | grep -q "gasloc${id}r0" || fail "--keep did not keep the namespaces"
+"$G" launch --cleanup | grep -q "removed" || fail "--cleanup said nothing"
+! ip netns list | grep -q "gasloc${id}r" || fail "--cleanup left namespaces"
+[ ! -e "/sys/class/net/glb${id}" ] || fail "--cleanup left the bridge"
+echo "netns_launch: all checks passed"
