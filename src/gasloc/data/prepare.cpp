@@ -200,6 +200,7 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
     const std::string& text = docs[0];
     size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - opt.val_fraction));
     if (const size_t nl = text.rfind('\n', cut); nl != std::string::npos && nl > 0) cut = nl;
+    while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
     tok = make_tokenizer(opt, {text.substr(0, cut)}, {0}, say);
   } else {
     tok = make_tokenizer(opt, docs, is_val, say);
