@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The experiment suite (issue 7): every study in experiments/ through `gasloc sweep`, each writing
-# its section of docs/results.md, then the "claims at a glance" section that gathers every
+# its section of docs/results.md (the only writer of those sections: a plain `gasloc sweep`
+# reports into its own run directory), then the "claims at a glance" section that gathers every
 # study's verdict lines. Finished runs are reused, so an interrupted suite resumes.
 #   scripts/experiments.sh [--quick] [e1 e2 ...]    (--quick: fewer steps and seeds, < 20 min on 2 cores)
 set -euo pipefail
@@ -16,17 +17,17 @@ studies=("$@")
 if [ ${#studies[@]} -eq 0 ]; then
   if [ -n "$suffix" ]; then studies=(e1 e2 e3 e4 e5 e6); else studies=(e1 e2 e2b e3 e4 e5 e6); fi
 fi
+doc=${RESULTS_DOC:-docs/results.md}
 t0=$(date +%s)
 for s in "${studies[@]}"; do
   file=$(ls experiments/"$s"_*.toml 2>/dev/null | head -1)
   [ -n "$file" ] || { echo "no experiments/${s}_*.toml" >&2; exit 2; }
   echo "=== $s: $file ${quick[*]} ==="
-  build/gasloc sweep "$file" "${quick[@]}" | grep --line-buffered -v '^    '
+  build/gasloc sweep "$file" "${quick[@]}" --doc "$doc" | grep --line-buffered -v '^    '
 done
 echo "suite (${studies[*]}${quick:+, quick}) took $(( ($(date +%s) - t0) / 60 )) min"
 
 # The summary, from whatever study sections exist in this mode (a partial suite lists what ran).
-doc=${RESULTS_DOC:-docs/results.md}
 lines="" total=0 runs=0 missing=""
 for file in experiments/e*_*.toml; do
   id=$(sed -nE 's/^name = "([^"]+)".*/\1/p' "$file" | head -1)$suffix

@@ -44,6 +44,70 @@ report=$("$G" report run gpa --target 100)
 grep -q '^| gpa | none | gpa | 1 | 20 | 20 | .* | 0.0% | 12.0 | 10 | ' <<<"$report" || fail "report of the GPA run: $report"
 grep -q '^| run | none | adamw | 1 | 20 | 20 | .* | 8.0 | 10 | ' <<<"$report" || fail "report of the AdamW run: $report"
 
+# One document (no blank line) is split by tokens: the last 10% are the validation split; a
+# split too small for one default evaluation batch is a warning with the fix.
+for i in $(seq 1 300); do printf 'Sentence %d of one long text about foxes number %d.\n' $i $((i % 13)); done > book.txt
+"$G" prepare --input book.txt --out book --byte-level --val-fraction 0.1 > prep.txt 2> prep_err.txt
+grep -q '"split": "tokens"' book/dataset.json || fail "one-document prepare did not split by tokens"
+total=$(( $(wc -c < book.txt) ))  # the trailing newline is dropped, BOS added: the same count
+val=$(sed -nE 's/.*"val_tokens": ([0-9]+).*/\1/p' book/dataset.json)
+[ "$val" -eq $(( (total + 5) / 10 )) ] || fail "one-document val split has $val of $total tokens, not 10%"
+grep -q "fewer than one evaluation batch" prep_err.txt || fail "no warning for a small validation split: $(cat prep_err.txt)"
+grep -q "unigram baseline" prep.txt || fail "prepare printed no unigram baseline: $(cat prep.txt)"
+
+# A 2-worker run stopped between rounds (the workers differ), in a directory with a quote.
+"$G" train "${common[@]}" --set cluster.workers=2 --set algo.name=diloco --set algo.H=4 --set train.steps=10 \
+  --set train.eval_every=5 --set "train.run_dir=it's 2w" > log5.txt
+"$G" export --run "it's 2w" --out hf2 > exp.txt
+grep -q "average of 2 workers at step 10" exp.txt || fail "export of a 2-worker run: $(cat exp.txt)"
+grep -q '"eos_token_id": 256' hf2/config.json || fail "export has no eos id: $(cat hf2/config.json)"
+loss_of() { sed -nE 's/^loss ([0-9.]+) nats.*/\1/p' <<<"$1"; }
+e_run=$(loss_of "$("$G" eval --run "it's 2w" --data data)")
+e_hf=$(loss_of "$("$G" eval --model hf2 --data data --batch-size 4 --seq-len 32 --batches 2)")
+final=$(grep '"event":"eval"' "it's 2w/metrics.jsonl" | tail -1 | sed -nE 's/.*"val_loss":([0-9.]+).*/\1/p')
+[ -n "$e_run" ] && [ "$e_run" = "$e_hf" ] || fail "eval of the run ($e_run) and of its export ($e_hf) differ"
+awk -v a="$e_run" -v b="$final" 'BEGIN { exit !(a - b < 1e-5 && b - a < 1e-5) }' || fail "eval $e_run is not the run's own final val_loss $final"
+e_w1=$(loss_of "$("$G" eval --run "it's 2w" --worker 1 --data data)")
+[ "$e_w1" != "$e_run" ] || fail "worker 1's own model scores the same as the average"
+# Ranks spread over two hosts' directories: the average needs both.
+step=$(ls "it's 2w/checkpoints" | grep '^step-' | tail -1)
+mkdir -p "host2/checkpoints/$step" && mv "it's 2w/checkpoints/$step/rank1.pt" "host2/checkpoints/$step/"
+cp "it's 2w/checkpoints/rank1.committed" host2/checkpoints/
+expect_error "rank(s) 1 have no checkpoint" "$G" export --run "it's 2w" --out hf3
+"$G" export --run "it's 2w" --run host2 --out hf3 >/dev/null
+cmp hf2/model.safetensors hf3/model.safetensors || fail "the average from two directories differs"
+mv "host2/checkpoints/$step/rank1.pt" "it's 2w/checkpoints/$step/"
+
+# Generation: the same seed gives the same text; --max-tokens bounds it.
+g1=$("$G" generate --run "it's 2w" --prompt "Line 3" --max-tokens 7 --seed 5 --no-stop 2> gen_err.txt)
+g2=$("$G" generate --model hf2 --prompt "Line 3" --max-tokens 7 --seed 5 --no-stop 2>/dev/null)
+[ "$g1" = "$g2" ] || fail "generate with one seed differs between the run and its export"
+grep -q "7 new tokens" gen_err.txt || fail "generate did not make 7 tokens: $(cat gen_err.txt)"
+[ "${#g1}" -le $(( 6 + 7 )) ] || fail "generate wrote more than 7 new bytes: '$g1'"
+
+# SentencePiece export: the tokenizer travels with the weights.
+"$G" prepare --input corpus.txt --out spdata --vocab-size 300 --val-fraction 0.2 >/dev/null 2>&1
+"$G" train "${common[@]}" --set data.dir=spdata --set train.steps=2 --set train.run_dir=sprun > log6.txt
+"$G" export --run sprun --out sphf >/dev/null
+[ -f sphf/tokenizer.model ] && grep -q '"tokenizer_class": "LlamaTokenizer"' sphf/tokenizer_config.json ||
+  fail "SentencePiece export has no tokenizer files"
+grep -q '"bos_token_id": 1' sphf/config.json && grep -q '"eos_token_id": 1' sphf/config.json || fail "SentencePiece export ids"
+
+# report --csv: one tidy table of every train and eval line (2 workers x 2 train lines, 2
+# evaluations of the average, 2 x 2 of each worker's own model), and plots where the path has a
+# quote and a space (gnuplot gets no shell).
+"$G" report "it's 2w" run --csv "out dir/it's.csv" --plot "out dir/it's plot.png" >/dev/null
+[ -s "out dir/it's plot.png" ] || fail "no plot at a path with a quote"
+grep -q "^set title" "out dir/it's plot.gp" && grep -q "unigram baseline" "out dir/it's plot.gp" || fail "plot has no title or baseline"
+head -1 "out dir/it's.csv" | grep -q '^run,event,worker,step,train_loss,val_loss,' || fail "csv header: $(head -1 "out dir/it's.csv")"
+[ "$(grep -c "^it's 2w,train," "out dir/it's.csv")" -eq 4 ] || fail "csv train rows of the 2-worker run"
+[ "$(grep -c "^it's 2w,eval,," "out dir/it's.csv")" -eq 2 ] || fail "csv eval rows of the 2-worker run"
+[ "$(grep -c "^it's 2w,eval_worker," "out dir/it's.csv")" -eq 4 ] || fail "csv eval_worker rows"
+[ "$(grep -c '^run,train,0,' "out dir/it's.csv")" -eq 4 ] || fail "csv rows of the 1-worker run"
+mkdir -p a/r b/r && cp run/run.json run/metrics.jsonl a/r/ && cp run/run.json run/metrics.jsonl b/r/
+report=$("$G" report a/r b/r)
+grep -q '^| a/r |' <<<"$report" && grep -q '^| b/r |' <<<"$report" || fail "colliding run names are not told apart: $report"
+
 # Consensus distance against step (single-worker runs have none: a linear axis, still a plot).
 "$G" report run gpa --plot cons.png --plot-x consensus >/dev/null
 [ -s cons.png ] || fail "report --plot-x consensus wrote no plot"

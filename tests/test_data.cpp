@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <set>
@@ -397,9 +398,16 @@ TEST_F(DataTest, PrepareErrorsAreClear) {
   opt.inputs = {dir_ / "doc.csv"};
   expect_data_error([&] { prepare(opt); }, {"doc.csv", "unsupported extension"});
 
+  // One document is split by tokens; it needs something to hold out, and room to do it.
   write_text(dir_ / "one.txt", "a single document\n");
   opt.inputs = {dir_ / "one.txt"};
-  expect_data_error([&] { prepare(opt); }, {"1 document", "at least 2"});
+  opt.val_fraction = 0;
+  expect_data_error([&] { prepare(opt); }, {"one document", "--val-fraction"});
+  write_text(dir_ / "tiny.txt", "a");
+  opt.inputs = {dir_ / "tiny.txt"};
+  opt.val_fraction = 0.5;
+  expect_data_error([&] { prepare(opt); }, {"one document of 2 tokens", "too short"});
+  opt.val_fraction = 0.01;
 
   write_json_array(dir_ / "small.json", make_docs(30, 1));
   opt.inputs = {dir_ / "small.json"};
@@ -417,6 +425,88 @@ TEST_F(DataTest, PrepareErrorsAreClear) {
   expect_data_error([&] { prepare(opt); }, {"garbage.model", "cannot load SentencePiece model"});
 
   EXPECT_FALSE(fs::exists(dir_ / "out")) << "a failed prepare must not create the output directory";
+}
+
+TEST_F(DataTest, PrepareSplitsOneDocumentByTokens) {
+  // One text with no blank line (a one-sentence-per-line corpus): the last 10% of its tokens
+  // are the validation split, and they are exactly the end of the text.
+  std::string text;
+  for (int i = 0; i < 600; ++i) text += fmt::format("Sentence {} of one long document about {}.\n", i, i % 13);
+  write_text(dir_ / "book.txt", text);
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "book.txt"};
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+  opt.val_fraction = 0.1;
+  const PrepareResult r = prepare(opt);
+  EXPECT_EQ(r.documents, 1);
+  EXPECT_EQ(r.split, "tokens");
+  // read_documents trims the document's trailing newline; BOS comes first.
+  const std::string doc = text.substr(0, text.size() - 1);
+  const int64_t total = static_cast<int64_t>(doc.size()) + 1;
+  EXPECT_EQ(r.train_tokens + r.val_tokens, total);
+  EXPECT_EQ(r.val_tokens, std::llround(0.1 * static_cast<double>(total)));
+  const Dataset ds = Dataset::open(dir_ / "out");
+  const auto val = tokens_of(*ds.val);
+  const std::string val_text(val.begin(), val.end());
+  EXPECT_EQ(val_text, doc.substr(doc.size() - val_text.size()));
+  const auto meta = nlohmann::json::parse(gasloc::read_file(dir_ / "out" / "dataset.json"));
+  EXPECT_EQ(meta["split"], "tokens");
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();  // ~2700 validation tokens: one default batch fits
+
+  // A trained tokenizer learns only from the text before the validation tail; the split holds.
+  opt.byte_level = false;
+  opt.vocab_size = 300;
+  opt.out = dir_ / "sp";
+  const PrepareResult s = prepare(opt);
+  EXPECT_EQ(s.split, "tokens");
+  EXPECT_NEAR(static_cast<double>(s.val_tokens) / static_cast<double>(s.train_tokens + s.val_tokens), 0.1, 1e-3);
+}
+
+TEST_F(DataTest, PrepareWarnsWhenValidationIsSmallerThanOneBatch) {
+  write_json_array(dir_ / "c.json", make_docs(200, 3));
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "c.json"};
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+  opt.val_fraction = 0.01;  // ~2 documents, ~100 tokens: less than 16 x 129
+  const PrepareResult small = prepare(opt);
+  ASSERT_LT(small.val_tokens, kDefaultEvalBatchTokens);
+  ASSERT_EQ(small.warnings.size(), 1u);
+  EXPECT_NE(small.warnings[0].find("fewer than one evaluation batch"), std::string::npos) << small.warnings[0];
+  EXPECT_NE(small.warnings[0].find("--val-fraction"), std::string::npos) << small.warnings[0];
+  opt.val_fraction = 0.5;
+  const PrepareResult big = prepare(opt);
+  ASSERT_GE(big.val_tokens, kDefaultEvalBatchTokens);
+  EXPECT_TRUE(big.warnings.empty());
+}
+
+TEST_F(DataTest, UnigramBaselineByHandAndRecordedByPrepare) {
+  // train {0, 0, 1}, val {0, 2}, vocab 3: add-one counts 3, 2, 1 of 6.
+  const std::vector<uint16_t> train = {0, 0, 1}, val = {0, 2};
+  const double expect = -(std::log(3.0 / 6.0) + std::log(1.0 / 6.0)) / 2.0;
+  EXPECT_NEAR(unigram_cross_entropy(train, val, 3), expect, 1e-12);
+  EXPECT_NEAR(unigram_cross_entropy(TokenStream(train), TokenStream(val), 3), expect, 1e-12);
+  EXPECT_THROW(unigram_cross_entropy(train, std::vector<uint16_t>{}, 3), DataError);
+
+  write_json_array(dir_ / "c.json", make_docs(200, 3));
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "c.json"};
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+  opt.val_fraction = 0.2;
+  const PrepareResult r = prepare(opt);
+  const Dataset ds = Dataset::open(dir_ / "out");
+  EXPECT_NEAR(ds.unigram_val_loss, unigram_cross_entropy(*ds.train, *ds.val, 257), 1e-12);
+  EXPECT_EQ(ds.unigram_val_loss, r.unigram_val_loss);
+  // Between knowing nothing (log V) and the text itself.
+  EXPECT_GT(ds.unigram_val_loss, 1.0);
+  EXPECT_LT(ds.unigram_val_loss, std::log(257.0));
+  // The tokenizer comes back from dataset.json alone.
+  const auto tok = dataset_tokenizer(dir_ / "out");
+  ASSERT_TRUE(tok.has_value());
+  EXPECT_EQ(tok->kind(), "byte");
+  EXPECT_FALSE(dataset_tokenizer(dir_).has_value());
 }
 
 // ---- samplers -------------------------------------------------------------------------------

@@ -257,6 +257,30 @@ TEST(HfExport, Bfloat16ExportStoresBf16AndImportsRounded) {
   }
 }
 
+// The tokenizer files LlamaTokenizer reads: the model bytes unchanged, BOS added as in training,
+// legacy (plain SentencePiece) encoding, and the special tokens by their pieces.
+TEST(HfExport, TokenizerFilesForLlamaTokenizer) {
+  const fs::path dir = tmp_dir();
+  HfTokenizer t;
+  t.sentencepiece_model = std::string("\x0a\x03<s>\0binary", 11);
+  t.bos_token = t.eos_token = "<s>";
+  t.unk_token = "<unk>";
+  t.model_max_length = 256;
+  export_hf_tokenizer(dir, t);
+  EXPECT_EQ(gasloc::read_file(dir / "tokenizer.model"), t.sentencepiece_model);
+  const json j = json::parse(gasloc::read_file(dir / "tokenizer_config.json"));
+  EXPECT_EQ(j["tokenizer_class"], "LlamaTokenizer");
+  EXPECT_EQ(j["bos_token"], "<s>");
+  EXPECT_EQ(j["eos_token"], "<s>");
+  EXPECT_EQ(j["unk_token"], "<unk>");
+  EXPECT_TRUE(j["pad_token"].is_null());
+  EXPECT_EQ(j["add_bos_token"], true);
+  EXPECT_EQ(j["add_eos_token"], false);
+  EXPECT_EQ(j["legacy"], true);
+  EXPECT_EQ(j["model_max_length"], 256);
+  EXPECT_THROW(export_hf_tokenizer(dir, HfTokenizer{}), gasloc::ConfigError);
+}
+
 TEST(HfExport, UnknownDtypeIsConfigError) {
   Llama a(small_config(false));
   EXPECT_THROW(export_hf(tmp_dir(), a, "fp8"), gasloc::ConfigError);

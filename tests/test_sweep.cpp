@@ -214,6 +214,26 @@ TEST_F(Sweep, KeepCheckpointsKeepsThem) {
   EXPECT_FALSE(train::RunCheckpoints(kRoot / "runs" / "keep" / "v", 1).committed(0).empty());
 }
 
+// Without --doc a sweep reports into its own directory, never into the tracked docs/results.md;
+// its plots are titled and carry the data's unigram baseline line.
+TEST_F(Sweep, ReportsIntoItsOwnDirectoryByDefault) {
+  const auto spec = train::load_sweep(sweep_file("own", "[[variant]]\nname = \"v\"\n"));
+  train::SweepOptions o;
+  o.runs_root = kRoot / "runs";
+  o.command = "gasloc sweep (test)";
+  train::run_sweep(spec, o);
+  const fs::path dir = kRoot / "runs" / "own";
+  const std::string doc = read_file(dir / "results.md");
+  EXPECT_NE(doc.find("<!-- own:begin"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("Unigram baseline of the data: "), std::string::npos) << doc;
+  EXPECT_NE(doc.find("](results/own-step.png)"), std::string::npos) << doc;
+  EXPECT_TRUE(fs::exists(dir / "results" / "own-step.png"));
+  const std::string gp = read_file(dir / "results" / "own-step.gp");
+  EXPECT_NE(gp.find("set title 'own'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("title 'unigram baseline ("), std::string::npos) << gp;
+  EXPECT_FALSE(fs::exists(fs::path(GASLOC_SOURCE_DIR) / "docs" / "results" / "own-step.png"));
+}
+
 // A run stopped and resumed is two processes writing one metrics file, each with its wall clock
 // starting at 0: the training time is the sum of the parts. Hand-written lines, hand-computed sums.
 TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {

@@ -26,7 +26,7 @@ Action add_prepare(CLI::App& app) {
   app.add_flag("--byte-level", opt->byte_level, "use the byte-level tokenizer (vocab 257) instead of training one");
   app.add_option("--tokenizer", *tokenizer, "load this SentencePiece .model instead of training one")
       ->check(CLI::ExistingFile);
-  app.add_option("--val-fraction", opt->val_fraction, "fraction of documents held out for validation (at least one)")
+  app.add_option("--val-fraction", opt->val_fraction, "fraction held out for validation: of documents (at least one), or of tokens when the corpus is one document")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999999));
   app.add_option("--seed", opt->seed, "seed of the train/validation split and tokenizer training")->capture_default_str();
@@ -39,8 +39,10 @@ Action add_prepare(CLI::App& app) {
     auto r = data::prepare(*opt, [](const std::string& line) { std::cout << line << std::endl; });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cout << fmt::format(
-        "prepared {} documents in {:.1f} s: {} train tokens, {} val tokens, vocab {}, in {}\n", r.documents, secs,
-        r.train_tokens, r.val_tokens, r.vocab_size, r.dir.string());
+        "prepared {} documents in {:.1f} s: {} train tokens, {} val tokens (split by {}), vocab {}, in {}\n",
+        r.documents, secs, r.train_tokens, r.val_tokens, r.split, r.vocab_size, r.dir.string());
+    std::cout << fmt::format("unigram baseline (validation loss of token frequencies alone): {:.4f}\n", r.unigram_val_loss);
+    for (const auto& w : r.warnings) std::cerr << "warning: " << w << "\n";
     return 0;
   };
 }

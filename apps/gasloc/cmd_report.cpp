@@ -1,13 +1,15 @@
-// gasloc report: a table of runs (average-model validation loss, consensus distance, bytes sent
-// per worker, virtual time, idle fraction, fewest local steps of any worker, state kept per
-// parameter, and optionally the step and virtual time at which each first reaches a target loss)
-// and a validation-loss plot through gnuplot. Reading runs is train/run_summary.hpp.
+// gasloc report: a table of runs (average-model validation loss beside the data's unigram
+// baseline, consensus distance, bytes sent per worker, virtual time, idle fraction, fewest local
+// steps of any worker, state kept per parameter, and optionally the step and virtual time at
+// which each first reaches a target loss), a validation-loss plot through gnuplot, and every
+// metric line as one CSV. Reading runs is train/run_summary.hpp.
 #include <fmt/format.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "commands.hpp"
+#include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/run_summary.hpp"
 
@@ -17,7 +19,7 @@ namespace fs = std::filesystem;
 Action add_report(CLI::App& app) {
   struct Opts {
     std::vector<std::string> runs;
-    std::string plot, target_from, plot_x = "step";
+    std::string plot, target_from, plot_x = "step", csv, title;
     double target = NAN;
   };
   auto o = std::make_shared<Opts>();
@@ -26,12 +28,15 @@ Action add_report(CLI::App& app) {
   app.add_option("--plot-x", o->plot_x, "x axis of the plot: step, time (virtual seconds), bytes (MB sent by worker 0), "
                  "or consensus (consensus distance against step)")
       ->check(CLI::IsMember({"step", "time", "bytes", "consensus"}));
+  app.add_option("--title", o->title, "title of the plot (default: what it shows)");
+  app.add_option("--csv", o->csv, "write every run's train and eval lines to this CSV file (run, event, worker, step, metrics)");
   auto* t = app.add_option("--target", o->target, "add the step and virtual time at which each run first reaches this validation loss");
   app.add_option("--target-from", o->target_from, "like --target, with the final validation loss of this run directory")
       ->excludes(t);
   return [o]() {
     std::vector<train::RunSummary> reports;
     for (const auto& d : o->runs) reports.push_back(train::read_run_summary(d));
+    const std::vector<std::string> names = train::run_labels(o->runs);
     double target = o->target;
     if (!o->target_from.empty()) {
       const auto ref = train::read_run_summary(o->target_from);
@@ -41,10 +46,11 @@ Action add_report(CLI::App& app) {
     }
     const bool with_target = std::isfinite(target);
     if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
-    fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | consensus distance | MB sent per worker | virtual time (s) | idle | state B/param |{}\n",
+    fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | state B/param |{}\n",
                with_target ? " steps to target | virtual s to target |" : "");
-    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n", with_target ? " --- | --- |" : "");
-    for (const auto& r : reports) {
+    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n", with_target ? " --- | --- |" : "");
+    for (size_t i = 0; i < reports.size(); ++i) {
+      const auto& r = reports[i];
       std::string cols;
       if (with_target) {
         const auto hit = train::reach_target(r.curve, target);
@@ -52,14 +58,32 @@ Action add_report(CLI::App& app) {
       }
       const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
       const std::string loss = r.has_val_loss ? fmt::format("{:.4f}", r.val_loss) : "-";
-      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} |{}\n",
-                 fs::path(r.dir).filename().string(), r.label, r.optim, r.workers, r.last_step, r.min_local_steps, loss,
-                 r.consensus, r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, state, cols);
+      const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
+      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} |{}\n", names[i],
+                 r.label, r.optim, r.workers, r.last_step, r.min_local_steps, loss, unigram, r.consensus,
+                 r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, state, cols);
+    }
+    if (!o->csv.empty()) {
+      write_file_atomic(o->csv, train::runs_csv(o->runs, names));
+      fmt::print("csv: {}\n", fs::absolute(o->csv).string());
     }
     if (o->plot.empty()) return 0;
-    std::vector<std::string> titles;
-    for (const auto& r : reports) titles.push_back(fs::path(r.dir).filename().string());
-    train::plot_runs(reports, titles, o->plot, o->plot_x);
+    train::PlotStyle style;
+    style.title = o->title;
+    if (style.title.empty()) {
+      const std::string what = o->plot_x == "consensus" ? "Consensus distance" : "Validation loss (average model)";
+      const std::string against = o->plot_x == "time" ? "virtual time" : o->plot_x == "bytes" ? "data sent" : "step";
+      style.title = fmt::format("{} against {}, {} run{}", what, against, reports.size(), reports.size() == 1 ? "" : "s");
+    }
+    // One baseline line when the runs share it (they trained on the same data).
+    bool shared = true;
+    for (const auto& r : reports) {
+      if (r.unigram < 0) continue;
+      if (style.baseline < 0) style.baseline = r.unigram;
+      shared = shared && std::abs(style.baseline - r.unigram) < 1e-9;
+    }
+    if (!shared) style.baseline = -1;  // different data: no one line is right for all
+    train::plot_runs(reports, names, o->plot, o->plot_x, style);
     fmt::print("plot: {}\n", fs::absolute(o->plot).string());
     return 0;
   };

@@ -14,6 +14,8 @@ Action add_prepare(CLI::App& app);
 Action add_train(CLI::App& app);
 Action add_model_info(CLI::App& app);
 Action add_export(CLI::App& app);
+Action add_eval(CLI::App& app);
+Action add_generate(CLI::App& app);
 Action add_report(CLI::App& app);
 Action add_launch(CLI::App& app);
 Action add_comm_check(CLI::App& app);

@@ -22,7 +22,11 @@ int main(int argc, char** argv) {
   add("train", "train a model from a TOML job file", gasloc::app::add_train);
   add("model-info", "print a preset's shapes, parameter count and FLOPs per token", gasloc::app::add_model_info);
   add("report", "compare finished runs: a table and a validation-loss plot", gasloc::app::add_report);
-  add("export", "export a run's weights as Hugging Face safetensors + config.json", gasloc::app::add_export);
+  add("export", "export a run's model (average of its workers, or one) as Hugging Face safetensors + tokenizer",
+      gasloc::app::add_export);
+  add("eval", "loss, perplexity and bits per byte of a run's model or an export on a prepared dataset",
+      gasloc::app::add_eval);
+  add("generate", "sample text from a run's model or an export", gasloc::app::add_generate);
   add("launch", "start N ranks of a command on this host (torchrun-style environment)", gasloc::app::add_launch);
   add("comm-check", "check the communication backend inside a launched process group", gasloc::app::add_comm_check);
   add("sweep", "run a study's grid of training runs (resumable) and write its tables and plots", gasloc::app::add_sweep);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -104,6 +105,7 @@ Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override) {
     ds.vocab_size = tok.at("vocab_size").get<int64_t>();
     ds.bos_id = tok.value("bos_id", -1);
     if (tok.contains("model")) ds.tokenizer_model = dir / tok.at("model").get<std::string>();
+    ds.unigram_val_loss = meta.value("unigram_val_loss", -1.0);
   } catch (const json::exception& e) {
     throw DataError("'" + meta_path.string() + "': bad \"tokenizer\" entry: " + e.what(), "re-run `gasloc prepare`");
   }
@@ -111,6 +113,65 @@ Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override) {
   ds.train = load(dir, shard_list(meta, "train_shards", meta_path), ds.vocab_size);
   ds.val = load(dir, shard_list(meta, "val_shards", meta_path), ds.vocab_size);
   return ds;
+}
+
+std::optional<Tokenizer> dataset_tokenizer(const fs::path& dir) {
+  const fs::path meta_path = dir / "dataset.json";
+  std::error_code ec;
+  if (!fs::exists(meta_path, ec)) return std::nullopt;
+  json meta;
+  try {
+    meta = json::parse(read_file(meta_path));
+    const std::string kind = meta.at("tokenizer").at("kind").get<std::string>();
+    if (kind == "byte") return Tokenizer::byte_level();
+    if (kind != "sentencepiece") return std::nullopt;
+    return Tokenizer::load_sentencepiece(dir / meta["tokenizer"].value("model", std::string("tokenizer.model")));
+  } catch (const json::exception& e) {
+    throw DataError("'" + meta_path.string() + "': bad \"tokenizer\" entry: " + e.what(), "re-run `gasloc prepare`");
+  }
+}
+
+namespace {
+// Calls f on every token of `s`, read in chunks (one piece lookup per chunk, not per token).
+template <class F>
+void each_token(const TokenStream& s, F&& f) {
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<int64_t> buf;
+  for (int64_t at = 0; at < s.size(); at += kChunk) {
+    const int64_t n = std::min(kChunk, s.size() - at);
+    buf.resize(static_cast<size_t>(n));
+    s.read(at, n, buf.data());
+    for (int64_t t : buf) f(t);
+  }
+}
+template <class F>
+void each_token(std::span<const uint16_t> s, F&& f) {
+  for (uint16_t t : s) f(static_cast<int64_t>(t));
+}
+
+template <class Tokens>
+double unigram(const Tokens& train, const Tokens& val, int64_t vocab_size, int64_t val_size) {
+  if (vocab_size <= 0) throw DataError("unigram baseline of an empty vocabulary");
+  if (val_size == 0) throw DataError("unigram baseline of an empty validation split", "prepare more text");
+  std::vector<int64_t> count(static_cast<size_t>(vocab_size), 0);
+  int64_t n = 0;
+  each_token(train, [&](int64_t t) {
+    ++count.at(static_cast<size_t>(t));
+    ++n;
+  });
+  const double total = static_cast<double>(n + vocab_size);
+  double nll = 0;
+  each_token(val, [&](int64_t t) { nll -= std::log(static_cast<double>(count.at(static_cast<size_t>(t)) + 1) / total); });
+  return nll / static_cast<double>(val_size);
+}
+}  // namespace
+
+double unigram_cross_entropy(const TokenStream& train, const TokenStream& val, int64_t vocab_size) {
+  return unigram(train, val, vocab_size, val.size());
+}
+
+double unigram_cross_entropy(std::span<const uint16_t> train, std::span<const uint16_t> val, int64_t vocab_size) {
+  return unigram(train, val, vocab_size, static_cast<int64_t>(val.size()));
 }
 
 }  // namespace gasloc::data

@@ -10,10 +10,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "gasloc/data/token_stream.hpp"
+#include "gasloc/data/tokenizer.hpp"
 
 namespace gasloc::data {
 
@@ -28,10 +31,24 @@ struct Dataset {
   std::shared_ptr<const TokenStream> train, val;
   int bos_id = -1;                          // document separator id
   std::filesystem::path tokenizer_model;    // dir/tokenizer.model, or empty when there is none
+  double unigram_val_loss = -1;             // dataset.json's unigram baseline (nats/token); < 0: not recorded
 
   // vocab_size_override > 0 replaces the dataset's vocab size (for example a model's padded
   // vocab); tokens are validated against the resulting size. Throws DataError with a hint.
   static Dataset open(const std::filesystem::path& dir, int64_t vocab_size_override = 0);
 };
+
+// The tokenizer that made the dataset in `dir`, from its dataset.json alone (shards are not
+// opened): byte-level or its SentencePiece model. Nothing for an llm.c directory (GPT-2 tokens;
+// gasloc has no GPT-2 tokenizer). DataError if dataset.json or the model file is unreadable.
+std::optional<Tokenizer> dataset_tokenizer(const std::filesystem::path& dir);
+
+// The unigram baseline: the cross-entropy (nats per token) of `val` under the token frequencies
+// of `train`, add-one smoothed over the vocabulary so that a token unseen in training costs
+// log(N + V) instead of infinity. A model that has learned nothing beyond token frequencies
+// scores about this; below it, it has learned context.
+double unigram_cross_entropy(const TokenStream& train, const TokenStream& val, int64_t vocab_size);
+// The same over tokens in memory (`gasloc prepare`, before the shards exist).
+double unigram_cross_entropy(std::span<const uint16_t> train, std::span<const uint16_t> val, int64_t vocab_size);
 
 }  // namespace gasloc::data

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <set>
 #include <thread>
 
@@ -46,6 +47,7 @@ std::vector<char> split_documents(size_t n, const PrepareOptions& opt) {
   if (n < 2)
     throw DataError(fmt::format("the corpus has {} document(s); at least 2 are needed (one is held out for validation)", n),
                     "add text; .txt inputs are split into documents at blank lines");
+  // (One document is split by tokens instead; prepare() does not come here for it.)
   const uint64_t s = mix64(opt.seed ^ kSplitStream);
   std::vector<char> is_val(n);
   size_t nval = 0;
@@ -185,12 +187,48 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
     say(fmt::format("read {}: {} documents, {} bytes", in.string(), info.documents, info.bytes));
     sources.push_back({{"path", in.string()}, {"bytes", info.bytes}, {"sha256", info.sha256}});
   }
-  const std::vector<char> is_val = split_documents(docs.size(), opt);
+  // One document cannot be split into documents: it is split by tokens.
+  const bool by_tokens = docs.size() == 1;
+  if (by_tokens && !(opt.val_fraction > 0))
+    throw DataError("the corpus is one document and --val-fraction is 0: nothing would be held out for validation",
+                    "pass --val-fraction > 0 (e.g. 0.1): the last fraction of its tokens becomes the validation split");
+  const std::vector<char> is_val = by_tokens ? std::vector<char>{0} : split_documents(docs.size(), opt);
 
-  const Tokenizer tok = make_tokenizer(opt, docs, is_val, say);
+  Tokenizer tok;
+  if (by_tokens) {
+    // The tokenizer learns from the text before the validation tail only (cut at a line start).
+    const std::string& text = docs[0];
+    size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - opt.val_fraction));
+    if (const size_t nl = text.rfind('\n', cut); nl != std::string::npos && nl > 0) cut = nl;
+    while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
+    tok = make_tokenizer(opt, {text.substr(0, cut)}, {0}, say);
+  } else {
+    tok = make_tokenizer(opt, docs, is_val, say);
+  }
   std::vector<uint16_t> train, val;
   encode_all(tok, docs, is_val, threads, train, val);
+  if (by_tokens) {
+    const auto n = static_cast<int64_t>(train.size());
+    const int64_t n_val = std::max<int64_t>(1, std::llround(opt.val_fraction * static_cast<double>(n)));
+    if (n_val >= n - 1)
+      throw DataError(fmt::format("the corpus is one document of {} tokens: too short to split", n),
+                      "add text, or lower --val-fraction");
+    val.assign(train.end() - n_val, train.end());
+    train.resize(static_cast<size_t>(n - n_val));
+    say(fmt::format("one document: split by tokens, the last {} of {} tokens are the validation split", n_val, n));
+  }
   say(fmt::format("encoded {} documents: {} train tokens, {} val tokens", docs.size(), train.size(), val.size()));
+  const double unigram = unigram_cross_entropy(train, val, tok.vocab_size());
+  std::vector<std::string> warnings;
+  if (static_cast<int64_t>(val.size()) < kDefaultEvalBatchTokens) {
+    const double need = static_cast<double>(kDefaultEvalBatchTokens) / static_cast<double>(train.size() + val.size());
+    warnings.push_back(fmt::format(
+        "the validation split has {} tokens, fewer than one evaluation batch of the default job ({} = data.batch_size "
+        "16 x (data.seq_len 128 + 1)): `gasloc train` would stop with an error. Fix: {}, or train with smaller "
+        "batches (data.batch_size x (data.seq_len + 1) <= {})",
+        val.size(), kDefaultEvalBatchTokens,
+        need < 1 ? fmt::format("pass --val-fraction {:.3g} or more", need) : std::string("add text"), val.size()));
+  }
 
   // Everything that can fail on bad input has run; only now write the dataset's files.
   const std::vector<std::string> old = previous_shards(opt.out);
@@ -221,15 +259,25 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
       {"val_tokens", static_cast<int64_t>(val.size())},
       {"documents", static_cast<int64_t>(docs.size())},
       {"val_documents", n_val_docs},
+      {"split", by_tokens ? "tokens" : "documents"},
       {"val_fraction", opt.val_fraction},
+      {"unigram_val_loss", unigram},
       {"seed", opt.seed},
       {"sources", sources},
       {"shards_sha256", sums},
   };
   write_file_atomic(opt.out / "dataset.json", meta.dump(2) + "\n");
   say("wrote " + (opt.out / "dataset.json").string());
-  return {static_cast<int64_t>(train.size()), static_cast<int64_t>(val.size()), static_cast<int64_t>(docs.size()),
-          tok.vocab_size(), opt.out};
+  PrepareResult r;
+  r.train_tokens = static_cast<int64_t>(train.size());
+  r.val_tokens = static_cast<int64_t>(val.size());
+  r.documents = static_cast<int64_t>(docs.size());
+  r.vocab_size = tok.vocab_size();
+  r.split = by_tokens ? "tokens" : "documents";
+  r.unigram_val_loss = unigram;
+  r.warnings = std::move(warnings);
+  r.dir = opt.out;
+  return r;
 }
 
 }  // namespace gasloc::data

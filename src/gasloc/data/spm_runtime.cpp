@@ -130,6 +130,9 @@ std::string Processor::decode(const std::vector<int>& ids) const {
 
 int Processor::piece_size() const { return p_->GetPieceSize(); }
 int Processor::bos_id() const { return p_->bos_id(); }
+int Processor::eos_id() const { return p_->eos_id(); }
+int Processor::unk_id() const { return p_->unk_id(); }
+std::string Processor::piece(int id) const { return p_->IdToPiece(id); }
 
 bool train(const std::unordered_map<std::string, std::string>& args, unsigned seed, std::string* model,
            std::string* error) {

@@ -29,6 +29,9 @@ class Processor {
   std::string decode(const std::vector<int>& ids) const;
   int piece_size() const;
   int bos_id() const;
+  int eos_id() const;  // -1: none
+  int unk_id() const;
+  std::string piece(int id) const;
 
  private:
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> p_;

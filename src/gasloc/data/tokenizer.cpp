@@ -72,4 +72,16 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
   return out;
 }
 
+std::string Tokenizer::piece(int id) const {
+  if (id < 0 || id >= vocab_size_)
+    throw DataError("token id " + std::to_string(id) + " is outside the tokenizer's vocabulary of " + std::to_string(vocab_size_));
+  if (sp_) return sp_->piece(id);
+  if (id == kByteBos) return "<bos>";
+  static const char* hex = "0123456789ABCDEF";
+  return std::string("<0x") + hex[id >> 4] + hex[id & 15] + ">";
+}
+
+int Tokenizer::eos_id() const { return sp_ ? sp_->eos_id() : -1; }
+int Tokenizer::unk_id() const { return sp_ ? sp_->unk_id() : -1; }
+
 }  // namespace gasloc::data

@@ -41,6 +41,11 @@ class Tokenizer {
   std::string decode(const std::vector<int>& ids) const;  // BOS and other control ids vanish
   int64_t vocab_size() const { return vocab_size_; }
   int bos_id() const { return bos_id_; }
+  // The text of one token as the tokenizer names it ("<s>", "\u2581the"); byte-level: "<bos>" or "<0xNN>".
+  std::string piece(int id) const;
+  // SentencePiece's own eos / unk ids (-1 when it has none; byte-level has neither).
+  int eos_id() const;
+  int unk_id() const;
   std::string kind() const { return sp_ ? "sentencepiece" : "byte"; }
   // The .model file's bytes (empty for byte-level), to copy into a dataset directory.
   const std::string& serialized_model() const { return model_bytes_; }

@@ -122,6 +122,35 @@ void export_hf(const fs::path& dir, Llama& model, const std::string& dtype, cons
   write_file_atomic(dir / "config.json", j.dump(2) + "\n");
 }
 
+void export_hf_tokenizer(const fs::path& dir, const HfTokenizer& t) {
+  if (t.sentencepiece_model.empty())
+    throw ConfigError("no SentencePiece model to export", "only SentencePiece tokenizers are exported with the weights");
+  auto token = [](const std::string& piece) { return piece.empty() ? json(nullptr) : json(piece); };
+  const json j = {
+      {"tokenizer_class", "LlamaTokenizer"},
+      {"bos_token", token(t.bos_token)},
+      {"eos_token", token(t.eos_token)},
+      {"unk_token", token(t.unk_token)},
+      {"pad_token", nullptr},
+      // Training put BOS before every document and no EOS after it.
+      {"add_bos_token", true},
+      {"add_eos_token", false},
+      // legacy: plain SentencePiece encoding, which is what gasloc's shards hold.
+      {"legacy", true},
+      {"clean_up_tokenization_spaces", false},
+      {"model_max_length", t.model_max_length},
+      {"sp_model_kwargs", json::object()},
+  };
+  try {
+    write_file_atomic(dir / "tokenizer.model", t.sentencepiece_model);
+    write_file_atomic(dir / "tokenizer_config.json", j.dump(2) + "\n");
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(std::string("tokenizer not exported: ") + e.what(), e.hint());
+  }
+}
+
 LlamaConfig read_hf_config(const fs::path& config_json) {
   if (!fs::is_regular_file(config_json))
     throw CheckpointError("HF config '" + config_json.string() + "' does not exist",

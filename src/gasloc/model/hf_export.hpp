@@ -26,6 +26,19 @@ struct HfSpecialTokens {
 void export_hf(const std::filesystem::path& dir, Llama& model, const std::string& dtype = "float32",
                const HfSpecialTokens& special = {});
 
+// A SentencePiece tokenizer as transformers' LlamaTokenizer loads it.
+struct HfTokenizer {
+  std::string sentencepiece_model;              // the .model file's bytes
+  std::string bos_token, eos_token, unk_token;  // their pieces ("<s>", ...); empty: none
+  int64_t model_max_length = 0;
+};
+
+// Writes DIR/tokenizer.model and DIR/tokenizer_config.json (LlamaTokenizer, BOS added in front
+// of every text as in training, legacy SentencePiece encoding so ids equal gasloc's), atomically.
+// `AutoTokenizer.from_pretrained(DIR)` then tokenizes as gasloc did. CheckpointError if a file
+// cannot be written; ConfigError if the model bytes are empty.
+void export_hf_tokenizer(const std::filesystem::path& dir, const HfTokenizer& tokenizer);
+
 // Reads an HF config.json into our config. intermediate_size is represented exactly (multiple_of
 // and ffn_dim_multiplier are chosen so that ffn_hidden() == intermediate_size). Throws
 // CheckpointError naming the file for a missing or mistyped key, or for a feature the model does

@@ -1,5 +1,6 @@
-// Reading finished (or partial) runs back from their directories: what `gasloc report` tables
-// and plots, and what `gasloc sweep` aggregates. Only run.json and metrics.jsonl are read.
+// Reading finished (or partial) runs back from their directories: what `gasloc report` tables,
+// plots and writes as CSV, and what `gasloc sweep` aggregates. run.json and metrics.jsonl are
+// read, and the dataset's dataset.json for its unigram baseline.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -25,6 +26,7 @@ struct RunSummary {
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
   double wall_s = 0;             // training time on the wall clock, summed over resumed segments
+  double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
   std::vector<EvalPoint> curve;
   // Evaluated at train.steps: the run is complete.
   bool finished() const { return has_val_loss && last_step >= planned_steps && planned_steps > 0; }
@@ -38,10 +40,33 @@ RunSummary read_run_summary(const std::filesystem::path& dir);
 // around the crossing: (step, virtual seconds), or nothing if it never does.
 std::optional<std::pair<double, double>> reach_target(const std::vector<EvalPoint>& curve, double target);
 
+// The unigram baseline of the dataset in `data_dir`: dataset.json's unigram_val_loss, or for a
+// dataset prepared before it was recorded (or llm.c shards) computed from its shards once per
+// process. < 0 when the dataset is not there (moved, or another machine's path).
+double unigram_baseline(const std::filesystem::path& data_dir);
+
+// Names for runs in tables, legends and CSV: each directory's base name, or parent/name where
+// base names collide (a/run and b/run), or the whole path where even those do.
+std::vector<std::string> run_labels(const std::vector<std::string>& dirs);
+
+struct PlotStyle {
+  std::string title;    // above the plot; empty: none
+  double baseline = -1;  // a dashed line at this loss (the unigram baseline); < 0: none. Not for consensus
+};
+
 // Draws validation loss against x ("step", "time" or "bytes"), or with x = "consensus" the
 // consensus distance against step on a log scale, for the runs, one line each titled by `titles`,
-// into a PNG with gnuplot (the .dat and .gp files are kept beside it). Throws Error if gnuplot fails.
+// into a PNG with gnuplot (the .dat and .gp files are kept beside it). gnuplot is started with an
+// argument vector, no shell, and every path and title is quoted for gnuplot itself, so any file
+// name works. Throws Error if gnuplot is missing or fails.
 void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::string>& titles,
-               const std::filesystem::path& png, const std::string& x);
+               const std::filesystem::path& png, const std::string& x, const PlotStyle& style = {});
+
+// Every train and eval line of the runs as one tidy CSV: columns run, event, worker, step, then
+// the metrics (kCsvColumns). A train line is one row (event "train", its worker). An eval line is
+// one row for the average model (event "eval", worker empty) and one per worker's own model
+// (event "eval_worker", with that worker's val_loss). Missing values are empty cells.
+std::string runs_csv(const std::vector<std::string>& dirs, const std::vector<std::string>& labels);
+extern const std::vector<std::string> kCsvColumns;
 
 }  // namespace gasloc::train

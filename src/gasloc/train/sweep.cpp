@@ -302,6 +302,10 @@ SweepSpec load_sweep(const fs::path& file) {
   return spec;
 }
 
+fs::path sweep_dir(const SweepSpec& spec, bool quick, const fs::path& runs_root) {
+  return runs_root / (spec.name + (quick ? "-quick" : ""));
+}
+
 std::vector<SweepRun> expand_sweep(const SweepSpec& spec, bool quick, const fs::path& runs_root) {
   std::vector<std::vector<std::pair<std::string, json>>> points(1);
   for (const auto& [key, grid_values] : spec.grid) {
@@ -319,7 +323,7 @@ std::vector<SweepRun> expand_sweep(const SweepSpec& spec, bool quick, const fs::
       }
     points = std::move(next);
   }
-  const fs::path base = runs_root / (spec.name + (quick ? "-quick" : ""));
+  const fs::path base = sweep_dir(spec, quick, runs_root);
   std::vector<SweepRun> runs;
   for (const auto& var : spec.variants)
     for (const auto& p : points) {
@@ -400,12 +404,19 @@ void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   fmt::print("sweep '{}': {} runs done in {:.1f} min\n", spec.name, done, minutes);
   SweepOptions o = opts;
   if (o.command.empty()) o.command = fmt::format("gasloc sweep {}{}", spec.file.string(), opts.quick ? " --quick" : "");
+  const fs::path own = sweep_dir(spec, opts.quick, opts.runs_root);
+  if (o.print_only) {
+    o.doc.clear();
+    if (o.plots_dir.empty()) o.plots_dir = own / "results";
+  } else if (o.doc.empty()) {
+    o.doc = own / "results.md";
+  }
   const std::string section = sweep_section(spec, runs, o);
-  if (opts.doc.empty()) {
+  if (o.print_only) {
     fmt::print("{}\n", section);
   } else {
-    write_doc_section(opts.doc, spec.name + (opts.quick ? "-quick" : ""), section);
-    fmt::print("wrote the '{}' section of {}\n", spec.name, opts.doc.string());
+    write_doc_section(o.doc, spec.name + (opts.quick ? "-quick" : ""), section);
+    fmt::print("wrote the '{}' section of {}\n", spec.name, o.doc.string());
   }
 }
 
@@ -472,6 +483,18 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       target = f.empty() ? 0.0 : stats_of(f).mean;
     }
     md += fmt::format("\n### {}\n\n", g.empty() ? spec.title : g);
+    // The data's unigram baseline, when every run of the group shares it.
+    double unigram = -1;
+    bool shared = true;
+    for (const auto& [v, rs] : byvar)
+      for (const auto& r : rs) {
+        if (r.unigram < 0) continue;
+        if (unigram < 0) unigram = r.unigram;
+        shared = shared && std::abs(unigram - r.unigram) < 1e-9;
+      }
+    if (!shared) unigram = -1;
+    if (unigram >= 0)
+      md += fmt::format("Unigram baseline of the data: {:.4f} (the validation loss of token frequencies alone).\n\n", unigram);
     if (target > 0) md += fmt::format("Target validation loss: {:.4f}{}.\n\n", target,
                                       spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
     md += "| variant | runs | finished | val_loss (average model) | consensus distance | steps to target | virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
@@ -518,7 +541,10 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
                            : opts.doc.empty()     ? fs::path("sweep-plots")
                                                   : fs::absolute(opts.doc).parent_path() / "results";
       fs::create_directories(dir);
-      plot_runs(rs, titles, dir / file, x);
+      PlotStyle style;
+      style.title = spec.title + (g.empty() ? "" : " [" + g + "]") + (opts.quick ? " (quick mode)" : "");
+      style.baseline = unigram;
+      plot_runs(rs, titles, dir / file, x, style);
       const fs::path rel = opts.doc.empty() ? dir / file : fs::relative(fs::absolute(dir / file), fs::absolute(opts.doc).parent_path());
       md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel.string())
                              : fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());

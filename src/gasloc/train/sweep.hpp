@@ -1,8 +1,10 @@
 // Sweeps: one TOML file describes a study, a grid of training runs that share a base job file,
 // and what to conclude from them. `gasloc sweep FILE` runs every run that is not finished yet
 // (finished runs are reused, stopped ones resumed from their checkpoint), then writes the study's
-// section of docs/results.md: one table per grid point (seeds aggregated as mean and range),
-// plots of validation loss against step, virtual time and bytes sent, and one line per claim.
+// report into its own output directory (RUNS/NAME/results.md, plots beside it): one table per
+// grid point (seeds aggregated as mean and range), plots of validation loss against step,
+// virtual time and bytes sent, and one line per claim. Only scripts/experiments.sh passes
+// --doc docs/results.md, so a user's sweep never rewrites the tracked results.
 //
 //   [sweep]
 //   name = "e2"                                 # section id; runs go to runs/experiments/NAME
@@ -85,16 +87,21 @@ struct SweepOptions {
   bool quick = false;
   bool dry_run = false;                             // list the runs and their state only
   std::filesystem::path runs_root = "runs/experiments";
-  std::filesystem::path doc = "docs/results.md";   // the section goes here ("" = print only)
+  std::filesystem::path doc;                        // the section goes here; "": RUNS/NAME[-quick]/results.md
+  bool print_only = false;                          // print the section instead of writing a file
   std::filesystem::path plots_dir;                  // "" = a results/ folder beside the doc
   std::string command;                              // how the user invoked it, for the section
 };
+
+// The sweep's own output directory: RUNS/NAME, or RUNS/NAME-quick.
+std::filesystem::path sweep_dir(const SweepSpec& spec, bool quick, const std::filesystem::path& runs_root);
 
 // Runs what is missing and writes the section. Throws CheckpointError, before running anything,
 // if a run directory holds a run of another configuration.
 void run_sweep(const SweepSpec& spec, const SweepOptions& opts);
 
-// The markdown section of a sweep from its (finished) runs.
+// The markdown section of a sweep from its (finished) runs. With opts.doc "" its plots go to
+// opts.plots_dir (or ./sweep-plots) and are linked by that path.
 std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts);
 
 // Replaces the section between "<!-- name:begin" and "<!-- name:end -->" in `doc` (appends it if
