@@ -17,6 +17,7 @@
 #include "gasloc/core/config.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/job_config.hpp"
+#include "gasloc/train/run_files.hpp"
 #include "gasloc/train/run_summary.hpp"
 #include "gasloc/train/trainer.hpp"
 
@@ -106,7 +107,18 @@ std::string point_name(const std::vector<std::pair<std::string, json>>& point) {
   return s;
 }
 
-bool has_checkpoint(const fs::path& dir) { return !RunCheckpoints(dir, 1).committed(0).empty(); }
+// The run wrote a checkpoint (rank 0's; run_files.hpp knows the layout): it resumes, and a
+// partial set is the trainer's to refuse, not the sweep's to delete.
+bool has_checkpoint(const fs::path& dir) {
+  if (!fs::exists(dir / "run.json")) return false;
+  try {
+    const RunInfo info = read_run_info({dir});
+    rank_checkpoint_files({dir}, info.world, {0});
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 // Removes a finished run's checkpoints (and the temporary files of a failed write); returns the
 // bytes freed. Its results live in metrics.jsonl.
