@@ -79,13 +79,12 @@ cmp hf2/model.safetensors hf3/model.safetensors || fail "the average from two di
 mv "host2/checkpoints/$step/rank1.pt" "it's 2w/checkpoints/$step/"
 
 # A real Gloo run as two hosts leave it: each rank writes into its own run_dir (only rank 0's has
-# run.json); the average from both directories scores what the run itself reported. (gloo1 is
-# made first: the trainer creates the run directory on rank 0's side only.)
-mkdir -p gloo1
+# run.json); the average from both directories scores what the run itself reported.
 "$G" launch -n 2 -- bash -c 'exec "$0" train "$@" --set train.run_dir=gloo$RANK' "$G" "${common[@]}" \
   --set cluster.backend=gloo --set cluster.timeout_s=60 --set algo.name=diloco --set algo.H=4 --set train.steps=10 \
   --set train.eval_every=5 > log7.txt 2>&1 || fail "2-rank Gloo run failed: $(tail -5 log7.txt)"
-[ -f gloo0/checkpoint-rank0.pt ] && [ -f gloo1/checkpoint-rank1.pt ] && [ ! -f gloo1/run.json ] || fail "Gloo ranks' files"
+[ -f gloo0/checkpoints/rank0.committed ] && [ -f gloo1/checkpoints/rank1.committed ] && [ ! -f gloo1/run.json ] ||
+  fail "Gloo ranks' files"
 expect_error "rank(s) 1 have no checkpoint" "$G" eval --run gloo0 --data data
 e_gloo=$(loss_of "$("$G" eval --run gloo0 --run gloo1 --data data)")
 final=$(grep '"event":"eval"' gloo0/metrics.jsonl | tail -1 | sed -nE 's/.*"val_loss":([0-9.]+).*/\1/p')

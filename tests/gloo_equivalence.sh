@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The same GASLoC 2peer job (n = 4) on the in-process cluster and as 4 processes over Gloo under
+# The same GASLoC job (n = 4) on the in-process cluster and as 4 processes over Gloo under
 # `gasloc launch` must give the same losses: exchanges copy tensors exactly and every worker sums
 # its mixing row in the same order, so the training losses match bitwise. Both run one BLAS
 # thread per product (train.blas_threads): another count may change the last bits of a product.
+# Three jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
+# form on 1peer with bf16 messages (the cast on send is the same on both backends).
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
 G=$(readlink -f "$1")
@@ -11,24 +13,40 @@ trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
 "$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
-     --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10
-     --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc --set algo.topology=2peer --set algo.H=5)
-"$G" train "${job[@]}" --set cluster.workers=4 --set train.run_dir=inproc >/dev/null
-"$G" launch -n 4 -- "$G" train "${job[@]}" --set cluster.backend=gloo --set cluster.timeout_s=60 \
-  --set train.run_dir=gloo >/dev/null
 # Per worker and step: the training loss (JSON numbers are printed with full precision).
 extract() { grep '"event":"train"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"train_loss":([^,]+),.*"worker":([0-9]+).*/\3 \1 \2/' | sort -n -k1 -k2; }
-extract inproc > a.txt
-extract gloo > b.txt
-[ "$(wc -l < a.txt)" -eq 80 ] || { echo "FAIL: expected 80 loss lines, got $(wc -l < a.txt)"; cat a.txt | head; exit 1; }
-if ! diff a.txt b.txt >/dev/null; then
-  echo "FAIL: in-process and Gloo losses differ:"; diff a.txt b.txt | head -20; exit 1
-fi
-va=$(grep '"event":"eval"' inproc/metrics.jsonl | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
-vb=$(grep '"event":"eval"' gloo/metrics.jsonl | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
-# The average model is an all-reduce, whose summation order differs between the backends:
-# equal to fp32 rounding (relative 1e-6).
-awk -v a="$va" -v b="$vb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' ||
-  { echo "FAIL: final average-model val_loss differs: $va vs $vb"; exit 1; }
-echo "gloo_equivalence: 80 training losses match exactly; average-model val_loss $va vs $vb"
+compare() {
+  local name=$1; shift
+  local job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+             --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10
+             --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc --set algo.H=5 "$@")
+  "$G" train "${job[@]}" --set cluster.workers=4 --set train.run_dir="$name-inproc" >/dev/null
+  "$G" launch -n 4 -- "$G" train "${job[@]}" --set cluster.backend=gloo --set cluster.timeout_s=60 \
+    --set train.run_dir="$name-gloo" >/dev/null
+  extract "$name-inproc" > "$name-a.txt"
+  extract "$name-gloo" > "$name-b.txt"
+  [ "$(wc -l < "$name-a.txt")" -eq 80 ] || { echo "FAIL ($name): expected 80 loss lines, got $(wc -l < "$name-a.txt")"; head "$name-a.txt"; exit 1; }
+  if ! diff "$name-a.txt" "$name-b.txt" >/dev/null; then
+    echo "FAIL ($name): in-process and Gloo losses differ:"; diff "$name-a.txt" "$name-b.txt" | head -20; exit 1
+  fi
+  local va vb
+  va=$(grep '"event":"eval"' "$name-inproc/metrics.jsonl" | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
+  vb=$(grep '"event":"eval"' "$name-gloo/metrics.jsonl" | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
+  # The average model is an all-reduce, whose summation order differs between the backends:
+  # equal to fp32 rounding (relative 1e-6).
+  awk -v a="$va" -v b="$vb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' ||
+    { echo "FAIL ($name): final average-model val_loss differs: $va vs $vb"; exit 1; }
+  echo "gloo_equivalence ($name): 80 training losses match exactly; average-model val_loss $va vs $vb"
+}
+compare anchor --set algo.topology=2peer
+compare mix_after --set algo.topology=2peer --set algo.form=mix_after
+compare accelerated_bf16 --set algo.topology=1peer --set algo.form=accelerated --set algo.gossip_step=0.8 \
+  --set algo.outer_momentum=0.5 --set algo.wire_dtype=bf16
+# The bf16 job must differ from its fp32 twin (the setting reached the run).
+"$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
+  --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 --set train.threads=1 \
+  --set train.blas_threads=1 --set algo.name=gasloc --set algo.H=5 --set algo.topology=1peer --set algo.form=accelerated \
+  --set algo.gossip_step=0.8 --set algo.outer_momentum=0.5 --set cluster.workers=4 --set train.run_dir=acc-fp32 >/dev/null
+extract acc-fp32 > acc-fp32.txt
+if diff acc-fp32.txt accelerated_bf16-a.txt >/dev/null; then echo "FAIL: bf16 messages changed nothing"; exit 1; fi
+echo "gloo_equivalence: the bf16 job differs from its fp32 twin"

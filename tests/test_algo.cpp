@@ -13,6 +13,8 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
 #include "gasloc/data/sampler.hpp"
+#include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/trainer.hpp"
 #include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
 
@@ -22,6 +24,9 @@ namespace {
 struct ClusterRun {
   std::vector<torch::Tensor> params;            // final phi per rank
   std::vector<std::vector<double>> losses;      // per rank, per step
+  std::vector<int64_t> bytes_sent;              // per rank, as priced by the network model
+  std::vector<double> clock;                    // per rank, virtual seconds at the end
+  std::vector<int64_t> sync_state_bytes;        // per rank
 };
 
 class Algo : public ::testing::Test {
@@ -37,7 +42,7 @@ class Algo : public ::testing::Test {
     const auto job = test_util::nano_job(data_, extra);
     const auto ds = data::Dataset::open(job.data.dir);
     const auto mc = job.model.resolve(ds.vocab_size);
-    comm::InProcCluster cluster(n);
+    comm::InProcCluster cluster(n, job.network.model(n));
     std::vector<std::unique_ptr<train::Worker>> workers;
     for (int r = 0; r < n; ++r)
       workers.push_back(std::make_unique<train::Worker>(job, mc, ds, cluster.comm(r), algo::make_synchronizer(a, n, job.train.seed)));
@@ -47,6 +52,11 @@ class Algo : public ::testing::Test {
       for (int64_t s = 0; s < steps; ++s) out.losses[r].push_back(workers[r]->step().loss);
     });
     for (auto& w : workers) out.params.push_back(w->params().data().clone());
+    for (int r = 0; r < n; ++r) {
+      out.bytes_sent.push_back(cluster.comm(r).stats().bytes_sent);
+      out.clock.push_back(cluster.comm(r).now());
+      out.sync_state_bytes.push_back(workers[r]->sync_state_bytes());
+    }
     return out;
   }
 
@@ -58,6 +68,13 @@ class Algo : public ::testing::Test {
     a.outer_lr = eta;
     a.outer_momentum = mu;
     a.topology = topo;
+    return a;
+  }
+  static algo::AlgoConfig form(const std::string& f, double eta, double mu, const std::string& topo = "2peer",
+                               double alpha = 1.0, int64_t H = 5) {
+    auto a = cfg("gasloc", H, eta, mu, topo);
+    a.form = f;
+    a.gossip_step = alpha;
     return a;
   }
 
@@ -352,4 +369,266 @@ TEST_F(Algo, EvaluationDuringATrainingStepIsRefused) {
   probe->worker = nullptr;  // between steps, evaluation is fine
   const auto val = data::validation_batches(*ds.val, 2, 16, 1);
   EXPECT_TRUE(std::isfinite(w.evaluate(val)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GASLoC forms (algo.form), each pinned to its limits (DESIGN.md section 3).
+
+TEST_F(Algo, MixAfterOnTheCompleteGraphIsDiLoCo) {
+  // The Nesterov buffers are linear: mean_j (theta - eta N_j) is DiLoCo's step with the mean of
+  // the workers' buffers, which is DiLoCo's buffer. Not bitwise: the all-reduce averages the
+  // v_j = theta - eta N_j instead of the phi_j, so the roundings differ (measured 6e-7 after 4
+  // rounds; 1e-5 allowed).
+  const auto diloco = run(4, cfg("diloco"), 20);
+  const auto mix = run(4, form("mix_after", 0.7, 0.9, "complete"), 20);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(max_diff(diloco.params[r], mix.params[r]), 1e-5) << "rank " << r;
+  // Like DiLoCo, every worker leaves the round with the same theta.
+  EXPECT_TRUE(torch::equal(mix.params[0], mix.params[3]));
+  // On a sparse graph the form is not the anchor form.
+  const auto anchor = run(4, form("anchor", 0.7, 0.9, "1peer"), 10);
+  const auto mix_sparse = run(4, form("mix_after", 0.7, 0.9, "1peer"), 10);
+  EXPECT_GT(max_diff(anchor.params[0], mix_sparse.params[0]), 1e-4);
+}
+
+TEST_F(Algo, MixAfterWithUnitLrAndNoMomentumIsLocalDAdam) {
+  // theta - 1 * (theta - phi) is phi up to one rounding per round: 1e-6 over 4 rounds.
+  const auto mix = run(4, form("mix_after", 1.0, 0.0, "1peer"), 20);
+  const auto local = run(4, cfg("local_dadam", 5, 0.7, 0.9, "1peer"), 20);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(max_diff(mix.params[r], local.params[r]), 1e-6) << "rank " << r;
+}
+
+TEST_F(Algo, AcceleratedWithUnitStepsAndNoMomentumIsLocalDAdamBitwise) {
+  // eta = alpha = 1, gamma = 0: u = lerp(theta, phi, 1) = phi and lerp(u, m, 1) = m exactly.
+  const auto acc = run(4, form("accelerated", 1.0, 0.0, "2peer", 1.0), 20);
+  const auto local = run(4, cfg("local_dadam", 5, 0.7, 0.9, "2peer"), 20);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(torch::equal(acc.params[r], local.params[r])) << "rank " << r;
+    EXPECT_EQ(acc.losses[r], local.losses[r]) << "rank " << r;
+  }
+}
+
+TEST_F(Algo, AcceleratedWithoutMixingIsNesterovSgdOnThePseudoGradient) {
+  // One worker: W = [1], Lambda = 0. DiLoCo with one worker is PyTorch's Nesterov SGD (lr eta,
+  // momentum mu, dampening 0) on the pseudo-gradient theta - phi; the accelerated form with
+  // gamma = mu must be the same algorithm. Different operations (u + gamma (u - u_prev) against
+  // theta - eta (Delta + mu b)): measured 8e-7 over 4 rounds, 1e-5 allowed.
+  const auto diloco = run(1, cfg("diloco", 5, 0.7, 0.9), 20);
+  const auto acc = run(1, form("accelerated", 0.7, 0.9, "complete"), 20);
+  EXPECT_LT(max_diff(diloco.params[0], acc.params[0]), 1e-5);
+  // With gamma = 0 it is not the same run: the test can tell momentum apart.
+  const auto no_momentum = run(1, form("accelerated", 0.7, 0.0, "complete"), 20);
+  EXPECT_GT(max_diff(diloco.params[0], no_momentum.params[0]), 1e-4);
+}
+
+namespace {
+// Two workers, 1peer (n = 2: the pair averages, W = 1/2, every round), H = 1, on three-entry
+// buffers starting at theta0(r). Before round t worker r's live parameters are moved to
+// theta + offset(r, t), as if by local steps. Returns theta per rank and round, and the state.
+struct SyncRounds {
+  std::vector<std::vector<std::vector<double>>> theta;  // [rank][round][k]
+  std::vector<algo::StateDict> state;
+};
+std::vector<double> theta0(int r) { return {1.0 + r, -0.5 * r, 0.25}; }
+double offset(int r, int t, int k) { return 0.1 * (r + 1) * (k + 1) - 0.07 * t * (k - 1) + 0.03 * r * t; }
+
+SyncRounds sync_rounds(const algo::AlgoConfig& a, int rounds) {
+  SyncRounds out;
+  out.theta.resize(2);
+  out.state.resize(2);
+  comm::InProcCluster cluster(2);
+  cluster.run([&](int r, comm::Communicator& c) {
+    const auto t0 = theta0(r);
+    FlatParams fp({{"w", torch::tensor(std::vector<float>(t0.begin(), t0.end()))}});
+    auto sync = algo::make_synchronizer(a, 2, 5);
+    sync->init(fp);
+    for (int t = 0; t < rounds; ++t) {
+      for (int k = 0; k < 3; ++k) fp.data()[k] += offset(r, t, k);
+      EXPECT_TRUE(sync->after_step(1, fp, c));
+      std::vector<double> th;
+      for (int k = 0; k < 3; ++k) th.push_back(fp.data()[k].item<double>());
+      out.theta[r].push_back(th);
+    }
+    out.state[r] = sync->state();
+  });
+  return out;
+}
+}  // namespace
+
+TEST_F(Algo, AcceleratedRoundsMatchTheDefinitionAndNesterovWithoutMixing) {
+  const double eta = 0.7, gamma = 0.6;
+  for (double alpha : {0.0, 0.6, 1.0}) {
+    SCOPED_TRACE("alpha " + std::to_string(alpha));
+    const auto got = sync_rounds(form("accelerated", eta, gamma, "1peer", alpha, 1), 4);
+    // The definition, in doubles: u_i = theta_i + eta (phi_i - theta_i);
+    // theta_i <- u_i - alpha (u_i - mean(u)) + gamma (u_i - u_i^prev), u^prev starting at theta_0.
+    std::vector<std::vector<double>> th = {theta0(0), theta0(1)}, up = th;
+    // alpha = 0 (Lambda = 0): PyTorch's Nesterov SGD on g = theta - phi, written its own way.
+    std::vector<std::vector<double>> nt = th, nb = {{0, 0, 0}, {0, 0, 0}};
+    for (int t = 0; t < 4; ++t) {
+      for (int k = 0; k < 3; ++k) {
+        double u[2];
+        for (int r = 0; r < 2; ++r) u[r] = th[r][k] + eta * offset(r, t, k);
+        const double m = 0.5 * (u[0] + u[1]);
+        for (int r = 0; r < 2; ++r) {
+          th[r][k] = u[r] - alpha * (u[r] - m) + gamma * (u[r] - up[r][k]);
+          up[r][k] = u[r];
+          const double g = -offset(r, t, k);
+          nb[r][k] = gamma * nb[r][k] + g;
+          nt[r][k] -= eta * (g + gamma * nb[r][k]);
+        }
+      }
+      for (int r = 0; r < 2; ++r)
+        for (int k = 0; k < 3; ++k) {
+          EXPECT_NEAR(got.theta[r][t][k], th[r][k], 1e-5) << "rank " << r << " round " << t << " k " << k;
+          if (alpha == 0.0) EXPECT_NEAR(got.theta[r][t][k], nt[r][k], 1e-5) << "Nesterov, rank " << r << " round " << t;
+        }
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(got.state[r].count("u_prev"), 1u);
+      EXPECT_EQ(got.state[r].count("momentum"), 0u);  // its momentum acts on u, not through b
+      for (int k = 0; k < 3; ++k) EXPECT_NEAR(got.state[r].at("u_prev")[k].item<double>(), up[r][k], 1e-5);
+    }
+  }
+}
+
+TEST_F(Algo, MixAfterRoundsMatchTheDefinition) {
+  // v_i = theta_i - eta (Delta_i + mu b_i) with b_i <- mu b_i + Delta_i, Delta_i = theta_i - phi_i;
+  // theta_i <- (v_0 + v_1) / 2. In doubles; 1e-5 against float32.
+  const double eta = 0.7, mu = 0.9;
+  const auto got = sync_rounds(form("mix_after", eta, mu, "1peer", 1.0, 1), 4);
+  std::vector<std::vector<double>> th = {theta0(0), theta0(1)}, b = {{0, 0, 0}, {0, 0, 0}};
+  for (int t = 0; t < 4; ++t) {
+    for (int k = 0; k < 3; ++k) {
+      double v[2];
+      for (int r = 0; r < 2; ++r) {
+        const double delta = -offset(r, t, k);
+        b[r][k] = mu * b[r][k] + delta;
+        v[r] = th[r][k] - eta * (delta + mu * b[r][k]);
+      }
+      th[0][k] = th[1][k] = 0.5 * (v[0] + v[1]);
+    }
+    for (int r = 0; r < 2; ++r)
+      for (int k = 0; k < 3; ++k) EXPECT_NEAR(got.theta[r][t][k], th[r][k], 1e-5) << "rank " << r << " round " << t;
+  }
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(got.state[r].at("momentum")[k].item<double>(), b[r][k], 1e-5) << "rank " << r;
+}
+
+TEST_F(Algo, FormsKeepTheStateTheyNeed) {
+  // Parameter-sized buffers: theta and b (anchor, mix_after); theta and u^prev (accelerated: u^prev
+  // takes b's place); theta alone without momentum. Plus the two round counters (16 bytes).
+  const std::vector<std::pair<algo::AlgoConfig, int>> cases = {
+      {form("anchor", 0.7, 0.9, "1peer"), 2},      {form("mix_after", 0.7, 0.9, "1peer"), 2},
+      {form("accelerated", 0.7, 0.9, "1peer"), 2}, {form("accelerated", 0.7, 0.0, "1peer"), 1},
+      {form("mix_after", 1.0, 0.0, "1peer"), 1}};
+  for (const auto& [a, buffers] : cases) {
+    const auto got = run(2, a, 5);
+    const int64_t numel = got.params[0].numel();
+    EXPECT_EQ(got.sync_state_bytes[0], buffers * 4 * numel + 16) << a.form << " mu " << a.outer_momentum;
+  }
+}
+
+TEST_F(Algo, FormSettingsAreChecked) {
+  auto expect = [](algo::AlgoConfig a, const std::string& needle) {
+    try {
+      a.validate(4);
+      ADD_FAILURE() << "expected ConfigError mentioning " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect(form("sideways", 0.7, 0.9), "algo.form");
+  auto d = cfg("diloco");
+  d.form = "accelerated";
+  expect(d, "algo.form");  // forms are gasloc's
+  expect(form("accelerated", 0.7, 0.9, "2peer", 1.5), "algo.gossip_step");
+  expect(form("anchor", 0.7, 0.9, "2peer", 0.5), "algo.gossip_step");  // alpha is the accelerated form's
+  auto w = cfg("gasloc");
+  w.wire_dtype = "fp8";
+  expect(w, "algo.wire_dtype");
+  for (const char* f : {"anchor", "mix_after", "accelerated"}) EXPECT_NO_THROW(form(f, 0.7, 0.9).validate(4)) << f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// algo.wire_dtype: cast on send, mixed and kept in fp32.
+
+TEST_F(Algo, Bf16WireRoundsOnlyWhatTravels) {
+  // n = 2, 1peer: m_i = phi_i / 2 + bf16(phi_j) / 2, the own term unrounded. 1 + 2^-10 is not a
+  // bf16 value (8 significant bits): it arrives as 1.
+  torch::Tensor m0, m1;
+  int64_t sent0 = 0;
+  comm::InProcCluster cluster(2);
+  topology::Topology topo(topology::Kind::one_peer, 2, 3);
+  cluster.run([&](int r, comm::Communicator& c) {
+    const auto phi = torch::full({8}, r == 0 ? 1.0f + 1.0f / 1024 : 3.0f + 3.0f / 1024);
+    auto m = algo::gossip_mix(topo, 0, phi, c, torch::kBFloat16);
+    EXPECT_EQ(m.scalar_type(), torch::kFloat);
+    (r == 0 ? m0 : m1) = m;
+    if (r == 0) sent0 = c.stats().bytes_sent;
+  });
+  EXPECT_FLOAT_EQ(m0[0].item<float>(), 0.5f * (1.0f + 1.0f / 1024) + 0.5f * 3.0f);
+  EXPECT_FLOAT_EQ(m1[0].item<float>(), 0.5f * (3.0f + 3.0f / 1024) + 0.5f * 1.0f);
+  EXPECT_EQ(sent0, 8 * 2);  // priced (and counted) as 2 bytes per parameter
+}
+
+TEST_F(Algo, Bf16WireTrainsLikeFp32AtHalfTheBytes) {
+  // 4 workers, H = 5, 2 rounds, for the three forms and DiLoCo. bf16 keeps 8 significant bits,
+  // so each message is off by up to 2^-9 relative; the runs stay within 3e-3 of each other in
+  // every training loss (measured at most 1.4e-3, mix_after; the losses are about 5.5) and send
+  // half the bytes, which the virtual clock prices.
+  for (const auto& a : {form("anchor", 0.7, 0.9), form("mix_after", 0.7, 0.9), form("accelerated", 0.7, 0.5, "2peer", 0.8),
+                        cfg("diloco")}) {
+    SCOPED_TRACE(a.name + " " + a.form);
+    auto b = a;
+    b.wire_dtype = "bf16";
+    const auto fp32 = run(4, a, 10, {"network.bandwidth_gbit=0.01"});
+    const auto bf16 = run(4, b, 10, {"network.bandwidth_gbit=0.01"});
+    for (int r = 0; r < 4; ++r) {
+      for (size_t s = 0; s < 10; ++s) EXPECT_NEAR(fp32.losses[r][s], bf16.losses[r][s], 3e-3) << "rank " << r << " step " << s + 1;
+      EXPECT_EQ(2 * bf16.bytes_sent[r], fp32.bytes_sent[r]) << "rank " << r;
+      EXPECT_LT(bf16.clock[r], fp32.clock[r]) << "rank " << r;
+    }
+    EXPECT_GT(max_diff(fp32.params[0], bf16.params[0]), 0.0);  // it did round something
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: every form resumes bit-exactly (u_prev included).
+
+TEST_F(Algo, EveryFormResumesBitExactly) {
+  for (const std::string f : {"mix_after", "accelerated"}) {
+    SCOPED_TRACE(f);
+    auto request = [&](const std::string& dir, std::vector<std::string> extra) {
+      train::TrainRequest r;
+      r.quiet = true;
+      r.overrides = {"model.preset=nano", "data.dir=" + data_.string(), "data.seq_len=32", "data.batch_size=4",
+                     "data.val_batches=2", "train.steps=40", "train.eval_every=15", "train.checkpoint_every=0",
+                     "train.log_every=10", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
+                     "cluster.workers=2", "algo.name=gasloc", "algo.topology=1peer", "algo.H=5",
+                     "algo.form=" + f, "algo.outer_momentum=0.6", "algo.gossip_step=" + std::string(f == "accelerated" ? "0.8" : "1"),
+                     "algo.wire_dtype=bf16", "train.run_dir=" + (root_ / dir).string()};
+      r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+      return r;
+    };
+    const auto full = train::run_training(request(f + "_full", {}));
+    const auto first = train::run_training(request(f + "_halves", {"train.stop_at=17"}));  // mid-round
+    train::TrainRequest again;
+    again.quiet = true;
+    again.resume_dir = (root_ / (f + "_halves")).string();
+    const auto second = train::run_training(again);
+    ASSERT_EQ(full.train_losses.size(), 40u);
+    ASSERT_EQ(second.train_losses.size(), 23u);
+    for (size_t i = 0; i < 17; ++i) EXPECT_EQ(first.train_losses[i], full.train_losses[i]) << "step " << i + 1;
+    for (size_t i = 0; i < 23; ++i) EXPECT_EQ(second.train_losses[i], full.train_losses[17 + i]) << "step " << 18 + i;
+    EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+    for (int r = 0; r < 2; ++r) {
+      const train::RunCheckpoints ca(root_ / (f + "_full"), 2), cb(root_ / (f + "_halves"), 2);
+      auto a = train::load_checkpoint(ca.file(ca.committed(r).at(0), r));
+      auto b = train::load_checkpoint(cb.file(cb.committed(r).at(0), r));
+      EXPECT_EQ(a.tensors.count("sync.u_prev"), f == "accelerated" ? 1u : 0u);
+      EXPECT_EQ(a.tensors.count("sync.momentum"), f == "mix_after" ? 1u : 0u);
+      for (const auto& [k, t] : a.tensors)
+        if (k != "rng.cpu") EXPECT_TRUE(torch::equal(t, b.tensors.at(k))) << k << " rank " << r;
+    }
+  }
 }

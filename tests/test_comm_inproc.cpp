@@ -133,7 +133,8 @@ TEST(InProc, AllReduceMeanOfRanksIsExactAndIdenticalEverywhere) {
   }
 }
 
-TEST(InProc, AllReduceMeanSumsBf16InBf16) {
+TEST(InProc, AllReduceMeanSumsBf16InFp32) {
+  // As the Gloo backend does: the sum in fp32, the mean rounded to bf16 once.
   const int n = 3;
   InProcCluster cluster(n);
   std::vector<torch::Tensor> out(n);
@@ -141,9 +142,9 @@ TEST(InProc, AllReduceMeanSumsBf16InBf16) {
     out[r] = random_for(r, 257, torch::kBFloat16);
     c.all_reduce_mean(out[r]);
   });
-  torch::Tensor expected = random_for(0, 257, torch::kBFloat16);
-  for (int r = 1; r < n; ++r) expected += random_for(r, 257, torch::kBFloat16);
-  expected /= n;
+  torch::Tensor expected = random_for(0, 257, torch::kBFloat16).to(torch::kFloat);
+  for (int r = 1; r < n; ++r) expected += random_for(r, 257, torch::kBFloat16).to(torch::kFloat);
+  expected = (expected / n).to(torch::kBFloat16);
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(out[r].scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(torch::equal(out[r], expected)) << "rank " << r;

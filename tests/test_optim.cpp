@@ -258,62 +258,7 @@ TEST(Gpa, EvalTrainSwitchIsARoundTripAndEvaluatesX) {
   EXPECT_LT(max_abs(gpa.z_buffer() - (z + shift)), 1e-6);
 }
 
-TEST(Gpa, ScheduleFreeMatchesHandComputedQuadratic) {
-  // L(p) = p^2 (a = 2, b = 0), p0 = 1, mu_y = 0.9, warmup lr 0.1, 0.2, then 0.2 constant.
-  // Steps 1 and 2 by hand: c_1 = 1 (w = 0.01), c_2 = 0.04 / 0.05 = 0.8.
-  auto p = torch::ones({1});
-  FlatParams flat({{"p", p}});
-  optim::GpaOptions o;
-  o.adam.weight_decay = 0.0;
-  o.mu_y = 0.9;
-  o.schedule_free = true;
-  optim::Gpa sf(flat, o);
-  auto step = [&](double lr) {
-    flat.grad().copy_(2 * flat.data());
-    sf.step(lr);
-  };
-  auto x_now = [&] {
-    optim::EvalScope at_x(&sf);
-    return flat.data().item<double>();
-  };
-  step(0.1);
-  EXPECT_DOUBLE_EQ(sf.last_c(), 1.0);
-  EXPECT_NEAR(flat.data().item<double>(), 0.9, 1e-6);
-  EXPECT_NEAR(x_now(), 0.9, 1e-6);
-  step(0.2);
-  EXPECT_NEAR(sf.last_c(), 0.8, 1e-12);
-  EXPECT_NEAR(flat.data().item<double>(), 0.736460103, 1e-6);
-  EXPECT_NEAR(sf.z_buffer().item<double>(), 0.700561101, 1e-6);
-  EXPECT_NEAR(x_now(), 0.740448881, 1e-6);
-
-  // Then 30 more steps against the same recurrence in double scalars, with the lr dropping to
-  // 0.1 after step 20 (lr_max stays 0.2, so the weights stay uniform: c_t = 1 / (t - 1 + 0.25)).
-  double y = 0.736460102820075, z = 0.7005611008903354, m = 0, v = 0, ws = 0.05;
-  {  // replay m and v of steps 1-2
-    m = 0.1 * 2.0;
-    v = 0.05 * 4.0;
-    m = 0.9 * m + 0.1 * 1.8;
-    v = 0.95 * v + 0.05 * 1.8 * 1.8;
-  }
-  for (int k = 3; k <= 32; ++k) {
-    const double lr = k <= 20 ? 0.2 : 0.1;
-    const double g = 2 * y;
-    m = 0.9 * m + 0.1 * g;
-    v = 0.95 * v + 0.05 * g * g;
-    const double d = (m / (1 - std::pow(0.9, k))) / (std::sqrt(v / (1 - std::pow(0.95, k))) + 1e-8);
-    ws += 0.04;
-    const double c = 0.04 / ws;
-    y = (1 - c) * y + c * z + lr * (0.9 * (1 - c) - 1) * d;
-    z -= lr * d;
-    step(lr);
-    ASSERT_NEAR(sf.last_c(), c, 1e-12) << "step " << k;
-    ASSERT_NEAR(flat.data().item<double>(), y, 1e-5) << "step " << k;
-  }
-  EXPECT_NEAR(x_now(), (y - 0.1 * z) / 0.9, 1e-5);
-  // It minimises p^2: z is near 0, and x, the uniform average of the z's, is on its way.
-  EXPECT_LT(std::abs(sf.z_buffer().item<double>()), 0.1);
-  EXPECT_LT(x_now(), 0.6);
-}
+// Schedule-Free against its reference algorithm: tests/test_schedule_free.cpp.
 
 TEST(Gpa, HoldsExactlyOneParameterBufferMoreThanAdamW) {
   Toy toy;
@@ -325,7 +270,7 @@ TEST(Gpa, HoldsExactlyOneParameterBufferMoreThanAdamW) {
   optim::GpaOptions sfo;
   sfo.schedule_free = true;
   optim::Gpa sf(toy.flat, sfo);
-  EXPECT_EQ(sf.state_bytes(), gpa.state_bytes());
+  EXPECT_EQ(sf.state_bytes(), adamw.state_bytes());  // no first moment: v and z
 }
 
 TEST(Gpa, BadSettingsAndForeignCheckpointsAreRefused) {

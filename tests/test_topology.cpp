@@ -345,3 +345,89 @@ TEST(Spectral, OuterMomentumOnDisagreementFollowsTheHandComputedRecursion) {
             simulate_consensus(Topology(Kind::two_peer, 16, 1), 4, 64, 3, OuterStep{1.0, 0.0}));
   EXPECT_THROW(simulate_consensus(Topology(Kind::two_peer, 16, 1), 4, 64, 3, OuterStep{0.7, 1.0}), ConfigError);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The GASLoC forms under pure consensus (`gasloc topo --consensus --form`, docs/topology.md).
+
+TEST(Forms, ParseAndPrintNames) {
+  using namespace gasloc::topology;
+  for (auto f : {Form::anchor, Form::mix_after, Form::accelerated}) EXPECT_EQ(parse_form(to_string(f)), f);
+  try {
+    parse_form("sideways");
+    ADD_FAILURE() << "unknown form accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.hint().find("mix_after"), std::string::npos) << e.hint();
+  }
+}
+
+TEST(Forms, AcceleratedOnTheCompleteGraphFollowsTheHandComputedRecursion) {
+  using namespace gasloc::topology;
+  // Every disagreement mode has lambda = 0, so with alpha 0.5, gamma 0.9 its amplitude follows
+  // e' = (1 - alpha) e + gamma (e - e_prev), e_prev starting at e0 = 1:
+  //   e1 = 0.5; e2 = 0.25 + 0.9 (0.5 - 1) = -0.2; e3 = -0.1 + 0.9 (-0.2 - 0.5) = -0.73.
+  const auto d = simulate_consensus(Topology(Kind::complete, 8, 1), 3, 32, 3, OuterStep{1.0, 0.9, Form::accelerated, 0.5});
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_NEAR(d[1], 0.25, 1e-12);
+  EXPECT_NEAR(d[2], 0.04, 1e-12);
+  EXPECT_NEAR(d[3], 0.73 * 0.73, 1e-12);
+  // alpha = 1, gamma = 0 mixes exactly as W: plain gossip up to one rounding per round.
+  const Topology t(Kind::two_peer, 16, 1);
+  const auto plain = simulate_consensus(t, 5, 64, 3);
+  const auto acc = simulate_consensus(t, 5, 64, 3, OuterStep{1.0, 0.0, Form::accelerated, 1.0});
+  for (size_t r = 0; r < plain.size(); ++r) EXPECT_NEAR(acc[r], plain[r], 1e-12 + 1e-9 * plain[r]) << "round " << r;
+  // mix_after without training takes its outer step on a zero pseudo-gradient: plain gossip, bit for bit.
+  EXPECT_EQ(simulate_consensus(t, 5, 64, 3, OuterStep{0.7, 0.9, Form::mix_after}), plain);
+}
+
+TEST(Forms, PerRoundContractionAgainstPlainGossipAndTheGap) {
+  using namespace gasloc::topology;
+  // 1peer, n = 32, 2000 rounds, 64 entries per worker. Plain gossip's mean per-round ratio is
+  // 1 - gap in expectation (measured 0.488 against 0.484); its geometric mean, the long-run
+  // rate, is lower (Jensen: the ratios vary from round to round). DiLoCo's outer step (0.7, 0.9)
+  // contracts at nearly twice plain gossip's rate, and the accelerated form at alpha 1, gamma 0.9
+  // diverges.
+  const Topology t(Kind::one_peer, 32, 1337);
+  const double gap_rate = 1 - spectral_gap_closed_form(t);
+  const auto plain = consensus_contraction(t, 2000, 64, 1);
+  EXPECT_NEAR(plain.mean / gap_rate, 1.0, 0.03);
+  EXPECT_LT(plain.geometric, plain.mean);
+  EXPECT_EQ(plain.restarts, 0);
+  const auto anchor = consensus_contraction(t, 2000, 64, 1, OuterStep{0.7, 0.9});
+  EXPECT_GT(anchor.geometric, 1.7 * plain.geometric);
+  EXPECT_LT(anchor.geometric, 1.0);
+  EXPECT_GT(consensus_contraction(t, 2000, 64, 1, OuterStep{1.0, 0.9, Form::accelerated, 1.0}).geometric, 1.0);
+  // Thousands of rounds neither underflow nor overflow: the state is rescaled every round.
+  EXPECT_TRUE(std::isfinite(consensus_contraction(t, 5000, 8, 1, OuterStep{1.0, 0.9, Form::accelerated, 1.0}).mean));
+  // 1peer on 8 workers reaches exact consensus now and then (three matchings can form a cube):
+  // such a round counts as 0 and the run goes on from fresh vectors, near 1 - gap still.
+  const Topology t8(Kind::one_peer, 8, 1337);
+  const auto p8 = consensus_contraction(t8, 2000, 64, 1);
+  EXPECT_GT(p8.restarts, 0);
+  EXPECT_NEAR(p8.mean / (1 - spectral_gap_closed_form(t8)), 1.0, 0.05);
+  const auto complete = consensus_contraction(Topology(Kind::complete, 8, 1), 10, 8, 1);
+  EXPECT_EQ(complete.mean, 0.0);  // exact consensus every round
+  EXPECT_EQ(complete.restarts, 9);
+  EXPECT_THROW(consensus_contraction(t, 10, 8, 1, OuterStep{1.0, 0.9, Form::accelerated, 1.5}), ConfigError);
+}
+
+TEST(Forms, OptimizeFindsLittleMomentumBestOnRandomGraphs) {
+  using namespace gasloc::topology;
+  // The spectral gap of 1peer is O(1), so momentum cannot accelerate it: the best grid point
+  // has momentum <= 0.3 in both forms (DiLoCo uses 0.9) and matches plain gossip within 3%.
+  const Topology t(Kind::one_peer, 32, 1337);
+  const double plain = consensus_contraction(t, 400, 16, 1).geometric;
+  for (auto f : {Form::anchor, Form::accelerated}) {
+    const auto best = optimize_consensus(t, f, 400, 16, 1);
+    EXPECT_EQ(best.points, 200) << to_string(f);
+    EXPECT_LE(best.best.momentum, 0.3 + 1e-12) << to_string(f);
+    EXPECT_NEAR(best.rate.geometric / plain, 1.0, 0.03) << to_string(f);
+    EXPECT_EQ(best.best.form, f);
+    // It is the minimum of what it scanned: the default outer step is no better.
+    EXPECT_LE(best.rate.geometric, consensus_contraction(t, 400, 16, 1, OuterStep{0.7, 0.9, f, 0.7}).geometric);
+  }
+  // On the fixed ring with many workers (slow modes, lambda near 1) momentum does help.
+  const Topology ring(Kind::ring, 32, 1);
+  const auto best = optimize_consensus(ring, Form::anchor, 400, 16, 1);
+  EXPECT_GT(best.best.momentum, 0.3);
+  EXPECT_LT(best.rate.geometric, consensus_contraction(ring, 400, 16, 1).geometric);
+}

@@ -340,12 +340,14 @@ void expect_resume_bit_exact(const std::string& name, std::vector<std::string> o
 TEST_F(Trainer, GpaAndScheduleFreeResumeBitExactly) {
   expect_resume_bit_exact("gpa", {"optim.name=gpa", "optim.mu_x=0.9"}, 1, request);
   expect_resume_bit_exact("sf", {"optim.name=schedule_free", "optim.decay=constant", "optim.decay_on=y"}, 1, request);
-  // The checkpoint holds x (params), z, y, the moments; and schedule-free's averaging weights.
+  // The checkpoint holds x (params), z, y, the second moment (no first: beta1 is the
+  // interpolation weight) and schedule-free's averaging weights.
   auto c = train::load_checkpoint(newest(kRoot / "sf_full"));
-  for (const char* k : {"params", "optim.z", "optim.y", "optim.exp_avg", "optim.exp_avg_sq", "optim.sf_weight_sum"})
+  for (const char* k : {"params", "optim.z", "optim.y", "optim.exp_avg_sq", "optim.sf_weight_sum"})
     EXPECT_TRUE(c.tensors.count(k)) << k;
-  // params is x = y + (1 - 1/mu_y)(z - y), not y.
-  const double mu_y = 0.7;
+  EXPECT_FALSE(c.tensors.count("optim.exp_avg"));
+  // params is x = y + (1 - 1/beta1)(z - y), not y.
+  const double mu_y = 0.9;
   const auto& y = c.tensors.at("optim.y");
   const auto x = y + (1 - 1 / mu_y) * (c.tensors.at("optim.z") - y);
   EXPECT_LT((c.tensors.at("params") - x).abs().max().item<double>(), 1e-6);

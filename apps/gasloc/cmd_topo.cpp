@@ -72,9 +72,12 @@ Action add_topo(CLI::App& app) {
     int64_t round = 0;
     int64_t rounds = 2000;
     std::string preset = "tiny";
-    std::string wire_dtype = "bf16";
+    std::string wire_dtype = "fp32";
     int64_t consensus = 0;
-    double outer_lr = 1.0, outer_momentum = 0.0;
+    double outer_lr = 1.0, outer_momentum = 0.0, gossip_step = 1.0;
+    std::string form = "anchor";
+    bool optimize = false;
+    int64_t dim = 0;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--topology,-t", o->topology, "complete, 1peer, 2peer, ring, exp")->required();
@@ -83,20 +86,33 @@ Action add_topo(CLI::App& app) {
   app.add_option("--round", o->round, "round whose mixing matrix to print")->capture_default_str();
   app.add_option("--rounds", o->rounds, "rounds averaged to estimate the spectral gap of random graphs")->capture_default_str();
   app.add_option("--preset,-p", o->preset, "model preset whose parameters form the message")->capture_default_str();
-  app.add_option("--wire-dtype", o->wire_dtype, "bf16 or fp32: bytes per parameter on the wire")->capture_default_str();
+  app.add_option("--wire-dtype", o->wire_dtype, "fp32 or bf16: bytes per parameter on the wire (algo.wire_dtype)")->capture_default_str();
   app.add_option("--consensus", o->consensus,
                  "also gossip random vectors for this many rounds (no training) and print the consensus distance "
                  "against the (1 - gap)^t the spectral gap predicts");
   app.add_option("--outer-lr", o->outer_lr, "with --consensus: GASLoC's outer learning rate after each mixing (1 with "
                  "momentum 0 is plain averaging)")->capture_default_str();
-  app.add_option("--outer-momentum", o->outer_momentum, "with --consensus: GASLoC's outer Nesterov momentum")
+  app.add_option("--outer-momentum", o->outer_momentum, "with --consensus: GASLoC's outer momentum (mu; gamma for accelerated)")
       ->capture_default_str();
+  app.add_option("--form", o->form, "with --consensus: GASLoC form, anchor, mix_after or accelerated (algo.form)")
+      ->capture_default_str();
+  app.add_option("--gossip-step", o->gossip_step, "with --consensus: the accelerated form's alpha (algo.gossip_step)")
+      ->capture_default_str();
+  app.add_flag("--optimize", o->optimize,
+               "scan (eta, mu) for anchor and (alpha, gamma) for accelerated and print each form's best per-round "
+               "contraction over --consensus rounds (default 2000)");
+  app.add_option("--dim", o->dim, "entries per worker's vector in the consensus runs (default 4096; 64 with --optimize)");
   return [o]() {
     if (!(o->outer_lr > 0) || !(o->outer_momentum >= 0 && o->outer_momentum < 1))
       throw ConfigError(fmt::format("--outer-lr {} / --outer-momentum {}: the outer step needs lr > 0 and 0 <= momentum < 1",
                                     o->outer_lr, o->outer_momentum));
+    if (!(o->gossip_step >= 0 && o->gossip_step <= 1))
+      throw ConfigError(fmt::format("--gossip-step {}: alpha must be in [0, 1]", o->gossip_step));
     if (o->wire_dtype != "bf16" && o->wire_dtype != "fp32")
       throw ConfigError("--wire-dtype must be bf16 or fp32, got '" + o->wire_dtype + "'");
+    if (o->dim < 0) throw ConfigError("--dim must be >= 1");
+    const auto form = topology::parse_form(o->form);
+    if (o->optimize && o->consensus == 0) o->consensus = 2000;
     const topology::Topology t(topology::parse_kind(o->topology), o->n, o->seed);
     const int n = t.size();
     fmt::print("topology {} ({}), n = {}, seed {}\n", topology::to_string(t.kind()), describe(t.kind()), n, o->seed);
@@ -136,20 +152,61 @@ Action add_topo(CLI::App& app) {
       fmt::print("note: exp's product over {} consecutive rounds is exactly 11^T/n (exact consensus), which the gap "
                  "of E[W^T W] does not show\n", t.period());
     if (o->consensus > 0) {
-      // Vectors of 4096 entries: the per-round contraction concentrates around its expectation.
-      const auto sim = topology::simulate_consensus(t, o->consensus, 4096, o->seed, {o->outer_lr, o->outer_momentum});
+      const topology::OuterStep step{o->outer_lr, o->outer_momentum, form, o->gossip_step};
+      const bool plain = form != topology::Form::accelerated && o->outer_lr == 1.0 && o->outer_momentum == 0.0;
+      const int64_t dim = o->dim > 0 ? o->dim : 4096;  // the per-round contraction concentrates around its expectation
       // The closed form: the estimate over sampled rounds is biased low (see spectral.hpp).
       const double rate = 1.0 - closed;
-      if (o->outer_lr == 1.0 && o->outer_momentum == 0.0)
-        fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
-      else
-        fmt::print("gossip with GASLoC's outer step (lr {}, momentum {}), no training (consensus distance / initial; "
-                   "(1-gap)^t of plain averaging, from the closed form):\n", o->outer_lr, o->outer_momentum);
-      fmt::print("  {:>5} {:>12} {:>12} {:>8}\n", "round", "simulated", "(1-gap)^t", "ratio");
-      for (size_t r = 0; r < sim.size(); ++r) {
-        const double predicted = std::pow(rate, static_cast<double>(r));
-        fmt::print("  {:>5} {:>12.4e} {:>12.4e} {:>8.3f}\n", r, sim[r], predicted, predicted > 0 ? sim[r] / predicted : 0.0);
+      if (o->consensus <= 200) {
+        const auto sim = topology::simulate_consensus(t, o->consensus, dim, o->seed, step);
+        if (plain)
+          fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
+        else if (form == topology::Form::accelerated)
+          fmt::print("gossip in the accelerated form (alpha {}, gamma {}), no training (consensus distance / initial; "
+                     "(1-gap)^t of plain averaging, from the closed form):\n", o->gossip_step, o->outer_momentum);
+        else
+          fmt::print("gossip with GASLoC's outer step (lr {}, momentum {}{}), no training (consensus distance / initial; "
+                     "(1-gap)^t of plain averaging, from the closed form):\n", o->outer_lr, o->outer_momentum,
+                     form == topology::Form::mix_after ? ", form mix_after" : "");
+        fmt::print("  {:>5} {:>12} {:>12} {:>8}\n", "round", "simulated", "(1-gap)^t", "ratio");
+        for (size_t r = 0; r < sim.size(); ++r) {
+          const double predicted = std::pow(rate, static_cast<double>(r));
+          fmt::print("  {:>5} {:>12.4e} {:>12.4e} {:>8.3f}\n", r, sim[r], predicted, predicted > 0 ? sim[r] / predicted : 0.0);
+        }
       }
+      const auto c = topology::consensus_contraction(t, o->consensus, dim, o->seed, step);
+      const auto c_plain = topology::consensus_contraction(t, o->consensus, dim, o->seed, {});
+      const std::string setting = form == topology::Form::accelerated
+                                      ? fmt::format("alpha {}, gamma {}", o->gossip_step, o->outer_momentum)
+                                      : fmt::format("eta {}, mu {}", o->outer_lr, o->outer_momentum);
+      fmt::print("per-round contraction of the consensus distance (geometric mean of d_t+1 / d_t over {} rounds, {} "
+                 "entries per worker): {:.4f} for form {} ({}){}; plain gossip {:.4f}; 1 - gap {:.4f} (closed form)\n",
+                 o->consensus, dim, c.geometric, o->form, setting, c.geometric > 1.0 ? " (diverges)" : "",
+                 c_plain.geometric, rate);
+      fmt::print("mean of d_t+1 / d_t (1 - gap is plain gossip's expectation): {:.4f} for form {}; plain gossip {:.4f}\n",
+                 c.mean, o->form, c_plain.mean);
+      if (c.restarts + c_plain.restarts > 0)
+        fmt::print("note: exact consensus was reached {} time(s) (plain gossip {}); each time the run restarted from fresh "
+                   "vectors (that round counts as 0 in the mean and is left out of the geometric mean)\n",
+                   c.restarts, c_plain.restarts);
+      if (form == topology::Form::mix_after)
+        fmt::print("note: without training mix_after's pseudo-gradient theta - phi is 0, so its round is plain gossip\n");
+    }
+    if (o->optimize) {
+      const int64_t dim = o->dim > 0 ? o->dim : 64;
+      fmt::print("best per-round contraction (geometric mean of d_t+1 / d_t) over {} rounds ({} entries per worker; grid: eta or alpha 0.1..1.0 step "
+                 "0.1, mu or gamma 0..0.95 step 0.05):\n", o->consensus, dim);
+      for (auto f : {topology::Form::anchor, topology::Form::accelerated}) {
+        const auto best = topology::optimize_consensus(t, f, o->consensus, dim, o->seed);
+        if (f == topology::Form::anchor)
+          fmt::print("  anchor: {:.4f} at (eta {:.2f}, mu {:.2f}), {} points\n", best.rate.geometric, best.best.lr,
+                     best.best.momentum, best.points);
+        else
+          fmt::print("  accelerated: {:.4f} at (alpha {:.2f}, gamma {:.2f}), {} points\n", best.rate.geometric,
+                     best.best.gossip_step, best.best.momentum, best.points);
+      }
+      fmt::print("  mix_after: plain gossip at every (eta, mu), {:.4f} (no pseudo-gradient without training)\n",
+                 topology::consensus_contraction(t, o->consensus, dim, o->seed, {}).geometric);
     }
     return 0;
   };

@@ -75,7 +75,7 @@ void check_finite(const torch::Tensor& t, int peer, const char* what) {
 
 void OuterSync::init(FlatParams& params) {
   outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_);
-  bytes_ = params.numel() * static_cast<int64_t>(params.data().element_size());
+  bytes_ = params.numel() * static_cast<int64_t>(c10::elementSize(wire_));
 }
 
 void OuterSync::finish_round(const torch::Tensor& mixed, FlatParams& params) {
@@ -102,29 +102,38 @@ bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
   if (!rounds_.step_done()) return false;
   optim::EvalScope at_x(optimizer());
   torch::NoGradGuard no_grad;
-  auto mean = params.data().clone();
-  comm.all_reduce_mean(mean);
-  check_finite(mean, -1, "diloco all-reduce");
-  finish_round(mean, params);
+  finish_round(all_reduce_mix(params.data(), comm, wire_, "diloco all-reduce"), params);
   return true;
 }
 
 // ---------------------------------------------------------------------------------------------
 
-torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
-                         comm::Communicator& comm) {
+torch::ScalarType parse_wire_dtype(const std::string& name) {
+  if (name == "fp32") return torch::kFloat;
+  if (name == "bf16") return torch::kBFloat16;
+  throw ConfigError("config key 'algo.wire_dtype': unknown wire dtype '" + name + "'", "use fp32 or bf16");
+}
+
+torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what) {
   torch::NoGradGuard no_grad;
-  if (topo.is_all_reduce()) {
-    auto mean = phi.clone();
-    comm.all_reduce_mean(mean);
-    check_finite(mean, -1, "all-reduce");
-    return mean;
-  }
+  auto buf = x.to(wire, /*non_blocking=*/false, /*copy=*/true);
+  comm.all_reduce_mean(buf);
+  check_finite(buf, -1, what);
+  return buf.scalar_type() == x.scalar_type() ? buf : buf.to(x.scalar_type());
+}
+
+torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
+                         comm::Communicator& comm, torch::ScalarType wire) {
+  torch::NoGradGuard no_grad;
+  if (topo.is_all_reduce()) return all_reduce_mix(phi, comm, wire, "all-reduce");
   const int me = comm.rank();
   const auto peers = topo.peers(me, round);
   std::vector<torch::Tensor> recv;
-  comm.exchange(peers, phi, recv);
-  for (size_t k = 0; k < peers.size(); ++k) check_finite(recv[k], peers[k], "gossip exchange");
+  comm.exchange(peers, wire == phi.scalar_type() ? phi : phi.to(wire), recv);
+  for (size_t k = 0; k < peers.size(); ++k) {
+    check_finite(recv[k], peers[k], "gossip exchange");
+    if (recv[k].scalar_type() != phi.scalar_type()) recv[k] = recv[k].to(phi.scalar_type());
+  }
   torch::Tensor m;
   for (const auto& [j, w] : topo.mixing_row(me, round)) {
     const torch::Tensor* src = &phi;
@@ -135,12 +144,77 @@ torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const to
   return m;
 }
 
+namespace {
+// The accelerated form's outer state is theta alone: its momentum acts on u, not through b.
+OuterOptions anchor_options(OuterOptions outer, const GossipForm& form) {
+  if (form.form == topology::Form::accelerated) outer.momentum = 0.0;
+  return outer;
+}
+}  // namespace
+
+GossipSync::GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form,
+                       torch::ScalarType wire)
+    : OuterSync(std::move(steps), anchor_options(outer, form), wire), topo_(std::move(topo)), form_(form) {
+  if (form_.form == topology::Form::accelerated) gamma_ = outer.momentum;
+}
+
+void GossipSync::init(FlatParams& params) {
+  OuterSync::init(params);
+  // u^prev starts at theta_0, so round 0's momentum term is 0 (PyTorch's Nesterov at Lambda = 0).
+  if (gamma_ != 0.0) u_prev_ = params.data().detach().clone();
+}
+
 bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "GossipSync::init was not called");
   if (!rounds_.step_done()) return false;
   optim::EvalScope at_x(optimizer());
-  finish_round(gossip_mix(topo_, rounds_.round(), params.data(), comm), params);
+  torch::NoGradGuard no_grad;
+  const int64_t t = rounds_.round();
+  const auto& phi = params.data();
+  switch (form_.form) {
+    case topology::Form::anchor:
+      finish_round(gossip_mix(topo_, t, phi, comm, wire_), params);
+      return true;
+    case topology::Form::mix_after: {
+      torch::Tensor b_next;
+      const auto v = outer_->propose(phi, b_next);
+      const auto mixed = gossip_mix(topo_, t, v, comm, wire_);
+      outer_->commit(mixed, b_next);
+      break;
+    }
+    case topology::Form::accelerated: {
+      auto& theta = outer_->theta();
+      // lerp with weight 1 returns its end exactly: eta = alpha = 1, gamma = 0 is Local-DAdam bit for bit.
+      const auto u = theta.lerp(phi, outer_opts_.lr);
+      const auto m = gossip_mix(topo_, t, u, comm, wire_);
+      auto next = u.lerp(m, form_.gossip_step);
+      if (gamma_ != 0.0) {
+        next.add_(u - u_prev_, gamma_);
+        u_prev_.copy_(u);
+      }
+      theta.copy_(next);
+      break;
+    }
+  }
+  params.data().copy_(outer_->theta());
+  rounds_.next_round();
   return true;
+}
+
+StateDict GossipSync::state() const {
+  auto s = OuterSync::state();
+  if (u_prev_.defined()) s["u_prev"] = u_prev_;
+  return s;
+}
+
+void GossipSync::load_state(const StateDict& s) {
+  OuterSync::load_state(s);
+  if (gamma_ == 0.0) return;
+  auto it = s.find("u_prev");
+  if (it == s.end())
+    throw CheckpointError("checkpoint lacks the accelerated form's u_prev",
+                          "it was written with another algo.form or algo.outer_momentum = 0; resume with the same algo settings");
+  u_prev_ = it->second.detach().clone();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -148,7 +222,7 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
 bool LocalDAdamSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   if (!rounds_.step_done()) return false;
   optim::EvalScope at_x(optimizer());
-  auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm);
+  auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm, wire_);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
   rounds_.next_round();
@@ -168,7 +242,7 @@ void LocalDAdamSync::load_state(const StateDict& s) { rounds_.load(s); }
 void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
   // Round t = step - 1: the gradient was taken at the pre-mixing x_i; mix x before AdamW moves it.
   optim::EvalScope at_x(optimizer());
-  auto m = gossip_mix(topo_, step - 1, params.data(), comm);
+  auto m = gossip_mix(topo_, step - 1, params.data(), comm, wire_);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
 }

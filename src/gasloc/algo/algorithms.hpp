@@ -7,6 +7,7 @@
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/topology/spectral.hpp"
 #include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
@@ -46,7 +47,8 @@ class RoundCounter {
 // anchor theta starts at the initial parameters; its state goes into checkpoints.
 class OuterSync : public Synchronizer {
  public:
-  OuterSync(LocalSteps steps, OuterOptions outer) : rounds_(std::move(steps)), outer_opts_(outer) {}
+  OuterSync(LocalSteps steps, OuterOptions outer, torch::ScalarType wire = torch::kFloat)
+      : rounds_(std::move(steps)), outer_opts_(outer), wire_(wire) {}
   void init(FlatParams& params) override;
   bool wants_compute(int64_t, comm::Communicator& comm) override { return rounds_.computes_next(comm.rank(), bytes_); }
   StateDict state() const override;
@@ -59,7 +61,8 @@ class OuterSync : public Synchronizer {
   RoundCounter rounds_;
   OuterOptions outer_opts_;
   std::unique_ptr<OuterNesterov> outer_;
-  int64_t bytes_ = 0;  // one parameter message
+  torch::ScalarType wire_;
+  int64_t bytes_ = 0;  // one parameter message, in the wire dtype
 };
 
 // DiLoCo: H local steps, then theta <- outer step towards mean_i phi_i (all-reduce), phi <- theta.
@@ -72,26 +75,45 @@ class DiLoCoSync final : public OuterSync {
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
 };
 
-// GASLoC: H_i local steps, exchange phi with this round's gossip neighbours, m_i = sum_j
-// W_t[i,j] phi_j (j ascending), outer Nesterov step on theta_i, phi_i <- theta_i. The complete
-// topology mixes with an all-reduce. eta = 1, mu = 0 is Local-DAdam up to rounding.
+// GASLoC: H_i local steps, then one exchange of one buffer with this round's gossip neighbours
+// (an all-reduce on the complete topology), in one of three forms (algo.form, DESIGN.md
+// section 3; N_i(.) is worker i's Nesterov direction with its own buffer b_i):
+//   anchor:      m_i = sum_j W_t[i,j] phi_j (j ascending); outer Nesterov step on theta_i towards m_i
+//   mix_after:   v_i = theta_i - eta N_i(theta_i - phi_i); theta_i <- sum_j W_t[i,j] v_j
+//   accelerated: u_i = theta_i + eta (phi_i - theta_i);
+//                theta_i <- u_i - alpha (u_i - sum_j W_t[i,j] u_j) + gamma (u_i - u_i^prev)
+// and phi_i <- theta_i. State: theta_i and b_i (anchor, mix_after) or theta_i and u_i^prev
+// (accelerated; none of it when the momentum is 0). Nothing is modified before the exchange
+// succeeds.
+struct GossipForm {
+  topology::Form form = topology::Form::anchor;
+  double gossip_step = 1.0;  // alpha (accelerated)
+};
+
 class GossipSync final : public OuterSync {
  public:
-  GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo)
-      : OuterSync(std::move(steps), outer), topo_(std::move(topo)) {}
+  GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form = {},
+             torch::ScalarType wire = torch::kFloat);
   std::string name() const override { return "gasloc"; }
+  void init(FlatParams& params) override;
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  StateDict state() const override;
+  void load_state(const StateDict& s) override;
 
  private:
   topology::Topology topo_;
+  GossipForm form_;
+  double gamma_ = 0.0;    // accelerated: momentum on the post-update iterates
+  torch::Tensor u_prev_;  // accelerated with gamma > 0
 };
 
 // Local-DAdam: H local AdamW steps, then theta_i <- sum_j W_ij phi_j exactly (no outer step).
 class LocalDAdamSync final : public Synchronizer {
  public:
-  LocalDAdamSync(LocalSteps steps, topology::Topology topo) : rounds_(std::move(steps)), topo_(std::move(topo)) {}
+  LocalDAdamSync(LocalSteps steps, topology::Topology topo, torch::ScalarType wire = torch::kFloat)
+      : rounds_(std::move(steps)), topo_(std::move(topo)), wire_(wire) {}
   std::string name() const override { return "local_dadam"; }
-  void init(FlatParams& params) override { bytes_ = params.numel() * static_cast<int64_t>(params.data().element_size()); }
+  void init(FlatParams& params) override { bytes_ = params.numel() * static_cast<int64_t>(c10::elementSize(wire_)); }
   bool wants_compute(int64_t, comm::Communicator& comm) override { return rounds_.computes_next(comm.rank(), bytes_); }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   StateDict state() const override;
@@ -100,6 +122,7 @@ class LocalDAdamSync final : public Synchronizer {
  private:
   RoundCounter rounds_;
   topology::Topology topo_;
+  torch::ScalarType wire_;
   int64_t bytes_ = 0;
 };
 
@@ -108,19 +131,27 @@ class LocalDAdamSync final : public Synchronizer {
 // step; Adam state is never exchanged.
 class DAdamSync final : public Synchronizer {
  public:
-  explicit DAdamSync(topology::Topology topo) : topo_(std::move(topo)) {}
+  explicit DAdamSync(topology::Topology topo, torch::ScalarType wire = torch::kFloat)
+      : topo_(std::move(topo)), wire_(wire) {}
   std::string name() const override { return "dadam"; }
   void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return true; }
 
  private:
   topology::Topology topo_;
+  torch::ScalarType wire_;
 };
 
 // m = sum_j W_t[rank, j] phi_j over the row (self included), in the row's order (j ascending)
-// so that every backend gives the same bits. Rejects non-finite tensors from peers with a
-// CommError naming the peer, before anything is modified.
+// so that every backend gives the same bits. phi is sent as `wire` and what arrives is mixed
+// in phi's dtype. Rejects non-finite tensors from peers with a CommError naming the peer,
+// before anything is modified.
 torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
-                         comm::Communicator& comm);
+                         comm::Communicator& comm, torch::ScalarType wire = torch::kFloat);
+// mean_i x_i by an all-reduce of x cast to `wire`, returned in x's dtype; non-finite results
+// are rejected (`what` names the exchange).
+torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what);
+// "fp32" -> kFloat, "bf16" -> kBFloat16; ConfigError otherwise.
+torch::ScalarType parse_wire_dtype(const std::string& name);
 
 }  // namespace gasloc::algo

@@ -9,14 +9,25 @@ OuterNesterov::OuterNesterov(const torch::Tensor& theta0, OuterOptions opts) : o
   if (opts_.momentum != 0.0) b_ = torch::zeros_like(theta_);
 }
 
-void OuterNesterov::step(const torch::Tensor& mixed) {
+torch::Tensor OuterNesterov::propose(const torch::Tensor& target, torch::Tensor& b_next) const {
   torch::NoGradGuard no_grad;
-  auto delta = theta_ - mixed;
+  auto delta = theta_ - target;
   if (opts_.momentum != 0.0) {
-    b_.mul_(opts_.momentum).add_(delta);
-    delta.add_(b_, opts_.momentum);  // Delta + mu * b
+    b_next = b_.mul(opts_.momentum).add_(delta);
+    delta.add_(b_next, opts_.momentum);  // Delta + mu * b
   }
-  theta_.sub_(delta, opts_.lr);
+  return theta_.sub(delta, opts_.lr);
+}
+
+void OuterNesterov::commit(const torch::Tensor& theta, const torch::Tensor& b_next) {
+  torch::NoGradGuard no_grad;
+  theta_.copy_(theta);
+  if (opts_.momentum != 0.0) b_.copy_(b_next);
+}
+
+void OuterNesterov::step(const torch::Tensor& mixed) {
+  torch::Tensor b_next;
+  commit(propose(mixed, b_next), b_next);
 }
 
 }  // namespace gasloc::algo

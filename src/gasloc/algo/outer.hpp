@@ -18,6 +18,12 @@ class OuterNesterov {
   OuterNesterov(const torch::Tensor& theta0, OuterOptions opts);
   // Applies one outer step towards `mixed` (m). `theta` is updated in place.
   void step(const torch::Tensor& mixed);
+  // The step towards `target` without applying it: returns theta's next value and sets
+  // `b_next` to the buffer's (undefined when mu = 0). step() is propose() then commit(), so both
+  // give the same bits.
+  torch::Tensor propose(const torch::Tensor& target, torch::Tensor& b_next) const;
+  // Sets theta and b (b_next as propose() gave it).
+  void commit(const torch::Tensor& theta, const torch::Tensor& b_next);
   torch::Tensor& theta() { return theta_; }
   torch::Tensor& momentum() { return b_; }  // undefined when mu = 0
   const OuterOptions& options() const { return opts_; }

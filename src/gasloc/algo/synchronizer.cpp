@@ -20,6 +20,19 @@ void AlgoConfig::validate(int world) const {
   require(h_policy == "fixed" || h_policy == "time_budget", "algo.h_policy", "must be fixed or time_budget, got '" + h_policy + "'");
   require(h_policy == "fixed" || name == "diloco" || name == "gasloc" || name == "local_dadam", "algo.h_policy",
           "time_budget applies to algorithms with rounds of local steps (diloco, gasloc, local_dadam), not '" + name + "'");
+  try {
+    topology::parse_form(form);
+  } catch (const ConfigError& e) {
+    throw ConfigError("config key 'algo.form': " + std::string(e.what()), e.hint());
+  }
+  require(form == "anchor" || name == "gasloc", "algo.form",
+          "applies to gasloc only; '" + name + "' has one form: leave algo.form = anchor");
+  require(gossip_step >= 0 && gossip_step <= 1, "algo.gossip_step", "must be in [0, 1]");
+  require(gossip_step == 1.0 || form == "accelerated", "algo.gossip_step",
+          "is alpha of the accelerated form; with algo.form = " + form + " leave it at 1");
+  parse_wire_dtype(wire_dtype);
+  require(wire_dtype == "fp32" || name != "allreduce", "algo.wire_dtype",
+          "applies to parameter messages; allreduce averages gradients in fp32");
   if (world > 0)
     require(name != "none" || world == 1, "algo.name",
             "'none' trains one worker; choose allreduce, diloco, gasloc, dadam or local_dadam for " +
@@ -47,10 +60,12 @@ std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world
   };
   if (cfg.name == "none") return std::make_unique<NoSync>();
   if (cfg.name == "allreduce") return std::make_unique<AllReduceSync>();
-  if (cfg.name == "diloco") return std::make_unique<DiLoCoSync>(steps(), outer);
-  if (cfg.name == "gasloc") return std::make_unique<GossipSync>(steps(), outer, topo());
-  if (cfg.name == "local_dadam") return std::make_unique<LocalDAdamSync>(steps(), topo());
-  return std::make_unique<DAdamSync>(topo());
+  const auto wire = parse_wire_dtype(cfg.wire_dtype);
+  if (cfg.name == "diloco") return std::make_unique<DiLoCoSync>(steps(), outer, wire);
+  if (cfg.name == "gasloc")
+    return std::make_unique<GossipSync>(steps(), outer, topo(), GossipForm{topology::parse_form(cfg.form), cfg.gossip_step}, wire);
+  if (cfg.name == "local_dadam") return std::make_unique<LocalDAdamSync>(steps(), topo(), wire);
+  return std::make_unique<DAdamSync>(topo(), wire);
 }
 
 }  // namespace gasloc::algo

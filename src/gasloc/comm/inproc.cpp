@@ -101,9 +101,13 @@ class InProcComm final : public Communicator {
       const int64_t numel = c.result.numel(), lo = numel * rank_ / s_.n, len = numel * (rank_ + 1) / s_.n - lo;
       if (len == 0) return;
       auto out = c.result.narrow(0, lo, len);
-      out.copy_(c.entries[0].tensor.narrow(0, lo, len));
-      for (int r = 1; r < s_.n; ++r) out.add_(c.entries[r].tensor.narrow(0, lo, len));
-      out.div_(s_.n);
+      // Half-precision buffers are summed in fp32, as the Gloo backend does: one rounding, not n.
+      const bool upcast = out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16;
+      auto acc = upcast ? c.entries[0].tensor.narrow(0, lo, len).to(torch::kFloat) : out;
+      if (!upcast) acc.copy_(c.entries[0].tensor.narrow(0, lo, len));
+      for (int r = 1; r < s_.n; ++r) acc.add_(c.entries[r].tensor.narrow(0, lo, len));
+      acc.div_(s_.n);
+      if (upcast) out.copy_(acc);
     });
     t.copy_(mean.view(t.sizes()));
   }

@@ -23,7 +23,8 @@ struct NetworkModel {
   double step_time(int rank) const;
   // Bandwidth of `rank` in bytes/s (bandwidth_Bps * bandwidth_scale[rank]).
   double bandwidth(int rank) const;
-  // The size a message of `actual_bytes` is priced (and counted in CommStats) as.
+  // The size a message of `actual_bytes` is priced (and counted in CommStats) as. Callers pass
+  // the bytes actually sent: the parameter count times the wire dtype's size (algo.wire_dtype).
   int64_t message_bytes(int64_t actual_bytes) const {
     return simulated_message_bytes > 0 ? simulated_message_bytes : actual_bytes;
   }

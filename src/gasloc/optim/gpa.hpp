@@ -19,8 +19,17 @@
 // Checkpoints (taken in evaluation mode) hold x as the parameters, and z and y: y is redundant
 // in exact arithmetic but not in floating point, and keeping it makes resume bit-exact.
 //
-// Schedule-Free: the same update with c_t = w_t / sum_{s<=t} w_s, w_t = lr_max_t^2 (lr_max_t the
-// largest lr so far), so x is the uniform average of z after warmup.
+// Schedule-Free is the reference Schedule-Free AdamW (facebookresearch/schedule_free,
+// adamw_schedulefree_reference.py), in the same memory-efficient form. It keeps no first moment:
+// beta1 (optim.beta1) is the interpolation weight, y = beta1*x + (1-beta1)*z, and each step is
+//
+//   v = b2*v + (1-b2)*g^2;  lr_t = lr * sqrt(1 - b2^k);  d = g / (sqrt(v) + eps)
+//   lr_max = max(lr_max, lr_t);  w = lr_max^2;  c = w / sum_{s<=k} w_s   (c = 0 while sum w = 0)
+//   decay at y: d += wd*y;  decay at z: y -= (1-beta1)*lr_t*wd*z, z *= 1 - lr_t*wd
+//   y = (1-c)*y + c*z;  y += lr_t*(beta1*(1-c) - 1)*d;  z -= lr_t*d
+//
+// (the y correction under decay at z keeps the implied x where the reference's explicit x is).
+// State: v and z (the same 8 bytes per parameter as AdamW), and the two scalars.
 #pragma once
 #include "gasloc/optim/adamw.hpp"
 
@@ -28,10 +37,10 @@ namespace gasloc::optim {
 
 struct GpaOptions {
   AdamWOptions adam;
-  double mu_y = 0.7;            // gradient point: y = mu_y*x + (1-mu_y)*z, in (0, 1]
+  double mu_y = 0.7;            // gpa's gradient point: y = mu_y*x + (1-mu_y)*z, in (0, 1] (schedule_free: adam.beta1)
   double mu_x = 0.9967;         // evaluation average: x <- mu_x*x + (1-mu_x)*z, in [0, 1]
   bool decay_on_y = false;      // weight decay from y (Schedule-Free's choice) instead of on z
-  bool schedule_free = false;   // c_t from the lr schedule instead of 1 - mu_x
+  bool schedule_free = false;   // the reference Schedule-Free AdamW instead of GPA (mu_x, mu_y unused)
 };
 
 class Gpa final : public Optimizer {
@@ -43,6 +52,8 @@ class Gpa final : public Optimizer {
   const torch::Tensor& z_buffer() const { return z_; }
   // The averaging weight c of the last step (1 - mu_x for GPA).
   double last_c() const { return last_c_; }
+  // Where gradients are taken between x and z: mu_y, or beta1 for Schedule-Free.
+  double interpolation() const { return opts_.schedule_free ? opts_.adam.beta1 : opts_.mu_y; }
 
  protected:
   void update(double lr) override;
@@ -54,8 +65,10 @@ class Gpa final : public Optimizer {
   std::vector<std::string> extra_keys() const override;
 
  private:
+  void update_schedule_free(double lr);
+
   GpaOptions opts_;
-  AdamMoments moments_;
+  AdamMoments moments_;  // GPA: m and v; Schedule-Free: v only (m left undefined)
   torch::Tensor z_;
   torch::Tensor y_saved_;  // defined in evaluation mode only
   double lr_max_ = 0.0, weight_sum_ = 0.0;  // Schedule-Free's averaging weights

@@ -102,7 +102,7 @@ struct OptimSection {
   void visit(V&& v) {
     v("name", name, "inner optimizer: adamw, gpa (Generalized Primal Averaging), schedule_free");
     v("lr", lr, "peak learning rate");
-    v("beta1", beta1, "Adam first-moment decay");
+    v("beta1", beta1, "Adam first-moment decay; schedule_free keeps no first moment: y = beta1*x + (1-beta1)*z");
     v("beta2", beta2, "Adam second-moment decay");
     v("eps", eps, "Adam epsilon");
     v("weight_decay", weight_decay, "decoupled weight decay, applied to matrices only");
@@ -110,9 +110,9 @@ struct OptimSection {
     v("warmup_steps", warmup_steps, "linear warmup steps");
     v("decay", decay, "decay after warmup: cosine, linear, constant");
     v("min_lr_ratio", min_lr_ratio, "final lr as a fraction of lr");
-    v("mu_y", mu_y, "gpa/schedule_free: gradients at y = mu_y*x + (1-mu_y)*z, in (0, 1]");
+    v("mu_y", mu_y, "gpa: gradients at y = mu_y*x + (1-mu_y)*z, in (0, 1] (schedule_free uses beta1)");
     v("mu_x", mu_x, "gpa: model average x <- mu_x*x + (1-mu_x)*z, in [0, 1] (0 = AdamW)");
-    v("decay_on", decay_on, "gpa/schedule_free: weight decay shrinks z (default) or is taken at y");
+    v("decay_on", decay_on, "gpa/schedule_free: weight decay shrinks z (default) or is taken at y (the Schedule-Free reference's default)");
     v("gpa_from_diloco", gpa_from_diloco, "gpa: { H = 32, mu = 0.9 } sets mu_x = mu^(1/H), mu_y = mu (H = 0: off)");
   }
   // Applies gpa_from_diloco to mu_x and mu_y; throws if they were also set to other values.

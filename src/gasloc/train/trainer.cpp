@@ -343,6 +343,8 @@ void check_fresh_run_dir(const fs::path& run_dir, const RunCheckpoints& ckpts, c
 void request_stop() { g_stop.store(true); }
 
 TrainSummary run_training(const TrainRequest& req) {
+  // From the start: a Ctrl+C during set-up must stop the run cleanly too, not kill it.
+  SignalScope signals;
   const JobConfig job = resolve_job(req);
   const fs::path run_dir = job.train.run_dir;
   if (job.train.threads > 0) torch::set_num_threads(static_cast<int>(job.train.threads));
@@ -428,6 +430,8 @@ TrainSummary run_training(const TrainRequest& req) {
     write_file_atomic(run_dir / "run.json", run_info.dump(2) + "\n");
     if (!req.quiet) print_config(job, mc, world);
   }
+  // Every rank's host needs the directory (under Gloo over several hosts each writes its own).
+  fs::create_directories(run_dir);
   // Only the leader drops the tail of a crashed run (or all of a run that never reached a
   // checkpoint); the others append after it has.
   std::unique_ptr<MetricsLog> metrics;
@@ -515,7 +519,6 @@ TrainSummary run_training(const TrainRequest& req) {
     }
     state.committed[r] = committed[r].empty() ? -1 : committed[r].front();
   }
-  SignalScope signals;
   if (cluster) {
     // A failing worker wakes the others; its own error is the one reported.
     std::mutex first_mu;
