@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <initializer_list>
 #include <set>
@@ -617,4 +619,59 @@ TEST(Sampler, ValidationBatchesAreFixed) {
   EXPECT_EQ(v1[1].inputs[0][0].item<int64_t>(), 33);
   EXPECT_EQ(validation_batches(*tokens, 3, 10, 4).size(), 4u);
   expect_data_error([&] { validation_batches(*ramp(30), 3, 10, 4); }, {"30 tokens", "33", "--val-fraction"});
+}
+
+// A shard that changed after `prepare` (cut short with a consistent header, or its bytes
+// altered) must not load as a smaller or different dataset without a word.
+TEST_F(DataTest, ShardsThatChangedSincePrepareAreRefused) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "document number " + std::to_string(i) + " about foxes\n\n";
+  write_text(dir_ / "c.txt", text);
+  PrepareOptions opt;
+  opt.inputs = {dir_ / "c.txt"};
+  opt.out = dir_ / "out";
+  opt.byte_level = true;
+  opt.val_fraction = 0.1;
+  prepare(opt);
+  const fs::path shard = dir_ / "out" / "train_000000.bin";
+  const std::string original = gasloc::read_file(shard);
+  ASSERT_NO_THROW(Dataset::open(dir_ / "out"));
+
+  // Cut short by 100 tokens, header rewritten to match: the shard itself is consistent.
+  std::string cut = original.substr(0, original.size() - 200);
+  int32_t count = 0;
+  std::memcpy(&count, cut.data() + 8, 4);
+  count -= 100;
+  std::memcpy(cut.data() + 8, &count, 4);
+  gasloc::write_file_atomic(shard, cut);
+  try {
+    Dataset::open(dir_ / "out");
+    ADD_FAILURE() << "a shortened shard was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("train_000000.bin' has"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("records"), std::string::npos) << e.what();
+  }
+  // A dataset.json of an older gasloc (no shard sizes): the token counts catch it.
+  auto meta = nlohmann::json::parse(gasloc::read_file(dir_ / "out" / "dataset.json"));
+  meta.erase("shards_bytes");
+  gasloc::write_file_atomic(dir_ / "out" / "dataset.json", meta.dump());
+  try {
+    Dataset::open(dir_ / "out");
+    ADD_FAILURE() << "a shortened shard was accepted without shard sizes";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("the train split of"), std::string::npos) << e.what();
+  }
+  // Same size, other bytes: found by the sha256 check (data.verify_shards), which reads it all.
+  std::string altered = original;
+  altered[altered.size() / 2] = static_cast<char>(altered[altered.size() / 2] ^ 1);
+  gasloc::write_file_atomic(shard, altered);
+  EXPECT_NO_THROW(Dataset::open(dir_ / "out"));
+  try {
+    Dataset::open(dir_ / "out", 0, /*verify_hashes=*/true);
+    ADD_FAILURE() << "an altered shard passed the sha256 check";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not match the sha256"), std::string::npos) << e.what();
+  }
+  gasloc::write_file_atomic(shard, original);
+  EXPECT_NO_THROW(Dataset::open(dir_ / "out", 0, true));
 }

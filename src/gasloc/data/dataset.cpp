@@ -1,5 +1,8 @@
 #include "gasloc/data/dataset.hpp"
 
+#include "gasloc/data/sha256.hpp"
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -81,7 +84,30 @@ std::vector<std::string> shard_list(const json& meta, const char* key, const fs:
 
 }  // namespace
 
-Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override) {
+namespace {
+// The shards must be the ones `gasloc prepare` wrote: a shard cut short with a consistent header
+// would otherwise be read as a smaller dataset without a word.
+void check_shards(const fs::path& dir, const json& meta, const fs::path& meta_path, bool verify_hashes) {
+  const char* fix = "the dataset changed since `gasloc prepare` wrote it: re-run prepare, or restore the shard";
+  for (const char* key : {"train_shards", "val_shards"})
+    for (const auto& name : meta.value(key, std::vector<std::string>{})) {
+      const fs::path p = dir / name;
+      std::error_code ec;
+      const auto size = fs::file_size(p, ec);
+      if (ec) continue;  // a missing shard is reported by the mapping, with its own message
+      if (meta.contains("shards_bytes") && meta["shards_bytes"].contains(name) &&
+          meta["shards_bytes"][name].get<uintmax_t>() != size)
+        throw DataError(fmt::format("shard '{}' has {} bytes but {} records {}", p.string(), size, meta_path.string(),
+                                    meta["shards_bytes"][name].get<uintmax_t>()),
+                        fix);
+      if (verify_hashes && meta.contains("shards_sha256") && meta["shards_sha256"].contains(name) &&
+          sha256_hex(read_file(p)) != meta["shards_sha256"][name].get<std::string>())
+        throw DataError(fmt::format("shard '{}' does not match the sha256 in {}", p.string(), meta_path.string()), fix);
+    }
+}
+}  // namespace
+
+Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override, bool verify_hashes) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw DataError("dataset directory '" + dir.string() + "' does not exist", kPrepareHint);
@@ -110,8 +136,15 @@ Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override) {
     throw DataError("'" + meta_path.string() + "': bad \"tokenizer\" entry: " + e.what(), "re-run `gasloc prepare`");
   }
   if (vocab_size_override > 0) ds.vocab_size = vocab_size_override;
+  check_shards(dir, meta, meta_path, verify_hashes);
   ds.train = load(dir, shard_list(meta, "train_shards", meta_path), ds.vocab_size);
   ds.val = load(dir, shard_list(meta, "val_shards", meta_path), ds.vocab_size);
+  // Older datasets record no shard sizes; their token counts still catch a shortened shard.
+  for (const auto& [key, stream] : {std::pair{"train_tokens", ds.train}, std::pair{"val_tokens", ds.val}})
+    if (meta.contains(key) && meta[key].get<int64_t>() != stream->size())
+      throw DataError(fmt::format("the {} split of '{}' has {} tokens but {} records {}", std::string(key).substr(0, std::string(key).find('_')),
+                                  dir.string(), stream->size(), meta_path.string(), meta[key].get<int64_t>()),
+                      "the dataset changed since `gasloc prepare` wrote it: re-run prepare, or restore its shards");
   return ds;
 }
 

@@ -35,7 +35,10 @@ struct Dataset {
 
   // vocab_size_override > 0 replaces the dataset's vocab size (for example a model's padded
   // vocab); tokens are validated against the resulting size. Throws DataError with a hint.
-  static Dataset open(const std::filesystem::path& dir, int64_t vocab_size_override = 0);
+  // Checks every shard against dataset.json before mapping it: its size (and the token counts
+  // of the splits), and with verify_hashes its sha256 too (reads every byte: slow on large data).
+  // A shard that was cut short, grew, or (with verify_hashes) changed is a DataError naming it.
+  static Dataset open(const std::filesystem::path& dir, int64_t vocab_size_override = 0, bool verify_hashes = false);
 };
 
 // The tokenizer that made the dataset in `dir`, from its dataset.json alone (shards are not

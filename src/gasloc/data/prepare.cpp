@@ -137,7 +137,8 @@ void encode_all(const Tokenizer& tok, const std::vector<std::string>& docs, cons
 
 // Writes `tokens` as prefix_000000.bin, prefix_000001.bin, ... and records their checksums.
 std::vector<std::string> write_shards(const fs::path& dir, const std::string& prefix, const std::vector<uint16_t>& tokens,
-                                      int64_t per_shard, json& sums, const std::function<void(const std::string&)>& say) {
+                                      int64_t per_shard, json& sums, json& sizes,
+                                      const std::function<void(const std::string&)>& say) {
   std::vector<std::string> names;
   const int64_t total = static_cast<int64_t>(tokens.size());
   for (int64_t begin = 0, i = 0; begin < total; begin += per_shard, ++i) {
@@ -147,6 +148,7 @@ std::vector<std::string> write_shards(const fs::path& dir, const std::string& pr
     const std::string bytes = encode_shard(part);
     write_file_atomic(dir / name, bytes);
     sums[name] = sha256_hex(bytes);
+    sizes[name] = bytes.size();
     names.push_back(name);
     say(fmt::format("wrote {} ({} tokens)", (dir / name).string(), end - begin));
   }
@@ -232,10 +234,10 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
 
   // Everything that can fail on bad input has run; only now write the dataset's files.
   const std::vector<std::string> old = previous_shards(opt.out);
-  json sums = json::object();
+  json sums = json::object(), sizes = json::object();
   std::set<std::string> written;
-  const auto train_names = write_shards(opt.out, "train", train, opt.shard_tokens, sums, say);
-  const auto val_names = write_shards(opt.out, "val", val, opt.shard_tokens, sums, say);
+  const auto train_names = write_shards(opt.out, "train", train, opt.shard_tokens, sums, sizes, say);
+  const auto val_names = write_shards(opt.out, "val", val, opt.shard_tokens, sums, sizes, say);
   json tokenizer = {{"kind", tok.kind()}, {"vocab_size", tok.vocab_size()}, {"bos_id", tok.bos_id()}};
   if (tok.kind() == "sentencepiece") {
     write_file_atomic(opt.out / "tokenizer.model", tok.serialized_model());
@@ -265,6 +267,7 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
       {"seed", opt.seed},
       {"sources", sources},
       {"shards_sha256", sums},
+      {"shards_bytes", sizes},
   };
   write_file_atomic(opt.out / "dataset.json", meta.dump(2) + "\n");
   say("wrote " + (opt.out / "dataset.json").string());

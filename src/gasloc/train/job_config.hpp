@@ -53,6 +53,7 @@ struct DataSection {
   int64_t val_batches = 8;
   int64_t vocab_size = 0;
   std::string sampling = "shared";
+  bool verify_shards = false;
 
   template <class V>
   void visit(V&& v) {
@@ -63,6 +64,8 @@ struct DataSection {
     v("vocab_size", vocab_size, "vocabulary size override (0 = from dataset.json; llm.c shards: 50257)");
     v("sampling", sampling,
       "shared: every worker draws from the whole stream; disjoint: worker r from the r-th of n slices (heterogeneous data)");
+    v("verify_shards", verify_shards,
+      "check every shard's sha256 against dataset.json at start (reads all the data; sizes are always checked)");
   }
 };
 

@@ -349,7 +349,7 @@ TrainSummary run_training(const TrainRequest& req) {
   const fs::path run_dir = job.train.run_dir;
   if (job.train.threads > 0) torch::set_num_threads(static_cast<int>(job.train.threads));
 
-  const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size);
+  const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
   const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);
   if (job.data.seq_len > mc.max_seq_len)
     throw ConfigError(fmt::format("data.seq_len {} exceeds the model's max_seq_len {}", job.data.seq_len, mc.max_seq_len),
