@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/flat_params.hpp"
@@ -282,4 +283,15 @@ TEST(Fused, FiftyTrainingStepsFollowTheReferenceLossCurve) {
   EXPECT_LT(worst, 1e-4);
   EXPECT_LT(ref.back(), ref.front() - 0.5);  // it learned: the comparison is not of flat curves
   std::filesystem::remove_all(dir);
+}
+
+TEST(Fused, NativeBf16DetectionAgreesWithProcCpuinfo) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line) && line.rfind("flags", 0) != 0) {
+  }
+  if (line.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags line";
+  line += " ";
+  const bool listed = line.find(" avx512_bf16 ") != std::string::npos || line.find(" amx_bf16 ") != std::string::npos;
+  EXPECT_EQ(fused::cpu_has_native_bf16(), listed) << line;
 }

@@ -8,6 +8,11 @@
 #include <malloc.h>
 #endif
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <spdlog/spdlog.h>
+
 #include <bit>
 #include <cmath>
 #include <vector>
@@ -380,6 +385,32 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& x, const torch::Tensor& 
 }
 
 float exp_approx(float x) { return exp_inline(x); }
+
+bool cpu_has_native_bf16() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d >> 22) & 1u;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool avx512_bf16 = (a >> 5) & 1u;
+  return amx_bf16 || avx512_bf16;
+#else
+  return true;  // not x86: nothing known to warn about
+#endif
+}
+
+void warn_if_emulated_bf16() {
+  static const bool warned = [] {
+    if (!cpu_has_native_bf16())
+      spdlog::warn(
+          "train.dtype = bf16 on a CPU without native bf16 (no AVX512-BF16 or AMX): LibTorch emulates it, and a "
+          "step runs at about 0.04x of fp32's speed (tiny: 80 against 1900 tokens/s on an AVX2 EPYC). Use "
+          "train.dtype = fp32, the CPU default; bf16 is for GPUs and CPUs with AMX.");
+    return true;
+  }();
+  (void)warned;
+}
 
 void keep_freed_memory() {
 #if defined(__GLIBC__)

@@ -42,6 +42,13 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& x, const torch::Tensor& 
 // in PyTorch eager, in perf). Called once by the Llama constructor; a no-op off glibc.
 void keep_freed_memory();
 
+// Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16, by cpuid). Without either,
+// LibTorch emulates bf16 matmuls and a CPU step runs far slower than fp32.
+bool cpu_has_native_bf16();
+// Logs a warning, once per process, when bf16 training is asked for on such a CPU: it names the
+// measured cost and suggests fp32.
+void warn_if_emulated_bf16();
+
 // Vectorizable exp (Cephes polynomial, about 1 ulp on [-87, 88]; clamps outside), exposed for tests.
 float exp_approx(float x);
 
