@@ -6,7 +6,7 @@
 // (core/blas_threads.hpp).
 //
 //   build/bench_cluster [--preset tiny] [--workers 8] [--batch 4] [--seq 64] [--steps 30] [--algo gasloc]
-//                       [--data data/default] [--threads 0]
+//                       [--data data/default] [--threads 0] [--rounds 1]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   std::string preset = "tiny", algo_name = "gasloc", data_dir = "data/default";
   int workers = 8;
   int64_t batch = 4, seq = 64, steps = 30, threads = 0;
+  int rounds = 1;
   CLI::App app{"Inner-step throughput of an in-process cluster of N workers against one worker alone, in one run"};
   app.add_option("--preset", preset, "model preset")->capture_default_str();
   app.add_option("--workers", workers, "workers of the cluster")->check(CLI::Range(1, 256))->capture_default_str();
@@ -34,6 +35,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", data_dir, "prepared dataset (its tokenizer sets the vocabulary)")->capture_default_str();
   app.add_option("--threads", threads, "LibTorch intra-op threads for the one-worker run (0 = its default)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rounds", rounds, "alternations of one worker and the cluster (medians reported)")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -60,18 +64,25 @@ int main(int argc, char** argv) {
   };
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
   const int default_threads = torch::get_num_threads();
-  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
-  const int one_threads = torch::get_num_threads();
-  const double t1 = time_cluster(1, "none");
-  torch::set_num_threads(default_threads);  // the cluster's workers are the threads
-  const double tn = time_cluster(workers, algo_name);
-  double tn1 = 0;
+  const int one_threads = threads > 0 ? static_cast<int>(threads) : default_threads;
+  // One worker and the cluster with one BLAS thread each alternate `rounds` times (medians), so
+  // that load from other work on a shared machine hits both alike.
+  std::vector<double> t1s, tn1s;
   bool blas_control = false;
-  {
+  for (int r = 0; r < rounds; ++r) {
+    torch::set_num_threads(one_threads);
+    t1s.push_back(time_cluster(1, "none"));
+    torch::set_num_threads(default_threads);  // the cluster's workers are the threads
     const BlasThreads one(1);
     blas_control = one.active();
-    tn1 = time_cluster(workers, algo_name);
+    tn1s.push_back(time_cluster(workers, algo_name));
   }
+  const double tn = time_cluster(workers, algo_name);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double t1 = median(t1s), tn1 = median(tn1s);
   const double tps1 = tokens / t1, tpsn = tokens * workers / tn, tpsn1 = tokens * workers / tn1;
   fmt::print("bench_cluster: preset {} ({:.2f}M params), B={} T={}, {} timed steps per worker, torch threads {} (one worker: {})\n",
              preset, mc.num_params() / 1e6, batch, seq, steps - 1, default_threads, one_threads);

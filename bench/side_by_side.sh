@@ -63,7 +63,7 @@ if [ ! -f $data/dataset.json ]; then
   build/gasloc prepare --input $corpus --out $data --vocab-size 1024 >/dev/null
 fi
 echo
-cmd="build/bench_cluster --preset micro --workers 8 --batch 8 --seq 64 --steps 21 --data $data --threads $threads"
+cmd="build/bench_cluster --preset micro --workers 8 --batch 8 --seq 64 --steps 21 --data $data --threads $threads --rounds $rounds"
 echo "In-process cluster, \`$cmd\`:"
 echo
 $cmd | tail -n +2
