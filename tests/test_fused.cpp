@@ -192,6 +192,38 @@ TEST(Fused, LinearCrossEntropyMatchesLogitsThenCrossEntropy) {
   EXPECT_THROW(fused::linear_cross_entropy(x, w, torch::full({6}, 11, torch::kInt64)), Error);
 }
 
+TEST(Fused, LinearGroupMatchesSeparateProductsInPlaceAndConcatenated) {
+  for (bool adjacent : {true, false})
+    for (int n : {2, 3}) {
+      const int64_t C = 24, oa = 32, ob = 16, oc = 8;
+      auto buf = torch::randn({(oa + ob + oc) * C + 7});  // + 7: the block ends before the buffer
+      auto wa = buf.narrow(0, 0, oa * C).view({oa, C});
+      auto wb = buf.narrow(0, oa * C, ob * C).view({ob, C});
+      auto wc = buf.narrow(0, (oa + ob) * C, oc * C).view({oc, C});
+      if (!adjacent) wb = wb.clone();
+      auto x = torch::randn({3, 5, C});
+      auto run = [&](bool group) {
+        auto xl = x.clone().requires_grad_(true);
+        std::vector<torch::Tensor> w = {wa.detach().requires_grad_(true), wb.detach().requires_grad_(true),
+                                        wc.detach().requires_grad_(true)};
+        std::vector<torch::Tensor> ys;
+        if (group) ys = fused::linear_group(xl, w[0], w[1], n == 3 ? w[2] : torch::Tensor());
+        else for (int i = 0; i < n; ++i) ys.push_back(torch::matmul(xl, w[i].t()));
+        torch::Tensor loss = torch::zeros({});
+        for (size_t i = 0; i < ys.size(); ++i) loss = loss + (ys[i] * ys[i]).sum() * (1.0 + static_cast<double>(i));
+        loss.backward();
+        std::vector<torch::Tensor> r = ys;
+        r.push_back(xl.grad());
+        for (int i = 0; i < n; ++i) r.push_back(w[i].grad());
+        return r;
+      };
+      auto a = run(true), b = run(false);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_LT(rel_err(a[i], b[i]), kTol) << "adjacent=" << adjacent << " n=" << n << " item " << i;
+    }
+}
+
 TEST(Fused, ModelLossAndGradientsMatchTheReferencePath) {
   for (bool tie : {false, true})
     for (int64_t kv : {1, 2, 4}) {

@@ -361,7 +361,77 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   }
 };
 
+// ---- Projections sharing an input ----------------------------------------------------------
+// The weights as one [sum O_i, C] matrix: in place when they are consecutive in one storage.
+Tensor stacked_weights(const std::vector<Tensor>& ws) {
+  bool adjacent = true;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    adjacent = adjacent && ws[i].is_contiguous();
+    if (i > 0)
+      adjacent = adjacent && ws[i].storage().is_alias_of(ws[0].storage()) &&
+                 ws[i].data_ptr<float>() == ws[i - 1].data_ptr<float>() + ws[i - 1].numel();
+  }
+  int64_t rows = 0;
+  for (const auto& w : ws) rows += w.size(0);
+  if (!adjacent) return torch::cat(ws, 0);
+  return ws[0].as_strided({rows, ws[0].size(1)}, {ws[0].size(1), 1});
+}
+
+struct LinearGroupFn : torch::autograd::Function<LinearGroupFn> {
+  // LibTorch 1.13 cannot take an undefined tensor as an input: with two weights, wc repeats wb
+  // and `three` is false.
+  static tensor_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& wa, const Tensor& wb, const Tensor& wc,
+                             bool three) {
+    std::vector<Tensor> ws = {wa, wb};
+    if (three) ws.push_back(wc);
+    const int64_t C = x.size(-1);
+    const Tensor x2 = x.reshape({-1, C}).contiguous();
+    const Tensor y = torch::mm(x2, stacked_weights(ws).t());
+    auto lead = x.sizes().vec();
+    lead.pop_back();
+    tensor_list out;
+    int64_t o = 0;
+    for (const auto& w : ws) {
+      auto shape = lead;
+      shape.push_back(w.size(0));
+      out.push_back(y.narrow(1, o, w.size(0)).contiguous().view(shape));
+      o += w.size(0);
+    }
+    ctx->save_for_backward({x2, wa, wb, wc});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["three"] = three;
+    return out;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& x2 = saved[0];
+    std::vector<Tensor> ws = {saved[1], saved[2]};
+    const bool three = ctx->saved_data["three"].toBool();
+    if (three) ws.push_back(saved[3]);
+    std::vector<Tensor> gs;
+    for (size_t i = 0; i < ws.size(); ++i)
+      gs.push_back(grads[i].defined() ? grads[i].reshape({-1, ws[i].size(0)}) : torch::zeros({x2.size(0), ws[i].size(0)}, x2.options()));
+    const Tensor g = torch::cat(gs, 1);
+    const Tensor dx = torch::mm(g, stacked_weights(ws)).view(ctx->saved_data["x_sizes"].toIntVector());
+    const Tensor dw = torch::mm(g.t(), x2);
+    tensor_list r = {dx};
+    int64_t o = 0;
+    for (const auto& w : ws) {
+      r.push_back(dw.narrow(0, o, w.size(0)));
+      o += w.size(0);
+    }
+    if (!three) r.push_back(Tensor());
+    r.push_back(Tensor());  // the flag
+    return r;
+  }
+};
+
 }  // namespace
+
+std::vector<torch::Tensor> linear_group(const torch::Tensor& x, const torch::Tensor& wa, const torch::Tensor& wb,
+                                        const torch::Tensor& wc) {
+  return LinearGroupFn::apply(x, wa, wb, wc.defined() ? wc : wb, wc.defined());
+}
 
 bool eligible(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat32 && t.device().is_cpu() && !at::autocast::is_cpu_enabled();

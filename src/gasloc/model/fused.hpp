@@ -12,6 +12,8 @@
 #pragma once
 #include <torch/types.h>
 
+#include <vector>
+
 namespace gasloc::model::fused {
 
 // True when t is fp32 on CPU and CPU autocast is off: the fused kernels apply.
@@ -35,6 +37,13 @@ torch::Tensor causal_softmax(const torch::Tensor& scores, double scale);
 // targets [N] int64, computed in row chunks; when gradients are needed they are computed in the
 // same pass and the logits are never kept.
 torch::Tensor linear_cross_entropy(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets);
+
+// x @ wa^T, x @ wb^T (and x @ wc^T when wc is defined) as one matrix product: the projections
+// that read the same input (q, k, v; gate, up). When the weights lie back to back in memory (as
+// FlatParams stores a layer's matrices) the product reads them in place; otherwise they are
+// concatenated first. x [..., C], weights [O_i, C]; returns [..., O_i] each, contiguous.
+std::vector<torch::Tensor> linear_group(const torch::Tensor& x, const torch::Tensor& wa, const torch::Tensor& wb,
+                                        const torch::Tensor& wc = {});
 
 // Keeps freed activation memory in the process (glibc malloc: no trimming, and mmap only above
 // 32 MB). A training step frees and re-allocates the same megabytes every step; by default glibc

@@ -146,9 +146,10 @@ torch::Tensor AttentionImpl::forward_fused(const torch::Tensor& x, const torch::
   const int64_t B = x.size(0), T = x.size(1), G = n_heads_ / n_kv_heads_;
   // Rotation and head split in one pass; the G query heads sharing a key/value head are stacked
   // as G*T rows, so one product per key head serves the whole group (no repeat_interleave).
-  auto q_BKRD = fused::rope_heads(q_proj(x), n_heads_, cos, sin).view({B, n_kv_heads_, G * T, head_dim_});
-  auto k_BKTD = fused::rope_heads(k_proj(x), n_kv_heads_, cos, sin);
-  auto v_BKTD = v_proj(x).view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);
+  auto qkv = fused::linear_group(x, q_proj->weight, k_proj->weight, v_proj->weight);
+  auto q_BKRD = fused::rope_heads(qkv[0], n_heads_, cos, sin).view({B, n_kv_heads_, G * T, head_dim_});
+  auto k_BKTD = fused::rope_heads(qkv[1], n_kv_heads_, cos, sin);
+  auto v_BKTD = qkv[2].view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);
   auto probs = fused::causal_softmax(torch::matmul(q_BKRD, k_BKTD.transpose(-2, -1)),
                                      1.0 / std::sqrt(static_cast<double>(head_dim_)));
   auto y_BHTD = torch::matmul(probs, v_BKTD).view({B, n_heads_, T, head_dim_});
@@ -191,7 +192,10 @@ MLPImpl::MLPImpl(const LlamaConfig& cfg) : fused_(cfg.fused) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  if (fused_ && fused::eligible(x)) return down_proj(fused::swiglu(gate_proj(x), up_proj(x)));
+  if (fused_ && fused::eligible(x)) {
+    auto gate_up = fused::linear_group(x, gate_proj->weight, up_proj->weight);
+    return down_proj(fused::swiglu(gate_up[0], gate_up[1]));
+  }
   return down_proj(F::silu(gate_proj(x)) * up_proj(x));
 }
 
