@@ -8,6 +8,7 @@
 // The binary launches its own ranks: it hosts a rendezvous store on a free port and re-executes
 // itself once per rank with RANK/WORLD_SIZE/MASTER_* set (as gasloc launch would).
 #include <arpa/inet.h>
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -41,25 +42,19 @@ struct Args {
   std::string worker_out;  // set in a rank process
 };
 
-template <class T>
-std::vector<T> parse_list(const std::string& s) {
-  std::vector<T> out;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) out.push_back(static_cast<T>(std::stod(x)));
-  return out;
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--procs") a.procs = parse_list<int>(v);
-    else if (k == "--sizes-mb") a.sizes_mb = parse_list<double>(v);
-    else if (k == "--reps") a.reps = std::stoi(v);
-    else if (k == "--worker-out") a.worker_out = v;
-    else throw std::runtime_error("unknown option " + k);
+// Parses the command line into a; returns an exit code to leave with (--help, a bad option), or -1.
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{"Gloo collectives and exchanges on loopback against plain TCP sockets moving the same bytes"};
+  app.add_option("--procs", a.procs, "process counts, comma-separated")->delimiter(',')->check(CLI::Range(2, 64))->capture_default_str();
+  app.add_option("--sizes-mb", a.sizes_mb, "buffer sizes in MB, comma-separated")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--reps", a.reps, "timed repetitions (median reported) after a warm-up")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--worker-out", a.worker_out, "internal: set in the rank processes bench_comm launches")->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  return a;
+  return -1;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -270,7 +265,8 @@ nlohmann::json run_ranks(const Args& a, int n) {
 
 int main(int argc, char** argv) {
   try {
-    const Args a = parse(argc, argv);
+    Args a;
+    if (const int rc = parse(argc, argv, a); rc >= 0) return rc;
     if (!a.worker_out.empty()) return worker(a);
     torch::set_num_threads(1);
     fmt::print("bench_comm: Gloo backend on loopback vs plain TCP sockets ({} cores; median of {} after a warm-up)\n",

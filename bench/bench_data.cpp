@@ -6,6 +6,7 @@
 //   build/bench_data [--tokens 200000000] [--shard-tokens 50000000] [--dir bench_data_tmp]
 //
 // The shards are written first, so both paths read them from the page cache.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -54,17 +55,13 @@ struct Row {
 
 int main(int argc, char** argv) {
   int64_t tokens = 200'000'000, shard_tokens = 50'000'000;
-  fs::path dir = "bench_data_tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--tokens") tokens = std::stoll(v);
-    else if (k == "--shard-tokens") shard_tokens = std::stoll(v);
-    else if (k == "--dir") dir = v;
-    else {
-      fmt::print(stderr, "unknown option {}\n", k);
-      return 2;
-    }
-  }
+  std::string dir_arg = "bench_data_tmp";
+  CLI::App app{"Opening a token dataset memory-mapped against reading it into memory"};
+  app.add_option("--tokens", tokens, "tokens to write")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--shard-tokens", shard_tokens, "tokens per shard")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--dir", dir_arg, "scratch directory (removed and recreated)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const fs::path dir = dir_arg;
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::vector<fs::path> paths;

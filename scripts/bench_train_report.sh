@@ -49,7 +49,7 @@ if [ $data_only = 1 ]; then replace_section "Opening a dataset" "$dsection"; exi
 ccmd="build/bench_cluster --preset tiny --workers 8 --batch 4 --seq 64 --steps 21 --algo gasloc"
 cout=$($ccmd)
 echo "$cout"
-cmd="build/bench_train --presets tiny,small --batch 8 --seq 128 --steps 6 --loss-steps $steps --data data/default"
+cmd="build/bench_train --presets tiny,small --dtypes fp32,bf16 --batch 8 --seq 128 --steps 6 --loss-steps $steps --data data/default"
 out=""
 if [ $cluster_only = 0 ]; then out=$($cmd); echo "$out"; fi
 section=$(cat <<MD

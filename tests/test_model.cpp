@@ -192,6 +192,11 @@ TEST(Model, NanoOverfitsOneBatch) {
 }
 
 TEST(Model, PresetsHaveTheDocumentedSizes) {
+  // micro: the research preset (dim 128, 4 layers, 4 heads, a 1024-token vocabulary), about 1M.
+  EXPECT_NEAR(LlamaConfig::preset("micro").num_params() / 1e6, 1.0, 0.05);
+  EXPECT_EQ(LlamaConfig::preset("micro").vocab_size, 1024);
+  EXPECT_EQ(LlamaConfig::preset("micro").dim, 128);
+  EXPECT_EQ(LlamaConfig::preset("micro").n_heads, 4);
   EXPECT_GE(LlamaConfig::preset("tiny").num_params(), 5'000'000);
   EXPECT_LE(LlamaConfig::preset("tiny").num_params(), 10'000'000);
   EXPECT_GE(LlamaConfig::preset("small").num_params(), 25'000'000);

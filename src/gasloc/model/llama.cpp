@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gasloc/core/error.hpp"
+#include "gasloc/model/fused.hpp"
 
 namespace gasloc::model {
 namespace F = torch::nn::functional;
@@ -75,13 +76,14 @@ LlamaConfig make(int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t
 }  // namespace
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"nano", "tiny", "small", "134m", "160m", "551m", "1b"};
+  return {"nano", "micro", "tiny", "small", "134m", "160m", "551m", "1b"};
 }
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
   // Vocabulary sizes are the defaults for model-info; training replaces them with the
   // dataset's tokenizer size.
   if (name == "nano") return make(64, 2, 4, 2, 512, 32, 128);           // tests
+  if (name == "micro") return make(128, 4, 4, 2, 1024, 32, 256);       // research preset, ~1.0M
   if (name == "tiny") return make(256, 4, 8, 4, 8192, 256, 256);        // CPU default, ~7.3M
   if (name == "small") return make(512, 8, 8, 4, 8192, 256, 512);       // ~34M
   if (name == "134m") return make(768, 12, 12, 12, 32000, 256, 1024);   // GASLoC paper scale
@@ -100,11 +102,12 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 // ---------------------------------------------------------------------------------------------
 // Layers
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool fused) : eps_(eps), fused_(fused) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  if (fused_ && fused::eligible(x)) return fused::rms_norm(x, weight, eps_);
   // Normalize in fp32 (as HF does) so bf16 activations do not lose the mean-square's precision.
   const bool reduced = x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
   auto xf = reduced ? x.to(torch::kFloat32) : x;
@@ -131,7 +134,7 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 }
 
 AttentionImpl::AttentionImpl(const LlamaConfig& cfg)
-    : n_heads_(cfg.n_heads), n_kv_heads_(cfg.n_kv_heads), head_dim_(cfg.head_dim()) {
+    : n_heads_(cfg.n_heads), n_kv_heads_(cfg.n_kv_heads), head_dim_(cfg.head_dim()), fused_(cfg.fused) {
   auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
   q_proj = register_module("q_proj", lin(cfg.dim, n_heads_ * head_dim_));
   k_proj = register_module("k_proj", lin(cfg.dim, n_kv_heads_ * head_dim_));
@@ -139,13 +142,29 @@ AttentionImpl::AttentionImpl(const LlamaConfig& cfg)
   o_proj = register_module("o_proj", lin(n_heads_ * head_dim_, cfg.dim));
 }
 
+torch::Tensor AttentionImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1), G = n_heads_ / n_kv_heads_;
+  // Rotation and head split in one pass; the G query heads sharing a key/value head are stacked
+  // as G*T rows, so one product per key head serves the whole group (no repeat_interleave).
+  auto qkv = fused::linear_group(x, q_proj->weight, k_proj->weight, v_proj->weight);
+  auto q_BKRD = fused::rope_heads(qkv[0], n_heads_, cos, sin).view({B, n_kv_heads_, G * T, head_dim_});
+  auto k_BKTD = fused::rope_heads(qkv[1], n_kv_heads_, cos, sin);
+  auto v_BKTD = qkv[2].view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);
+  auto probs = fused::causal_softmax(torch::matmul(q_BKRD, k_BKTD.transpose(-2, -1)),
+                                     1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  auto y_BHTD = torch::matmul(probs, v_BKTD).view({B, n_heads_, T, head_dim_});
+  return o_proj(y_BHTD.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_}));
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (fused_ && fused::eligible(x)) return forward_fused(x, cos, sin);
   const int64_t B = x.size(0), T = x.size(1);
   auto q_BHTD = q_proj(x).view({B, T, n_heads_, head_dim_}).transpose(1, 2);
   auto k_BKTD = k_proj(x).view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);
   auto v_BKTD = v_proj(x).view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);
-  q_BHTD = apply_rope(q_BHTD, cos.to(q_BHTD.scalar_type()), sin.to(q_BHTD.scalar_type()));
-  k_BKTD = apply_rope(k_BKTD, cos.to(k_BKTD.scalar_type()), sin.to(k_BKTD.scalar_type()));
+  auto cos_T = cos.narrow(0, 0, T), sin_T = sin.narrow(0, 0, T);
+  q_BHTD = apply_rope(q_BHTD, cos_T.to(q_BHTD.scalar_type()), sin_T.to(q_BHTD.scalar_type()));
+  k_BKTD = apply_rope(k_BKTD, cos_T.to(k_BKTD.scalar_type()), sin_T.to(k_BKTD.scalar_type()));
   // GQA: each group of H/K query heads shares one key/value head.
   const int64_t rep = n_heads_ / n_kv_heads_;
   auto k_BHTD = rep == 1 ? k_BKTD : k_BKTD.repeat_interleave(rep, 1);
@@ -164,7 +183,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   return o_proj(y_BHTD.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_}));
 }
 
-MLPImpl::MLPImpl(const LlamaConfig& cfg) {
+MLPImpl::MLPImpl(const LlamaConfig& cfg) : fused_(cfg.fused) {
   auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
   const int64_t F_ = cfg.ffn_hidden();
   gate_proj = register_module("gate_proj", lin(cfg.dim, F_));
@@ -173,14 +192,18 @@ MLPImpl::MLPImpl(const LlamaConfig& cfg) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  if (fused_ && fused::eligible(x)) {
+    auto gate_up = fused::linear_group(x, gate_proj->weight, up_proj->weight);
+    return down_proj(fused::swiglu(gate_up[0], gate_up[1]));
+  }
   return down_proj(F::silu(gate_proj(x)) * up_proj(x));
 }
 
 BlockImpl::BlockImpl(const LlamaConfig& cfg) {
   self_attn = register_module("self_attn", Attention(cfg));
   mlp = register_module("mlp", MLP(cfg));
-  input_layernorm = register_module("input_layernorm", RMSNorm(cfg.dim, cfg.norm_eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(cfg.dim, cfg.norm_eps));
+  input_layernorm = register_module("input_layernorm", RMSNorm(cfg.dim, cfg.norm_eps, cfg.fused));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(cfg.dim, cfg.norm_eps, cfg.fused));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -192,13 +215,14 @@ DecoderImpl::DecoderImpl(const LlamaConfig& cfg) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(cfg.vocab_size, cfg.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.n_layers; ++i) layers->push_back(Block(cfg));
-  norm = register_module("norm", RMSNorm(cfg.dim, cfg.norm_eps));
+  norm = register_module("norm", RMSNorm(cfg.dim, cfg.norm_eps, cfg.fused));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Model
 
 LlamaImpl::LlamaImpl(const LlamaConfig& cfg) : cfg_(cfg) {
+  fused::keep_freed_memory();
   cfg_.validate();
   model = register_module("model", Decoder(cfg_));
   if (!cfg_.tie_embeddings)
@@ -206,19 +230,35 @@ LlamaImpl::LlamaImpl(const LlamaConfig& cfg) : cfg_(cfg) {
   init_weights(0);
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
+std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rope_for(const torch::TensorOptions& opts) {
+  // Positions are computed independently, so a prefix of the max_seq_len table is exactly the
+  // table for a shorter sequence.
+  const std::lock_guard<std::mutex> lock(*rope_mutex_);
+  if (!rope_cos_.defined() || rope_cos_.dtype() != opts.dtype() || rope_cos_.device() != opts.device())
+    std::tie(rope_cos_, rope_sin_) = rope_tables(cfg_.max_seq_len, cfg_.head_dim(), cfg_.rope_theta, opts);
+  return {rope_cos_, rope_sin_};
+}
+
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds max_seq_len ", cfg_.max_seq_len);
   auto x_BTC = model->embed_tokens(tokens);
-  auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta, x_BTC.options());
+  auto [cos, sin] = rope_for(x_BTC.options());
   for (const auto& layer : *model->layers) x_BTC = layer->as<Block>()->forward(x_BTC, cos, sin);
-  x_BTC = model->norm(x_BTC);
+  return model->norm(x_BTC);
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
   const auto& head = cfg_.tie_embeddings ? model->embed_tokens->weight : lm_head->weight;
-  return torch::matmul(x_BTC, head.t());  // [B, T, V]
+  return torch::matmul(hidden(tokens), head.t());  // [B, T, V]
 }
 
 torch::Tensor LlamaImpl::loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
-  auto logits_BTV = forward(inputs);
+  const auto& head = cfg_.tie_embeddings ? model->embed_tokens->weight : lm_head->weight;
+  auto x_BTC = hidden(inputs);
+  if (cfg_.fused && fused::eligible(x_BTC))
+    return fused::linear_cross_entropy(x_BTC.reshape({-1, cfg_.dim}), head, targets.reshape({-1}));
+  auto logits_BTV = torch::matmul(x_BTC, head.t());
   // Reduced-precision logits are upcast: the log-sum-exp over V needs fp32.
   if (logits_BTV.scalar_type() == torch::kBFloat16 || logits_BTV.scalar_type() == torch::kHalf)
     logits_BTV = logits_BTV.to(torch::kFloat32);

@@ -15,6 +15,8 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,9 @@ struct LlamaConfig {
   int64_t max_seq_len = 256;         // longest sequence the model accepts
   bool tie_embeddings = false;       // share embed_tokens and lm_head
   double init_std = 0.02;            // normal init std; residual outputs get init_std / sqrt(2 * n_layers)
+  // Fused CPU kernels (model/fused.hpp) for fp32 on CPU; false selects the reference ops, which
+  // bf16 autocast and CUDA always use. Same parameters and, to rounding, the same values.
+  bool fused = true;
 
   int64_t head_dim() const { return dim / n_heads; }
   // Llama's rounding: F = multiple_of * ceil(ffn_dim_multiplier * int(2 * 4C / 3) / multiple_of).
@@ -44,19 +49,20 @@ struct LlamaConfig {
   double flops_per_token(int64_t seq_len) const;
   // Throws ConfigError naming the offending field if the shape is inconsistent.
   void validate() const;
-  // Named presets: nano, tiny, small, 134m, 160m, 551m, 1b. Throws ConfigError for others.
+  // Named presets: nano, micro, tiny, small, 134m, 160m, 551m, 1b. Throws ConfigError for others.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);
+  RMSNormImpl(int64_t dim, double eps, bool fused = false);
   torch::Tensor forward(const torch::Tensor& x);  // [..., C] -> [..., C]
   torch::Tensor weight;
 
  private:
   double eps_;
+  bool fused_;
 };
 TORCH_MODULE(RMSNorm);
 
@@ -75,7 +81,9 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
+  torch::Tensor forward_fused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   int64_t n_heads_, n_kv_heads_, head_dim_;
+  bool fused_;
 };
 TORCH_MODULE(Attention);
 
@@ -84,6 +92,9 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const LlamaConfig& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  bool fused_;
 };
 TORCH_MODULE(MLP);
 
@@ -124,7 +135,13 @@ class LlamaImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tie_embeddings
 
  private:
+  torch::Tensor hidden(const torch::Tensor& tokens);  // the final norm's output [B, T, C]
+  // Rotary tables for max_seq_len positions, built on first use for the activations' dtype and
+  // device (a step then only narrows them).
+  std::pair<torch::Tensor, torch::Tensor> rope_for(const torch::TensorOptions& opts);
   LlamaConfig cfg_;
+  std::shared_ptr<std::mutex> rope_mutex_ = std::make_shared<std::mutex>();
+  torch::Tensor rope_cos_, rope_sin_;
 };
 TORCH_MODULE(Llama);
 

@@ -25,6 +25,7 @@ model::LlamaConfig ModelSection::resolve(int64_t vocab_size) const {
   c.rope_theta = rope_theta;
   c.tie_embeddings = tie_embeddings;
   c.init_std = init_std;
+  c.fused = fused;
   c.validate();
   return c;
 }

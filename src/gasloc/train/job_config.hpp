@@ -25,11 +25,12 @@ struct ModelSection {
   int64_t max_seq_len = 0;
   bool tie_embeddings = false;
   double init_std = 0.02;
+  bool fused = true;
   std::string init_from;
 
   template <class V>
   void visit(V&& v) {
-    v("preset", preset, "model shape preset: nano, tiny, small, 134m, 160m, 551m, 1b");
+    v("preset", preset, "model shape preset: nano, micro, tiny, small, 134m, 160m, 551m, 1b");
     v("dim", dim, "residual width C (0 = preset's)");
     v("n_layers", n_layers, "transformer blocks (0 = preset's)");
     v("n_heads", n_heads, "query heads (0 = preset's)");
@@ -40,6 +41,7 @@ struct ModelSection {
     v("max_seq_len", max_seq_len, "longest sequence the model accepts (0 = preset's)");
     v("tie_embeddings", tie_embeddings, "share the input embedding and the output head");
     v("init_std", init_std, "std of the normal init; residual outputs use init_std/sqrt(2*n_layers)");
+    v("fused", fused, "fused fp32 CPU kernels (false: the reference ops; bf16 and CUDA always use those)");
     v("init_from", init_from, "start from these weights: a directory written by `gasloc export` (HF safetensors)");
   }
   // The preset with this section's overrides applied and the dataset's vocabulary.

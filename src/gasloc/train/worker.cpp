@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "gasloc/core/error.hpp"
+#include "gasloc/model/fused.hpp"
 #include "gasloc/model/hf_export.hpp"
 #include "gasloc/optim/adamw.hpp"
 #include "gasloc/optim/gpa.hpp"
@@ -59,6 +60,7 @@ Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const 
   if (device_.is_cuda() && !torch::cuda::is_available())
     throw ConfigError("train.device = cuda but no CUDA device is available to this LibTorch",
                       "use --device cpu, or build against a CUDA LibTorch (scripts/gpu_check.sh)");
+  if (job_.train.dtype == "bf16" && !device_.is_cuda()) model::fused::warn_if_emulated_bf16();
   model_ = model::Llama(model_cfg_);
   model_->init_weights(job_.train.seed);  // every worker starts from the same weights
   if (!job_.model.init_from.empty()) model::import_hf(job_.model.init_from, model_);
