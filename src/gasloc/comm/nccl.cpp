@@ -70,7 +70,7 @@ struct NcclCommunicator::Impl {
   [[noreturn]] void fail(const std::string& msg) {
     broken = msg;
     throw CommError(msg + (store ? describe_dead_ranks(*store, o.rank, o.world) : std::string()),
-                    "check the other ranks' output; raise the timeout (GASLOC_COMM_TIMEOUT) if they are only slow");
+                    "check the other ranks' output; raise cluster.timeout_s (gasloc launch --timeout) if they are only slow");
   }
 
   template <class Describe>
