@@ -428,7 +428,11 @@ TEST_F(Trainer, ARankThatFailsMidSaveLeavesTheRunResumable) {
   EXPECT_THROW(train::run_training(again), Error);
   EXPECT_EQ(train::RunCheckpoints(run, 3).committed(0), (std::vector<int64_t>{10}));
   fs::remove_all(run / "checkpoints" / "step-00000020" / "rank1.pt.tmp");
+  // What a write killed half-way leaves: removed when that rank commits again.
+  const fs::path stale = run / "checkpoints" / "step-00000020" / "rank0.pt.tmp";
+  write_file_atomic(stale, "half a checkpoint");
   const auto second = train::run_training(again);
+  EXPECT_FALSE(fs::exists(stale));
   EXPECT_EQ(second.train_losses.size(), 20u);  // steps 11..30
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
   for (int r = 0; r < 3; ++r) {

@@ -129,6 +129,8 @@ void RunCheckpoints::commit(int64_t step, int rank) const {
     } catch (const std::exception&) {
       continue;
     }
+    // A write that a kill interrupted leaves its temporary file behind.
+    fs::remove(d.path() / fmt::format("rank{}.pt.tmp", rank), ec);
     if (s >= steps.back()) continue;
     fs::remove(d.path() / fmt::format("rank{}.pt", rank), ec);
     if (fs::is_empty(d.path(), ec)) fs::remove(d.path(), ec);
