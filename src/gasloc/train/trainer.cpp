@@ -89,9 +89,16 @@ void print_config(const JobConfig& job, const model::LlamaConfig& mc, int world)
   fmt::print("gasloc train: resolved configuration ({} worker{}{})\n", world, world == 1 ? "" : "s",
              job.cluster.backend == "inproc" ? "" : fmt::format(", {} processes", world));
   const nlohmann::json resolved = resolved_json(job, world);
+  // A model field left at 0 takes the preset's value: show which.
+  const nlohmann::json shape = {{"dim", mc.dim},         {"n_layers", mc.n_layers},       {"n_heads", mc.n_heads},
+                                {"n_kv_heads", mc.n_kv_heads}, {"multiple_of", mc.multiple_of}, {"max_seq_len", mc.max_seq_len},
+                                {"ffn_dim_multiplier", mc.ffn_dim_multiplier}};
   for (auto& [section, values] : resolved.items()) {
     fmt::print("  [{}]\n", section);
-    for (auto& [k, v] : values.items()) fmt::print("    {} = {}\n", k, v.dump());
+    for (auto& [k, v] : values.items()) {
+      const bool from_preset = section == "model" && shape.contains(k) && v.is_number() && v.get<double>() == 0;
+      fmt::print("    {} = {}{}\n", k, v.dump(), from_preset ? fmt::format("  (preset {}: {})", job.model.preset, shape[k].dump()) : "");
+    }
   }
   fmt::print("  model: dim {} layers {} heads {}/{} ffn {} vocab {} max_seq_len {} -> {:.2f}M parameters\n", mc.dim,
              mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.ffn_hidden(), mc.vocab_size, mc.max_seq_len,
