@@ -207,13 +207,12 @@ int run_launch(const Opts& o) {
   // --timeout and --bandwidth-limit reach gasloc's own commands as their arguments (gasloc reads
   // no variable of its own); another command gets its settings from the user.
   std::vector<std::string> args = o.cmd;
-  const bool self = self_cmd;
-  if (self && args[1] == "train") {
+  if (self_cmd && args[1] == "train") {
     if (o.timeout > 0) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", o.timeout)});
     if (!o.bandwidth.empty())
       throw Error("launch: --bandwidth-limit does not apply to gasloc train",
                   "describe the links in the job's [network] section and set network.throttle_gloo = true");
-  } else if (self && args[1] == "comm-check") {
+  } else if (self_cmd && args[1] == "comm-check") {
     if (o.timeout > 0) args.insert(args.begin() + 2, {"--timeout", fmt::format("{}", o.timeout)});
     if (!o.bandwidth.empty()) args.insert(args.begin() + 2, {"--bandwidth-limit", o.bandwidth});
   } else if (o.timeout > 0 || !o.bandwidth.empty()) {

@@ -463,12 +463,18 @@ TrainSummary run_training(const TrainRequest& req) {
     cluster = std::make_unique<comm::InProcCluster>(world, network, job.cluster.timeout_s);
     for (int r = 0; r < world; ++r) comms.push_back(&cluster->comm(r));
   }
-  // A resumed in-process cluster continues its virtual clocks: later prices depend on them.
-  if (cluster)
-    for (const auto& [r, c] : loaded) {
-      const Counters k = Counters::from_json(c.meta.value("counters", nlohmann::json::object()));
+  // Each local rank's counters where its checkpoint left them (zero for a new run). A resumed
+  // in-process cluster continues its virtual clocks and counters itself: later prices depend on
+  // the clocks, so only the wall time is left to add on top of them.
+  std::map<int, Counters> base;
+  for (int r : ranks) {
+    Counters k = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
+    if (cluster) {
       cluster->restore(r, k.virtual_time_s, {k.bytes_sent, cluster->stats(r).bytes_received, k.idle_s});
+      k = {0, 0, k.wall_time_s, 0};
     }
+    base[r] = k;
+  }
   // Workers that are threads of this process keep the cores busy themselves: by default one BLAS
   // thread each (core/blas_threads.hpp explains the spin this avoids).
   const BlasThreads blas(job.train.blas_threads > 0 ? static_cast<int>(job.train.blas_threads) : ranks.size() > 1 ? 1 : 0);
@@ -516,14 +522,10 @@ TrainSummary run_training(const TrainRequest& req) {
   state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   for (size_t i = 0; i < ranks.size(); ++i) {
     const int r = ranks[i];
-    state.base[r] = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
-    state.stats0[r] = comms[i]->stats();
-    state.clock0[r] = comms[i]->now();
-    if (cluster) {  // restored above: the cluster's own counters already continue the run's
-      state.base[r].bytes_sent = state.base[r].idle_s = state.base[r].virtual_time_s = 0;
-      state.stats0[r] = {};
-      state.clock0[r] = 0;
-    }
+    state.base[r] = base.at(r);
+    // The cluster's restored counters are the run's own; a process group's start from here.
+    state.stats0[r] = cluster ? comm::CommStats{} : comms[i]->stats();
+    state.clock0[r] = cluster ? 0.0 : comms[i]->now();
     state.committed[r] = committed[r].empty() ? -1 : committed[r].front();
   }
   if (cluster) {
