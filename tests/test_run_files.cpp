@@ -13,7 +13,8 @@
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/inference.hpp"
 #include "gasloc/train/run_files.hpp"
-#include "gasloc/train/run_summary.hpp"
+#include "gasloc/study/run_summary.hpp"
+#include "gasloc/study/runs_csv.hpp"
 #include "gasloc/train/trainer.hpp"
 #include "test_util.hpp"
 
@@ -162,9 +163,9 @@ TEST_F(RunFiles, SamplingIsDeterministicAndBounded) {
 }
 
 TEST_F(RunFiles, LabelsAreUniqueAndCsvIsTidy) {
-  EXPECT_EQ(train::run_labels({"a/run", "b/run", "c/other/"}), (std::vector<std::string>{"a/run", "b/run", "other"}));
-  EXPECT_EQ(train::run_labels({"x/a/run", "y/a/run"}), (std::vector<std::string>{"x/a/run", "y/a/run"}));
-  const std::string csv = train::runs_csv({run().string()}, {"r,1"});
+  EXPECT_EQ(study::run_labels({"a/run", "b/run", "c/other/"}), (std::vector<std::string>{"a/run", "b/run", "other"}));
+  EXPECT_EQ(study::run_labels({"x/a/run", "y/a/run"}), (std::vector<std::string>{"x/a/run", "y/a/run"}));
+  const std::string csv = study::runs_csv({run().string()}, {"r,1"});
   std::vector<std::string> lines;
   for (size_t at = 0; at < csv.size();) {
     const size_t nl = csv.find('\n', at);
@@ -173,12 +174,12 @@ TEST_F(RunFiles, LabelsAreUniqueAndCsvIsTidy) {
   }
   ASSERT_FALSE(lines.empty());
   std::string header = "run,event,worker,step";
-  for (const auto& c : train::kCsvColumns) header += "," + c;
+  for (const auto& c : study::kCsvColumns) header += "," + c;
   EXPECT_EQ(lines[0], header);
   // 10 steps, log_every 5, 2 workers: 4 train rows; evaluations at 5 and 10: 2 eval rows and
   // 2 x 2 eval_worker rows.
   int train_rows = 0, eval_rows = 0, worker_rows = 0;
-  const size_t columns = 4 + train::kCsvColumns.size();
+  const size_t columns = 4 + study::kCsvColumns.size();
   for (size_t i = 1; i < lines.size(); ++i) {
     ASSERT_EQ(lines[i].rfind("\"r,1\",", 0), 0u) << lines[i];  // a comma in a name is quoted
     const std::string rest = lines[i].substr(6);

@@ -6,14 +6,20 @@
 
 #include <csignal>
 #include <filesystem>
+#include <algorithm>
 #include <array>
+#include <limits>
 #include <fstream>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
-#include "gasloc/train/run_summary.hpp"
+#include "gasloc/study/run_summary.hpp"
 #include "gasloc/train/checkpoint.hpp"
-#include "gasloc/train/sweep.hpp"
+#include "gasloc/study/section.hpp"
+#include "gasloc/study/study_file.hpp"
+#include "gasloc/study/sweep.hpp"
+#include "gasloc/study/verdict.hpp"
+#include "gasloc/model/llama.hpp"
 #include "test_util.hpp"
 
 using namespace gasloc;
@@ -40,8 +46,8 @@ class Sweep : public ::testing::Test {
     return p;
   }
 
-  static train::SweepOptions options(const std::string& doc = "results.md") {
-    train::SweepOptions o;
+  static study::SweepOptions options(const std::string& doc = "results.md") {
+    study::SweepOptions o;
     o.runs_root = kRoot / "runs";
     o.doc = kRoot / doc;
     o.plots_dir = kRoot / "plots";
@@ -52,7 +58,7 @@ class Sweep : public ::testing::Test {
   static void expect_config_error(const std::string& body, const std::string& needle) {
     static int k = 0;
     try {
-      train::load_sweep(sweep_file("bad" + std::to_string(k++), body));
+      study::load_sweep(sweep_file("bad" + std::to_string(k++), body));
       ADD_FAILURE() << "expected an error mentioning " << needle;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -92,7 +98,7 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
   expect_config_error("[[variant]]\nname = \"a\"\n[grid]\n\"train.seed\" = []\n", "grid.train.seed");
   expect_config_error("[[variant]]\nname = \"a\"\n[extra]\nx = 1\n", "sweep file.extra");
   try {
-    train::load_sweep(sweep_file("badkeep", "[[variant]]\nname = \"a\"\n", "keep_checkpoints = 1\n"));
+    study::load_sweep(sweep_file("badkeep", "[[variant]]\nname = \"a\"\n", "keep_checkpoints = 1\n"));
     ADD_FAILURE() << "keep_checkpoints = 1 must be refused";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("sweep.keep_checkpoints"), std::string::npos) << e.what();
@@ -107,18 +113,18 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
   expect_config_error("[[variant]]\nname = \"a\"\n[[claim]]\ntext = \"t\"\nkind = \"lower\"\na = \"a\"\nb = \"a\"\nby = \"steps\"\n",
                       "claim.by");
   // Four runs: two variants x two seeds, variants outermost, each in its own directory.
-  const auto spec = train::load_sweep(sweep_file("ok", kTwoVariants));
-  const auto runs = train::expand_sweep(spec, false, kRoot / "runs");
+  const auto spec = study::load_sweep(sweep_file("ok", kTwoVariants));
+  const auto runs = study::expand_sweep(spec, false, kRoot / "runs");
   ASSERT_EQ(runs.size(), 4u);
   EXPECT_EQ(runs[0].variant, "small_lr");
   EXPECT_EQ(runs[0].dir, kRoot / "runs" / "ok" / "small_lr" / "seed=1");
-  const auto quick = train::expand_sweep(spec, true, kRoot / "runs");
+  const auto quick = study::expand_sweep(spec, true, kRoot / "runs");
   ASSERT_EQ(quick.size(), 2u);  // [quick_grid] keeps one seed
   EXPECT_EQ(quick[1].dir, kRoot / "runs" / "ok-quick" / "big_lr" / "seed=1");
   EXPECT_EQ(quick[1].overrides[quick[1].overrides.size() - 2], "train.steps=2");  // [quick] comes last but the run dir
   expect_config_error("[[variant]]\nname = \"a\"\n[quick_grid]\n\"train.seed\" = [1]\n", "quick_grid.train.seed");
   try {
-    train::load_sweep(sweep_file("badplot", "[[variant]]\nname = \"a\"\n", "plot_x = [\"loss\"]\n"));
+    study::load_sweep(sweep_file("badplot", "[[variant]]\nname = \"a\"\n", "plot_x = [\"loss\"]\n"));
     ADD_FAILURE() << "plot_x = [\"loss\"] must be refused";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("sweep.plot_x"), std::string::npos) << e.what();
@@ -129,24 +135,35 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   const std::string faster_by_steps =
       "[[claim]]\ntext = \"the larger rate gets there first\"\nkind = \"faster\"\na = \"big_lr\"\nb = \"small_lr\"\n"
       "by = \"steps\"\n";
-  const auto spec = train::load_sweep(sweep_file("study", kTwoVariants + faster_by_steps, "target_from = \"small_lr\"\n"));
-  train::run_sweep(spec, options());
-  const auto runs = train::expand_sweep(spec, false, kRoot / "runs");
+  const auto spec = study::load_sweep(sweep_file("study", kTwoVariants + faster_by_steps, "target_from = \"small_lr\"\nlearned_by = 0.0\n"));
+  study::run_sweep(spec, options());
+  const auto runs = study::expand_sweep(spec, false, kRoot / "runs");
   std::vector<std::string> metrics;
   for (const auto& r : runs) metrics.push_back(read_file(r.dir / "metrics.jsonl"));
   // Again: nothing reruns, nothing is rewritten.
-  train::run_sweep(spec, options());
+  study::run_sweep(spec, options());
   for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(read_file(runs[i].dir / "metrics.jsonl"), metrics[i]) << runs[i].dir;
   const std::string doc = read_file(kRoot / "results.md");
   EXPECT_NE(doc.find("<!-- study:begin"), std::string::npos);
-  EXPECT_NE(doc.find("| small_lr | 2 | 2 |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| small_lr | - | 2 | 2 |"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger learning rate ends lower"), std::string::npos) << doc;
-  EXPECT_NE(doc.find("they are within 50%: **reproduced**"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("they are within 50%: **"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger rate gets there first: **"), std::string::npos) << doc;
-  EXPECT_NE(doc.find("(steps to target: big_lr "), std::string::npos) << doc;
+  EXPECT_NE(doc.find("steps to target: a "), std::string::npos) << doc;
+  EXPECT_NE(doc.find("a - b per seed: seed 1: "), std::string::npos) << doc;
+  // These 4-step nano models learn nothing: with the protocol's 1 nat below the unigram baseline
+  // required, no claim gets a verdict.
+  auto strict = spec;
+  strict.learned_by = 1.0;
+  std::vector<study::SweepRun> finals = runs;
+  auto o = options();
+  o.doc = "";
+  const std::string md = study::sweep_section(strict, finals, o);
+  EXPECT_NE(md.find("the larger learning rate ends lower: **says nothing: "), std::string::npos) << md;
+  EXPECT_NE(md.find("nats below the unigram baseline"), std::string::npos) << md;
   EXPECT_TRUE(fs::exists(kRoot / "plots" / "study-step.png"));
   // A second sweep's section goes beside the first, which stays.
-  train::run_sweep(train::load_sweep(sweep_file("other", "[[variant]]\nname = \"only\"\n", "plot_x = [\"step\", \"consensus\"]\n")),
+  study::run_sweep(study::load_sweep(sweep_file("other", "[[variant]]\nname = \"only\"\n", "plot_x = [\"step\", \"consensus\"]\n")),
                    options());
   EXPECT_TRUE(fs::exists(kRoot / "plots" / "other-consensus.png"));
   const std::string both = read_file(kRoot / "results.md");
@@ -157,11 +174,11 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
 }
 
 TEST_F(Sweep, ARunDirectoryOfAnotherConfigurationIsRefused) {
-  train::run_sweep(train::load_sweep(sweep_file("mix", "[[variant]]\nname = \"v\"\n")), options("mix.md"));
+  study::run_sweep(study::load_sweep(sweep_file("mix", "[[variant]]\nname = \"v\"\n")), options("mix.md"));
   const auto before = read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl");
-  const auto changed = train::load_sweep(sweep_file("mix", "[set]\n\"optim.lr\" = 0.01\n[[variant]]\nname = \"v\"\n"));
+  const auto changed = study::load_sweep(sweep_file("mix", "[set]\n\"optim.lr\" = 0.01\n[[variant]]\nname = \"v\"\n"));
   try {
-    train::run_sweep(changed, options("mix.md"));
+    study::run_sweep(changed, options("mix.md"));
     ADD_FAILURE() << "a run of another configuration must be refused";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("optim.lr"), std::string::npos) << e.what();
@@ -173,7 +190,7 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
   // Every run evaluates at its last step, then writes its checkpoint. The second variant's
   // checkpoint is larger than the file-size limit (as a full disk would refuse it); the first
   // variant's fits. The third variant never starts.
-  const auto spec = train::load_sweep(sweep_file(
+  const auto spec = study::load_sweep(sweep_file(
       "disk", "[[variant]]\nname = \"small\"\nset = { \"model.n_layers\" = 1 }\n[[variant]]\nname = \"large\"\n"
               "set = { \"model.n_layers\" = 8 }\n[[variant]]\nname = \"after\"\nset = { \"model.n_layers\" = 2 }\n"));
   auto prev = std::signal(SIGXFSZ, SIG_IGN);
@@ -184,7 +201,7 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
   bool threw = false;
   try {
-    train::run_sweep(spec, options("disk.md"));
+    study::run_sweep(spec, options("disk.md"));
   } catch (const Error& e) {
     threw = true;
     EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
@@ -198,17 +215,17 @@ TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {
   EXPECT_FALSE(fs::exists(root / "after"));
   const auto small = read_file(root / "small" / "metrics.jsonl");
   const auto large = read_file(root / "large" / "metrics.jsonl");  // evaluated at its last step before the failure
-  train::run_sweep(spec, options("disk.md"));  // space again: nothing is redone, the rest runs
+  study::run_sweep(spec, options("disk.md"));  // space again: nothing is redone, the rest runs
   EXPECT_EQ(read_file(root / "small" / "metrics.jsonl"), small);
   EXPECT_EQ(read_file(root / "large" / "metrics.jsonl"), large);
   EXPECT_FALSE(fs::exists(root / "large" / "checkpoints"));  // finished: its checkpoints and the failed write's leftover are gone
   EXPECT_TRUE(fs::exists(root / "after" / "metrics.jsonl"));
   const std::string doc = read_file(kRoot / "disk.md");
-  for (const char* row : {"| small | 1 | 1 |", "| large | 1 | 1 |", "| after | 1 | 1 |"}) EXPECT_NE(doc.find(row), std::string::npos) << row;
+  for (const char* row : {"| small | - | 1 | 1 |", "| large | - | 1 | 1 |", "| after | - | 1 | 1 |"}) EXPECT_NE(doc.find(row), std::string::npos) << row;
 }
 
 TEST_F(Sweep, KeepCheckpointsKeepsThem) {
-  train::run_sweep(train::load_sweep(sweep_file("keep", "[[variant]]\nname = \"v\"\n", "keep_checkpoints = true\n")),
+  study::run_sweep(study::load_sweep(sweep_file("keep", "[[variant]]\nname = \"v\"\n", "keep_checkpoints = true\n")),
                    options("keep.md"));
   EXPECT_TRUE(fs::exists(kRoot / "runs" / "keep" / "v" / "checkpoints"));
   EXPECT_FALSE(train::RunCheckpoints(kRoot / "runs" / "keep" / "v", 1).committed(0).empty());
@@ -217,11 +234,11 @@ TEST_F(Sweep, KeepCheckpointsKeepsThem) {
 // Without --doc a sweep reports into its own directory, never into the tracked docs/results.md;
 // its plots are titled and carry the data's unigram baseline line.
 TEST_F(Sweep, ReportsIntoItsOwnDirectoryByDefault) {
-  const auto spec = train::load_sweep(sweep_file("own", "[[variant]]\nname = \"v\"\n"));
-  train::SweepOptions o;
+  const auto spec = study::load_sweep(sweep_file("own", "[[variant]]\nname = \"v\"\n"));
+  study::SweepOptions o;
   o.runs_root = kRoot / "runs";
   o.command = "gasloc sweep (test)";
-  train::run_sweep(spec, o);
+  study::run_sweep(spec, o);
   const fs::path dir = kRoot / "runs" / "own";
   const std::string doc = read_file(dir / "results.md");
   EXPECT_NE(doc.find("<!-- own:begin"), std::string::npos) << doc;
@@ -248,14 +265,14 @@ TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {
       << "{\"event\":\"eval\",\"step\":2\n"  // the first process died mid-line
       << R"({"event":"eval","step":20,"val_loss":4.0,"consensus_distance":0.25,"wall_time_s":0.5,"virtual_time_s":2.0})" "\n"
       << R"({"event":"eval","step":30,"val_loss":3.5,"consensus_distance":0.125,"wall_time_s":6.0,"virtual_time_s":3.0})" "\n";
-  const auto r = train::read_run_summary(dir);
+  const auto r = study::read_run_summary(dir);
   EXPECT_DOUBLE_EQ(r.wall_s, 9.0 + 6.0);
   EXPECT_TRUE(r.finished());
   EXPECT_EQ(r.label, "gasloc-1peer");
   ASSERT_EQ(r.curve.size(), 4u);
   EXPECT_DOUBLE_EQ(r.curve.back().consensus, 0.125);
   EXPECT_DOUBLE_EQ(r.consensus, 0.125);
-  const auto hit = train::reach_target(r.curve, 3.75);  // halfway from step 20 (4.0) to 30 (3.5)
+  const auto hit = study::reach_target(r.curve, 3.75);  // halfway from step 20 (4.0) to 30 (3.5)
   ASSERT_TRUE(hit.has_value());
   EXPECT_DOUBLE_EQ(hit->first, 25.0);
   EXPECT_DOUBLE_EQ(hit->second, 2.5);
@@ -273,31 +290,153 @@ TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
     std::ofstream m(dir / "metrics.jsonl");
     for (const auto& [step, loss, t] : evals)
       m << "{\"event\":\"eval\",\"step\":" << step << ",\"val_loss\":" << loss << ",\"virtual_time_s\":" << t << "}\n";
-    return train::SweepRun{name, {}, dir, {}};
+    study::SweepRun r;
+    r.variant = name;
+    r.dir = dir;
+    return r;
   };
   // ref: loss 6.5 at step 90 (time 90), 6.0 at the end. fast: from 6.6 at step 90 (time 30) to
   // 6.2 at 120 (time 40), so it crosses 6.5 a quarter of the way: step 97.5, time 32.5; it never
   // reaches ref's final 6.0.
-  const std::vector<train::SweepRun> runs = {write_run("ref", {{{30, 8.0, 30}, {60, 7.0, 60}, {90, 6.5, 90}, {120, 6.0, 120}}}),
+  const std::vector<study::SweepRun> runs = {write_run("ref", {{{30, 8.0, 30}, {60, 7.0, 60}, {90, 6.5, 90}, {120, 6.0, 120}}}),
                                              write_run("fast", {{{30, 7.5, 10}, {60, 6.8, 20}, {90, 6.6, 30}, {120, 6.2, 40}}})};
-  train::SweepSpec spec;
+  study::SweepSpec spec;
   spec.name = spec.title = "t";
   spec.target_from = "ref";
   spec.plot_x.clear();
-  spec.variants = {{"ref", {}}, {"fast", {}}};
-  train::SweepClaim at_end{"fast reaches ref's final loss 2x sooner", "faster", "fast", "ref", 1.0};
-  train::SweepClaim early = at_end;
+  spec.variants = {{"ref", {}, {}, {}}, {"fast", {}, {}, {}}};
+  study::SweepClaim at_end{"fast reaches ref's final loss 2x sooner", "faster", "fast", "ref", 1.0};
+  study::SweepClaim early = at_end;
   early.text = "fast reaches ref's 3/4 loss 2x sooner";
   early.target_at = 0.75;
   spec.claims = {at_end, early};
-  train::SweepOptions o;
+  study::SweepOptions o;
   o.doc = "";
   o.command = "test";
-  const std::string md = train::sweep_section(spec, runs, o);
-  EXPECT_NE(md.find("fast reaches ref's final loss 2x sooner: **not reproduced** (virtual s to target: fast -, ref 120.0)"),
+  const std::string md = study::sweep_section(spec, runs, o);
+  EXPECT_NE(md.find("fast reaches ref's final loss 2x sooner: **not reproduced** (a = fast, b = ref; virtual s to target: a -, "
+                    "b 120.0; a x 2.00 - b (virtual s) per seed: seed 0: only b reached"),
             std::string::npos) << md;
-  EXPECT_NE(md.find("fast reaches ref's 3/4 loss 2x sooner: **reproduced** (virtual s to target 6.5000 (ref's loss at 75% "
-                    "of its steps): fast 32.5, ref 90.0)"),
+  EXPECT_NE(md.find("fast reaches ref's 3/4 loss 2x sooner: **reproduced** (a = fast, b = ref; virtual s to target 6.5000 "
+                    "(ref's loss at 75% of its steps): a 32.5, b 90.0; a x 2.00 - b (virtual s) per seed: seed 0: -25.0"),
             std::string::npos) << md;
   fs::remove_all(root);
+}
+
+// The verdict rules on hand-made numbers: pairing by seed, the spread to exceed, the tolerance.
+TEST(SweepVerdicts, PairedDifferencesMustExceedTheSeedsSpread) {
+  using study::BySeed;
+  // a lower on every seed by 0.10, each method's range 0.02: reproduced.
+  EXPECT_EQ(study::judge_lower(BySeed{{1, 4.90}, {2, 4.92}, {3, 4.91}}, BySeed{{1, 5.00}, {2, 5.02}, {3, 5.01}}).verdict, "reproduced");
+  // b lower on every seed: not reproduced.
+  EXPECT_EQ(study::judge_lower(BySeed{{1, 5.00}, {2, 5.02}}, BySeed{{1, 4.90}, {2, 4.92}}).verdict, "not reproduced");
+  // lower on every seed, but by less than a's range (0.30): inconclusive.
+  EXPECT_EQ(study::judge_lower(BySeed{{1, 4.70}, {2, 5.00}}, BySeed{{1, 4.75}, {2, 5.05}}).verdict,
+            "inconclusive (the difference is within the seeds' spread)");
+  // the seeds disagree on the sign.
+  EXPECT_EQ(study::judge_lower(BySeed{{1, 4.9}, {2, 5.1}}, BySeed{{1, 5.0}, {2, 5.0}}).verdict, "inconclusive (the seeds disagree)");
+  // Seeds pair by number: seed 3 ran for a only, so it is left out (the spread too).
+  const auto j = study::judge_lower(BySeed{{1, 4.9}, {2, 4.9}, {3, 9.0}}, BySeed{{1, 5.0}, {2, 5.0}});
+  EXPECT_EQ(j.verdict, "reproduced");
+  EXPECT_NE(j.numbers.find("seed 1: -0.1000, seed 2: -0.1000"), std::string::npos) << j.numbers;
+  EXPECT_NEAR(study::seed_spread(BySeed{{1, 4.9}, {2, 4.95}, {3, 9.0}}, BySeed{{1, 5.0}, {2, 5.1}}), 0.1, 1e-12);
+  EXPECT_EQ(study::judge_lower(BySeed{{1, 4.9}}, BySeed{{2, 5.0}}).verdict, "inconclusive (no seed ran both)");
+  // within 2% of 5.0 = 0.1: a gap of 0.05 with spread 0.02 holds; 0.2 with spread 0.02 does not;
+  // 0.09 with spread 0.02 straddles the tolerance.
+  EXPECT_EQ(study::judge_within(BySeed{{1, 5.05}, {2, 5.07}}, BySeed{{1, 5.0}, {2, 5.02}}, 0.02).verdict, "reproduced");
+  EXPECT_EQ(study::judge_within(BySeed{{1, 5.2}, {2, 5.22}}, BySeed{{1, 5.0}, {2, 5.02}}, 0.02).verdict, "not reproduced");
+  EXPECT_EQ(study::judge_within(BySeed{{1, 5.09}, {2, 5.11}}, BySeed{{1, 5.0}, {2, 5.02}}, 0.02).verdict.rfind("inconclusive", 0), 0u);
+  // faster with tolerance 1 (2x): 40 vs 100 and 45 vs 100 hold (2a - b = -20, -10; spread 5).
+  const double never = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(study::judge_faster(BySeed{{1, 40}, {2, 45}}, BySeed{{1, 100}, {2, 100}}, 1.0, "steps").verdict, "reproduced");
+  EXPECT_EQ(study::judge_faster(BySeed{{1, never}, {2, never}}, BySeed{{1, 100}, {2, 90}}, 1.0, "steps").verdict, "not reproduced");
+  EXPECT_EQ(study::judge_faster(BySeed{{1, 40}, {2, never}}, BySeed{{1, 100}, {2, never}}, 1.0, "steps").verdict,
+            "inconclusive (on some seed neither reached the target)");
+}
+
+// Fair tuning: each variant's own grid runs on the tuning seed, the best point reruns on the
+// fresh seeds, untuned variants run on them directly, and the section shows the grid.
+TEST_F(Sweep, TuningChoosesEachVariantsBestPointThenRerunsItOnFreshSeeds) {
+  expect_config_error("[[variant]]\nname = \"a\"\ntune = { \"optim.lr\" = [0.001, 0.01] }\n", "a tuning grid needs a [tuning]");
+  expect_config_error("[tuning]\nseed = 7\nseeds = [7, 8]\n[[variant]]\nname = \"a\"\n", "fresh seeds");
+  expect_config_error("[tuning]\nseed = 7\nseeds = [1]\n[grid]\n\"train.seed\" = [1]\n[[variant]]\nname = \"a\"\n", "grid.train.seed");
+  expect_config_error("[tuning]\nseed = 7\nseeds = [1]\n[[variant]]\nname = \"a\"\ntune = { \"optim.lr\" = [0.001] }\n"
+                      "quick_tune = { \"optim.beta1\" = [0.9] }\n",
+                      "quick_tune.optim.beta1");
+  const std::string body = R"(
+[tuning]
+seed = 7
+seeds = [1, 2]
+[[variant]]
+name = "tuned"
+tune = { "optim.lr" = [0.0001, 0.01] }
+[[variant]]
+name = "fixed"
+set = { "optim.lr" = 0.003 }
+[[claim]]
+text = "tuned ends lower"
+kind = "lower"
+a = "tuned"
+b = "fixed"
+)";
+  const auto spec = study::load_sweep(sweep_file("tuning", body, "learned_by = 0.0\n"));
+  const auto tuning = study::expand_tuning(spec, false, kRoot / "runs");
+  ASSERT_EQ(tuning.size(), 2u);  // the untuned variant has no tuning runs
+  EXPECT_EQ(tuning[1].dir, kRoot / "runs" / "tuning" / "tuned" / "tune" / "lr=0.01");
+  EXPECT_NE(std::find(tuning[1].overrides.begin(), tuning[1].overrides.end(), "train.seed=7"), tuning[1].overrides.end());
+  // Before tuning, the tuned variant's final runs are provisional (a dry run says so).
+  const auto before = study::expand_final(spec, false, kRoot / "runs", {});
+  ASSERT_EQ(before.size(), 4u);
+  EXPECT_TRUE(before[0].provisional);
+  EXPECT_FALSE(before[2].provisional);
+  EXPECT_EQ(before[3].dir, kRoot / "runs" / "tuning" / "fixed" / "seed=2");
+  study::run_sweep(spec, options("tuning.md"));
+  const double loss_lo = study::read_run_summary(tuning[0].dir).val_loss, loss_hi = study::read_run_summary(tuning[1].dir).val_loss;
+  ASSERT_NE(loss_lo, loss_hi);
+  const study::Point best = loss_lo < loss_hi ? tuning[0].tune : tuning[1].tune;
+  const auto chosen = study::choose_points(spec, tuning);
+  ASSERT_EQ(chosen.size(), 1u);
+  EXPECT_EQ(chosen.begin()->second, best);
+  const auto finals = study::expand_final(spec, false, kRoot / "runs", chosen);
+  EXPECT_EQ(finals[0].dir, kRoot / "runs" / "tuning" / "tuned" / (study::point_name(best) + ",seed=1"));
+  for (const auto& r : finals) {
+    ASSERT_TRUE(study::read_run_summary(r.dir).finished()) << r.dir;
+    const auto cfg = nlohmann::json::parse(read_file(r.dir / "run.json"));
+    EXPECT_EQ(cfg["config"]["train"]["seed"].get<int64_t>(), r.seed) << r.dir;
+  }
+  const std::string doc = read_file(kRoot / "tuning.md");
+  EXPECT_NE(doc.find("| tuned | **" + study::point_name(best) + "** |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| tuned | " + study::point_name(best) + " | 2 | 2 |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("tuned ends lower"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("seed 1: "), std::string::npos) << doc;
+}
+
+// The paper-scale projection prices a finished run's rounds with the network model by hand:
+// DiLoCo on 2 workers, 4 steps at H = 2 is 2 rounds of a 2-worker ring all-reduce of the 134m
+// model in bf16: 2 l + P / B each.
+TEST_F(Sweep, ProjectionPricesTheRunsRoundsAtPaperScale) {
+  const auto spec = study::load_sweep(sweep_file("proj", R"(
+[set]
+"cluster.workers" = 2
+"algo.name" = "diloco"
+"algo.H" = 2
+[[variant]]
+name = "diloco"
+)", "project = [\"134m:bf16\"]\n"));
+  study::run_sweep(spec, options("proj.md"));
+  const auto runs = study::expand_sweep(spec, false, kRoot / "runs");
+  const auto p = study::project_run(runs[0].dir, "134m:bf16");
+  const double P = 2.0 * static_cast<double>(model::LlamaConfig::preset("134m").num_params());
+  EXPECT_EQ(p.rounds, 2);
+  EXPECT_NEAR(p.seconds_per_round, 2 * 0.001 + P / 125e6, 1e-9);
+  EXPECT_NEAR(p.slowest_per_round, p.seconds_per_round, 1e-12);
+  EXPECT_NEAR(p.mb_per_round, P / 1e6, 1e-6);
+  EXPECT_NEAR(p.compute_s, 4 * 0.1, 1e-12);
+  EXPECT_NE(read_file(kRoot / "proj.md").find("At paper scale (134m:bf16)"), std::string::npos);
+  try {
+    study::load_sweep(sweep_file("badproj", "[[variant]]\nname = \"a\"\n", "project = [\"134m:int3\"]\n"));
+    ADD_FAILURE() << "a bad projection model must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sweep.project"), std::string::npos) << e.what();
+  }
 }

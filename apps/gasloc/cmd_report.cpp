@@ -2,7 +2,7 @@
 // baseline, consensus distance, bytes sent per worker, virtual time, idle fraction, fewest local
 // steps of any worker, state kept per parameter, and optionally the step and virtual time at
 // which each first reaches a target loss), a validation-loss plot through gnuplot, and every
-// metric line as one CSV. Reading runs is train/run_summary.hpp.
+// metric line as one CSV. Reading runs is study/run_summary.hpp.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -11,7 +11,9 @@
 #include "commands.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
-#include "gasloc/train/run_summary.hpp"
+#include "gasloc/study/plot.hpp"
+#include "gasloc/study/run_summary.hpp"
+#include "gasloc/study/runs_csv.hpp"
 
 namespace gasloc::app {
 namespace fs = std::filesystem;
@@ -34,12 +36,12 @@ Action add_report(CLI::App& app) {
   app.add_option("--target-from", o->target_from, "like --target, with the final validation loss of this run directory")
       ->excludes(t);
   return [o]() {
-    std::vector<train::RunSummary> reports;
-    for (const auto& d : o->runs) reports.push_back(train::read_run_summary(d));
-    const std::vector<std::string> names = train::run_labels(o->runs);
+    std::vector<study::RunSummary> reports;
+    for (const auto& d : o->runs) reports.push_back(study::read_run_summary(d));
+    const std::vector<std::string> names = study::run_labels(o->runs);
     double target = o->target;
     if (!o->target_from.empty()) {
-      const auto ref = train::read_run_summary(o->target_from);
+      const auto ref = study::read_run_summary(o->target_from);
       if (!ref.has_val_loss)
         throw DataError("'" + o->target_from + "' has no evaluation to take a target loss from", "is the run finished?");
       target = ref.val_loss;
@@ -53,7 +55,7 @@ Action add_report(CLI::App& app) {
       const auto& r = reports[i];
       std::string cols;
       if (with_target) {
-        const auto hit = train::reach_target(r.curve, target);
+        const auto hit = study::reach_target(r.curve, target);
         cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
       }
       const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
@@ -64,11 +66,11 @@ Action add_report(CLI::App& app) {
                  r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, state, cols);
     }
     if (!o->csv.empty()) {
-      write_file_atomic(o->csv, train::runs_csv(o->runs, names));
+      write_file_atomic(o->csv, study::runs_csv(o->runs, names));
       fmt::print("csv: {}\n", fs::absolute(o->csv).string());
     }
     if (o->plot.empty()) return 0;
-    train::PlotStyle style;
+    study::PlotStyle style;
     style.title = o->title;
     if (style.title.empty()) {
       const std::string what = o->plot_x == "consensus" ? "Consensus distance" : "Validation loss (average model)";
@@ -83,7 +85,7 @@ Action add_report(CLI::App& app) {
       shared = shared && std::abs(style.baseline - r.unigram) < 1e-9;
     }
     if (!shared) style.baseline = -1;  // different data: no one line is right for all
-    train::plot_runs(reports, names, o->plot, o->plot_x, style);
+    study::plot_runs(reports, names, o->plot, o->plot_x, style);
     fmt::print("plot: {}\n", fs::absolute(o->plot).string());
     return 0;
   };

@@ -1,9 +1,10 @@
 // gasloc sweep FILE: runs a study's grid of training runs (resumable) and writes its report into
-// the sweep's own directory, RUNS/NAME[-quick]/results.md (train/sweep.hpp has the file format).
+// the sweep's own directory, RUNS/NAME[-quick]/results.md (study/study_file.hpp has the file format).
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "gasloc/train/sweep.hpp"
+#include "gasloc/study/study_file.hpp"
+#include "gasloc/study/sweep.hpp"
 
 namespace gasloc::app {
 
@@ -23,15 +24,15 @@ Action add_sweep(CLI::App& app) {
       ->excludes(doc);
   app.add_option("--runs", o->runs, "directory under which the sweep's runs live")->capture_default_str();
   return [o]() {
-    const auto spec = train::load_sweep(o->file);
-    train::SweepOptions opts;
+    const auto spec = study::load_sweep(o->file);
+    study::SweepOptions opts;
     opts.quick = o->quick;
     opts.dry_run = o->dry_run;
     opts.doc = o->doc;
     opts.print_only = o->print;
     opts.runs_root = o->runs;
     opts.command = fmt::format("gasloc sweep {}{}", o->file, o->quick ? " --quick" : "");
-    train::run_sweep(spec, opts);
+    study::run_sweep(spec, opts);
     return 0;
   };
 }

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace gasloc::train {
+namespace gasloc::study {
 
 struct EvalPoint {
   int64_t step = 0;
@@ -49,24 +49,4 @@ double unigram_baseline(const std::filesystem::path& data_dir);
 // base names collide (a/run and b/run), or the whole path where even those do.
 std::vector<std::string> run_labels(const std::vector<std::string>& dirs);
 
-struct PlotStyle {
-  std::string title;    // above the plot; empty: none
-  double baseline = -1;  // a dashed line at this loss (the unigram baseline); < 0: none. Not for consensus
-};
-
-// Draws validation loss against x ("step", "time" or "bytes"), or with x = "consensus" the
-// consensus distance against step on a log scale, for the runs, one line each titled by `titles`,
-// into a PNG with gnuplot (the .dat and .gp files are kept beside it). gnuplot is started with an
-// argument vector, no shell, and every path and title is quoted for gnuplot itself, so any file
-// name works. Throws Error if gnuplot is missing or fails.
-void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::string>& titles,
-               const std::filesystem::path& png, const std::string& x, const PlotStyle& style = {});
-
-// Every train and eval line of the runs as one tidy CSV: columns run, event, worker, step, then
-// the metrics (kCsvColumns). A train line is one row (event "train", its worker). An eval line is
-// one row for the average model (event "eval", worker empty) and one per worker's own model
-// (event "eval_worker", with that worker's val_loss). Missing values are empty cells.
-std::string runs_csv(const std::vector<std::string>& dirs, const std::vector<std::string>& labels);
-extern const std::vector<std::string> kCsvColumns;
-
-}  // namespace gasloc::train
+}  // namespace gasloc::study

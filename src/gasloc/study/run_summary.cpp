@@ -1,0 +1,157 @@
+#include "gasloc/study/run_summary.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/data/dataset.hpp"
+
+extern char** environ;
+
+namespace gasloc::study {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+RunSummary read_run_summary(const fs::path& dir) {
+  RunSummary r;
+  r.dir = dir.string();
+  if (!fs::exists(dir / "run.json")) throw DataError("no run.json in '" + r.dir + "'", "is it a gasloc run directory?");
+  auto info = json::parse(read_file(dir / "run.json"), nullptr, false);
+  if (info.is_discarded() || !info.contains("config")) throw DataError("corrupt run.json in '" + r.dir + "'");
+  const auto& algo = info["config"]["algo"];
+  const std::string name = algo.value("name", "none");
+  r.workers = info.value("world", int64_t{1});
+  r.planned_steps = info["config"]["train"].value("steps", int64_t{0});
+  r.label = name;
+  if (name == "gasloc" || name == "dadam" || name == "local_dadam") {
+    r.label += '-';
+    r.label += algo.value("topology", std::string());
+  }
+  r.optim = info["config"]["optim"].value("name", "adamw");
+  r.unigram = unigram_baseline(info.value("dataset", json::object()).value("dir", std::string()));
+  std::ifstream in(dir / "metrics.jsonl");
+  if (!in) throw DataError("no metrics.jsonl in '" + r.dir + "'", "is it a gasloc run directory?");
+  struct Last {
+    int64_t step = -1, bytes = 0, local_steps = -1;
+    double idle_s = 0, virtual_s = 0;
+  };
+  std::map<int64_t, Last> last;  // worker -> its latest train line
+  double segment_wall = 0;       // each process (a resume is a new one) starts its wall clock at 0
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    const int64_t step = j.value("step", int64_t{0});
+    const std::string event = j.value("event", "");
+    if (event == "memory") {
+      const double n = static_cast<double>(std::max<int64_t>(1, j.value("params", int64_t{1})));
+      r.state_per_param =
+          static_cast<double>(j.value("optimizer_state_bytes", int64_t{0}) + j.value("sync_state_bytes", int64_t{0})) / n;
+    } else if (event == "eval") {
+      r.curve.push_back({step, j.value("val_loss", 0.0), j.value("virtual_time_s", 0.0),
+                         static_cast<double>(j.value("bytes_sent", int64_t{0})) / 1e6,
+                         j.value("consensus_distance", 0.0)});
+      r.val_loss = j.value("val_loss", 0.0);
+      r.has_val_loss = true;
+      r.consensus = j.value("consensus_distance", 0.0);
+      r.last_step = step;
+      // Evaluations come from one writer in step order, so a smaller wall time starts a new segment.
+      const double wall = j.value("wall_time_s", 0.0);
+      if (wall < segment_wall) r.wall_s += segment_wall;
+      segment_wall = wall;
+    } else if (event == "train") {
+      auto& w = last[j.value("worker", int64_t{0})];
+      if (step >= w.step)
+        w = {step, j.value("bytes_sent", int64_t{0}), j.value("local_steps", step), j.value("idle_s", 0.0),
+             j.value("virtual_time_s", 0.0)};
+      r.virtual_s = std::max(r.virtual_s, j.value("virtual_time_s", 0.0));
+    }
+  }
+  r.wall_s += segment_wall;
+  double total = 0, idle = 0;
+  for (auto& [w, l] : last) {
+    total += static_cast<double>(l.bytes);
+    idle += l.virtual_s > 0 ? l.idle_s / l.virtual_s : 0.0;
+    r.min_local_steps = r.min_local_steps < 0 ? l.local_steps : std::min(r.min_local_steps, l.local_steps);
+  }
+  if (!last.empty()) {
+    r.mb_per_worker = total / static_cast<double>(last.size()) / 1e6;
+    r.idle_fraction = idle / static_cast<double>(last.size());
+  }
+  return r;
+}
+
+std::optional<std::pair<double, double>> reach_target(const std::vector<EvalPoint>& curve, double target) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    if (!(curve[i].val_loss <= target)) continue;
+    if (i == 0) return std::pair{static_cast<double>(curve[0].step), curve[0].virtual_s};
+    const auto& a = curve[i - 1];
+    const auto& b = curve[i];
+    const double f = (a.val_loss - target) / (a.val_loss - b.val_loss);
+    return std::pair{static_cast<double>(a.step) + f * static_cast<double>(b.step - a.step),
+                     a.virtual_s + f * (b.virtual_s - a.virtual_s)};
+  }
+  return std::nullopt;
+}
+
+double unigram_baseline(const fs::path& data_dir) {
+  static std::mutex mu;
+  static std::map<std::string, double> cache;
+  std::error_code ec;
+  if (data_dir.empty() || !fs::is_directory(data_dir, ec)) return -1;
+  const std::string key = fs::weakly_canonical(data_dir, ec).string();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  double u = -1;
+  try {
+    // dataset.json alone when it records the baseline: no need to map the shards.
+    if (fs::exists(data_dir / "dataset.json", ec)) {
+      const json meta = json::parse(read_file(data_dir / "dataset.json"), nullptr, false);
+      if (meta.is_object() && meta.contains("unigram_val_loss") && meta["unigram_val_loss"].is_number())
+        return cache[key] = meta["unigram_val_loss"].get<double>();
+    }
+    const data::Dataset ds = data::Dataset::open(data_dir);
+    u = ds.unigram_val_loss >= 0 ? ds.unigram_val_loss : data::unigram_cross_entropy(*ds.train, *ds.val, ds.vocab_size);
+  } catch (const Error&) {
+    u = -1;  // a damaged or partial dataset has no baseline; the report goes on without it
+  }
+  cache[key] = u;
+  return u;
+}
+
+std::vector<std::string> run_labels(const std::vector<std::string>& dirs) {
+  auto name = [](const std::string& d, int level) {
+    const fs::path p = fs::path(d).lexically_normal();
+    fs::path q = p.has_filename() ? p : p.parent_path();  // "runs/a/" -> "runs/a"
+    if (level == 0) return q.filename().string();
+    if (level == 1) return (q.parent_path().filename() / q.filename()).string();
+    return q.string();
+  };
+  std::vector<std::string> out(dirs.size());
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    int level = 0;
+    for (; level < 2; ++level) {
+      bool clash = false;
+      for (size_t j = 0; j < dirs.size() && !clash; ++j)
+        clash = j != i && name(dirs[j], level) == name(dirs[i], level);
+      if (!clash) break;
+    }
+    out[i] = name(dirs[i], level);
+  }
+  return out;
+}
+
+}  // namespace gasloc::study

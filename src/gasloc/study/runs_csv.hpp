@@ -1,0 +1,15 @@
+// Runs' metric lines as one tidy CSV (`gasloc report --csv`).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace gasloc::study {
+
+// Every train and eval line of the runs as one tidy CSV: columns run, event, worker, step, then
+// the metrics (kCsvColumns). A train line is one row (event "train", its worker). An eval line is
+// one row for the average model (event "eval", worker empty) and one per worker's own model
+// (event "eval_worker", with that worker's val_loss). Missing values are empty cells.
+std::string runs_csv(const std::vector<std::string>& dirs, const std::vector<std::string>& labels);
+extern const std::vector<std::string> kCsvColumns;
+
+}  // namespace gasloc::study

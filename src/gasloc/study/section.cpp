@@ -1,0 +1,371 @@
+#include "gasloc/study/section.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "gasloc/comm/network_model.hpp"
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/study/plot.hpp"
+#include "gasloc/study/run_summary.hpp"
+#include "gasloc/study/verdict.hpp"
+#include "gasloc/topology/spectral.hpp"
+#include "gasloc/topology/topology.hpp"
+#include "gasloc/train/job_config.hpp"
+
+namespace gasloc::study {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// The validation loss of a curve at `step`, interpolated linearly between evaluations; nothing if
+// the curve does not span it.
+std::optional<double> loss_at(const std::vector<EvalPoint>& curve, double step) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const double s = static_cast<double>(curve[i].step);
+    if (s < step) continue;
+    if (s == step || i == 0) return s == step ? std::optional<double>(curve[i].val_loss) : std::nullopt;
+    const double s0 = static_cast<double>(curve[i - 1].step);
+    return curve[i - 1].val_loss + (step - s0) / (s - s0) * (curve[i].val_loss - curve[i - 1].val_loss);
+  }
+  return std::nullopt;
+}
+
+// A finished run's seed for pairing: its own (tuned studies) or its grid's train.seed.
+int64_t seed_of(const SweepRun& r) {
+  if (r.seed != 0) return r.seed;
+  for (const auto& [k, v] : r.point)
+    if (k == "train.seed" && v.is_number_integer()) return v.get<int64_t>();
+  return 0;
+}
+
+Point without_seed(const Point& p) {
+  Point out;
+  for (const auto& kv : p)
+    if (kv.first != "train.seed") out.push_back(kv);
+  return out;
+}
+
+struct Loaded {
+  const SweepRun* run;
+  RunSummary summary;
+};
+
+struct Group {
+  std::map<std::string, std::vector<Loaded>> finals, tuning;  // variant -> its runs that have started
+};
+
+std::string settings_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "`--set " : " --set ") + x;
+  return s.empty() ? std::string("none") : s + "`";
+}
+
+std::string axes_text(const Axes& grid) {
+  std::string out;
+  for (const auto& [k, vals] : grid) {
+    std::string s;
+    for (const auto& v : vals) s += (s.empty() ? "" : ", ") + toml_text(v);
+    out += fmt::format("{}`{}` in {{{}}}", out.empty() ? "" : " x ", k, s);
+  }
+  return out;
+}
+
+std::string seeds_text(const std::vector<int64_t>& s) {
+  std::string out;
+  for (auto x : s) out += (out.empty() ? "" : ", ") + std::to_string(x);
+  return out;
+}
+
+// Time (steps or virtual seconds) to `target` per seed, +inf where a run never reached it.
+BySeed times_to(const std::vector<Loaded>& runs, double target, bool steps) {
+  BySeed out;
+  for (const auto& l : runs) {
+    auto hit = target > 0 ? reach_target(l.summary.curve, target) : std::nullopt;
+    out[seed_of(*l.run)] = hit ? (steps ? hit->first : hit->second) : kNever;
+  }
+  return out;
+}
+
+BySeed losses_of(const std::vector<Loaded>& runs) {
+  BySeed out;
+  for (const auto& l : runs)
+    if (l.summary.has_val_loss) out[seed_of(*l.run)] = l.summary.val_loss;
+  return out;
+}
+
+// Why a claim's runs cannot support a verdict ("" when they can): unfinished runs, or runs that
+// did not end learned_by nats below the unigram baseline.
+std::string unfit(const SweepSpec& spec, const std::string& name, const std::vector<Loaded>& runs, double unigram) {
+  if (runs.empty()) return name + " has no runs";
+  double worst = -kNever;
+  for (const auto& l : runs) {
+    if (!l.summary.finished()) return name + " has unfinished runs";
+    worst = std::max(worst, l.summary.val_loss);
+  }
+  if (unigram >= 0 && worst > unigram - spec.learned_by)
+    return fmt::format("{}'s worst run ends {:.2f} nats below the unigram baseline {:.4f}, not the {:.1f} a verdict needs",
+                       name, unigram - worst, unigram, spec.learned_by);
+  return "";
+}
+
+}  // namespace
+
+Projection project_run(const fs::path& run_dir, const std::string& model) {
+  const json doc = json::parse(read_file(run_dir / "run.json"), nullptr, false);
+  if (doc.is_discarded() || !doc.contains("config")) throw ConfigError("corrupt '" + (run_dir / "run.json").string() + "'");
+  const train::JobConfig job = train::job_from_json(
+      doc["config"], {"network.simulated_model=" + model, "network.simulated_model_bytes=0", "train.run_dir=" + run_dir.string()});
+  const int n = static_cast<int>(job.cluster.workers);
+  const comm::NetworkModel net = job.network.model(n);
+  const double P = static_cast<double>(job.network.simulated_model_bytes);
+  const std::string& algo = job.algo.name;
+  const bool every_step = algo == "allreduce" || algo == "dadam";
+  Projection p;
+  p.compute_s = static_cast<double>(job.train.steps) * job.network.step_time_s;
+  if (algo == "none" || n < 2) return p;
+  p.rounds = every_step ? job.train.steps : job.train.steps / job.algo.H;
+  const bool all_reduce = algo == "diloco" || algo == "allreduce" || job.algo.topology == "complete";
+  std::optional<topology::Topology> topo;
+  if (!all_reduce) topo.emplace(topology::parse_kind(job.algo.topology), n, static_cast<uint64_t>(job.train.seed));
+  p.mb_per_round = (all_reduce ? static_cast<double>(comm::ring_allreduce_bytes(static_cast<int64_t>(P), n))
+                               : topology::bytes_per_worker_per_round(*topo, static_cast<int64_t>(P))) / 1e6;
+  const std::vector<double> zero(n, 0.0);
+  for (int64_t r = 0; r < p.rounds; ++r) {
+    std::vector<comm::ClockUpdate> c;
+    if (all_reduce) {
+      c = comm::all_reduce_clocks(net, P, zero);
+    } else {
+      std::vector<std::vector<int>> peers(n);
+      for (int i = 0; i < n; ++i) peers[i] = topo->peers(i, r);
+      c = comm::exchange_clocks(net, P, peers, zero);
+    }
+    double mean = 0, slowest = 0;
+    for (const auto& u : c) {
+      mean += u.end_s / n;
+      slowest = std::max(slowest, u.end_s);
+    }
+    p.seconds_per_round += mean / static_cast<double>(p.rounds);
+    p.slowest_per_round += slowest / static_cast<double>(p.rounds);
+  }
+  return p;
+}
+
+std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts) {
+  const std::string id = spec.name + (opts.quick ? "-quick" : "");
+  std::map<std::string, Group> groups;
+  std::vector<std::string> group_order;
+  double wall_s = 0;
+  int started = 0;
+  for (const auto& r : runs) {
+    const std::string g = point_name(without_seed(r.point));
+    if (!groups.count(g)) group_order.push_back(g);
+    auto& grp = groups[g];
+    if (r.provisional || !fs::exists(r.dir / "run.json")) continue;
+    Loaded l{&r, read_run_summary(r.dir)};
+    wall_s += l.summary.wall_s;
+    ++started;
+    (r.tuning ? grp.tuning : grp.finals)[r.variant].push_back(std::move(l));
+  }
+  std::string md = fmt::format("<!-- {}:begin (generated by `{}`; edits here are overwritten) -->\n## {}{}\n\n", id,
+                               opts.command, spec.title, opts.quick ? " (quick mode)" : "");
+  md += fmt::format("Generated by `{}` on {} UTC. Base job `{}`; settings of every run: {}", opts.command,
+                    fmt::format("{:%Y-%m-%d}", fmt::gmtime(std::time(nullptr))), spec.job, settings_list(spec.settings));
+  if (opts.quick) md += fmt::format("; quick mode adds {}", settings_list(spec.quick));
+  md += ".\n\n| variant | settings | tuning grid |\n| --- | --- | --- |\n";
+  for (const auto& v : spec.variants) {
+    const Axes& tune = spec.tune_of(v, opts.quick);
+    const bool one = grid_points(tune).size() < 2;
+    md += fmt::format("| {} | {} | {} |\n", v.name, settings_list(v.settings),
+                      tune.empty() ? "-" : axes_text(tune) + (one ? " (one point: not tuned)" : ""));
+  }
+  const Axes& grid = opts.quick && !spec.quick_grid.empty() ? spec.quick_grid : spec.grid;
+  if (!grid.empty()) md += "\nGrid (every combination, for every variant): " + axes_text(grid) + ".\n";
+  if (spec.tuned)
+    md += fmt::format("\nTuning, fixed in the study file before any run: each variant's grid runs on the tuning seed {}; the "
+                      "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts pair the variants by seed and "
+                      "need the difference to exceed the seeds' spread (the larger min-max range), else they are inconclusive; "
+                      "they also need every run {:.1f} nats below the unigram baseline.\n",
+                      spec.tuning.seed, seeds_text(spec.seeds(opts.quick)), spec.learned_by);
+  md += fmt::format("\nTraining time of these {} runs: {:.1f} min (their own wall clock, summed; a resumed run counts "
+                    "each part).\n",
+                    started, wall_s / 60);
+  std::vector<std::string> claim_lines;
+  for (const auto& g : group_order) {
+    auto& grp = groups[g];
+    md += fmt::format("\n### {}\n\n", g.empty() ? spec.title : g);
+    // The data's unigram baseline, when every run of the group shares it.
+    double unigram = -1;
+    bool shared = true;
+    for (const auto* set : {&grp.finals, &grp.tuning})
+      for (const auto& [v, rs] : *set)
+        for (const auto& l : rs) {
+          if (l.summary.unigram < 0) continue;
+          if (unigram < 0) unigram = l.summary.unigram;
+          shared = shared && std::abs(unigram - l.summary.unigram) < 1e-9;
+        }
+    if (!shared) unigram = -1;
+    if (unigram >= 0)
+      md += fmt::format("Unigram baseline of the data: {:.4f} (the validation loss of token frequencies alone).\n\n", unigram);
+    double target = spec.target;
+    if (!spec.target_from.empty()) {
+      std::vector<double> f;
+      for (const auto& l : grp.finals[spec.target_from])
+        if (l.summary.has_val_loss) f.push_back(l.summary.val_loss);
+      target = f.empty() ? 0.0 : stats_of(f).mean;
+    }
+    if (target > 0)
+      md += fmt::format("Target validation loss: {:.4f}{}.\n\n", target,
+                        spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
+    md += "| variant | point | runs | finished | val_loss (average model) | below unigram | consensus distance | steps to target "
+          "| virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
+    md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+    for (const auto& v : spec.variants) {
+      const auto& rs = grp.finals[v.name];
+      std::vector<double> l, below, cd, vt, mb, idle, st, tt;
+      int finished = 0;
+      for (const auto& x : rs) {
+        const RunSummary& r = x.summary;
+        finished += r.finished();
+        if (r.has_val_loss) {
+          l.push_back(r.val_loss);
+          cd.push_back(r.consensus);
+          if (unigram >= 0) below.push_back(unigram - r.val_loss);
+        }
+        vt.push_back(r.virtual_s);
+        mb.push_back(r.mb_per_worker);
+        idle.push_back(100 * r.idle_fraction);
+        if (auto hit = target > 0 ? reach_target(r.curve, target) : std::nullopt) {
+          st.push_back(hit->first);
+          tt.push_back(hit->second);
+        }
+      }
+      // Over the runs that reached the target; "(k of n)" when some did not.
+      const std::string partial = !st.empty() && st.size() < rs.size() ? fmt::format(" ({} of {})", st.size(), rs.size()) : "";
+      const std::string point = rs.empty() || rs.front().run->tune.empty() ? "-" : point_name(rs.front().run->tune);
+      md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% |\n", v.name, point, rs.size(), finished,
+                        fmt_stats(stats_of(l), "{:.4f}"), fmt_stats(stats_of(below), "{:.2f}"), fmt_stats(stats_of(cd), "{:.3g}"),
+                        fmt_stats(stats_of(st), "{:.0f}"), partial, fmt_stats(stats_of(tt), "{:.1f}"), partial,
+                        fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"), fmt_stats(stats_of(idle), "{:.1f}"));
+    }
+    // The tuning grids, the chosen point in bold.
+    if (!grp.tuning.empty()) {
+      md += fmt::format("\nTuning on seed {} (final validation loss of each point; **chosen**):\n\n", spec.tuning.seed);
+      md += "| variant | point | val_loss |\n| --- | --- | --- |\n";
+      for (const auto& v : spec.variants) {
+        const auto& ts = grp.tuning[v.name];
+        const auto& fs_ = grp.finals[v.name];
+        const std::string chosen = fs_.empty() ? "" : point_name(fs_.front().run->tune);
+        for (const auto& t : ts) {
+          const std::string p = point_name(t.run->tune);
+          const std::string loss = t.summary.finished() ? fmt::format("{:.4f}", t.summary.val_loss) : "unfinished";
+          md += p == chosen ? fmt::format("| {} | **{}** | **{}** |\n", v.name, p, loss) : fmt::format("| {} | {} | {} |\n", v.name, p, loss);
+        }
+      }
+    }
+    // Plots: each variant's first final run (lowest seed) of this group.
+    for (const auto& x : spec.plot_x) {
+      std::vector<RunSummary> rs;
+      std::vector<std::string> titles;
+      for (const auto& v : spec.variants)
+        if (!grp.finals[v.name].empty() && !grp.finals[v.name].front().summary.curve.empty()) {
+          rs.push_back(grp.finals[v.name].front().summary);
+          titles.push_back(v.name);
+        }
+      if (rs.empty()) continue;
+      std::string file = id + (g.empty() ? "" : "-" + g) + "-" + x + ".png";
+      std::replace(file.begin(), file.end(), ',', '_');
+      std::replace(file.begin(), file.end(), '=', '-');
+      const fs::path dir = !opts.plots_dir.empty() ? opts.plots_dir
+                           : opts.doc.empty()     ? fs::path("sweep-plots")
+                                                  : fs::absolute(opts.doc).parent_path() / "results";
+      fs::create_directories(dir);
+      PlotStyle style;
+      style.title = spec.title + (g.empty() ? "" : " [" + g + "]") + (opts.quick ? " (quick mode)" : "");
+      style.baseline = unigram;
+      plot_runs(rs, titles, dir / file, x, style);
+      const fs::path rel = opts.doc.empty() ? dir / file : fs::relative(fs::absolute(dir / file), fs::absolute(opts.doc).parent_path());
+      md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel.string())
+                             : fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());
+    }
+    // Paper scale: the same rounds with messages priced as the papers' models.
+    for (const auto& model : spec.project) {
+      std::string rows;
+      for (const auto& v : spec.variants) {
+        const auto& rs = grp.finals[v.name];
+        if (rs.empty()) continue;
+        const Projection p = project_run(rs.front().run->dir, model);
+        rows += fmt::format("| {} | {} | {:.0f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} |\n", v.name, p.rounds, p.mb_per_round,
+                            p.seconds_per_round, p.slowest_per_round, p.seconds_per_round * static_cast<double>(p.rounds),
+                            p.compute_s);
+      }
+      if (rows.empty()) continue;
+      md += fmt::format("\nAt paper scale ({}): these runs' rounds, topology and links, with every parameter message priced as "
+                        "that model on the virtual clock's cost model:\n\n",
+                        model);
+      md += "| variant | rounds | MB sent per worker per round | comm s per round (mean worker) | comm s per round (slowest) "
+            "| comm s in the run | compute s in the run (steps x network.step_time_s) |\n";
+      md += "| --- | --- | --- | --- | --- | --- | --- |\n" + rows;
+    }
+    for (const auto& c : spec.claims) {
+      const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
+      Judgement j;
+      std::string why = unfit(spec, c.a, ra, unigram);
+      if (why.empty()) why = unfit(spec, c.b, rb, unigram);
+      if (c.kind == "faster") {
+        const bool steps = c.by == "steps";
+        double t = target;
+        std::string which = "target";
+        if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
+          std::vector<double> at;
+          for (const auto& l : grp.finals[spec.target_from])
+            if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
+          t = at.empty() ? 0.0 : stats_of(at).mean;
+          which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps)", t, spec.target_from, 100 * c.target_at);
+        }
+        j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
+        j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;
+      } else if (c.kind == "within") {
+        j = judge_within(losses_of(ra), losses_of(rb), c.tolerance);
+        j.numbers = "final loss: " + j.numbers;
+      } else {
+        j = judge_lower(losses_of(ra), losses_of(rb));
+        j.numbers = "final loss: " + j.numbers;
+      }
+      if (!why.empty()) j.verdict = "says nothing: " + why;
+      claim_lines.push_back(fmt::format("- {}{}: **{}** (a = {}, b = {}; {})", c.text, g.empty() ? "" : " [" + g + "]", j.verdict,
+                                        c.a, c.b, j.numbers));
+    }
+  }
+  if (!claim_lines.empty()) {
+    md += "\nClaims:\n\n";
+    for (const auto& l : claim_lines) md += l + "\n";
+  }
+  md += fmt::format("<!-- {}:end -->", id);
+  return md;
+}
+
+void write_doc_section(const fs::path& doc, const std::string& name, const std::string& section) {
+  std::string text = fs::exists(doc) ? read_file(doc)
+                                     : std::string("# Results\n\nEvery section below is generated by the script or sweep it "
+                                                   "names, from runs on this project's embedded data; rerun it to regenerate it.\n");
+  const std::string begin = "<!-- " + name + ":begin", end = "<!-- " + name + ":end -->";
+  const auto b = text.find(begin);
+  const auto e = b == std::string::npos ? std::string::npos : text.find(end, b);
+  if (b != std::string::npos && e != std::string::npos) text.replace(b, e + end.size() - b, section);
+  else text += (text.empty() || text.back() == '\n' ? "\n" : "\n\n") + section + "\n";
+  write_file_atomic(doc, text);
+}
+
+}  // namespace gasloc::study

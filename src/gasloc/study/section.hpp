@@ -1,0 +1,34 @@
+// The markdown section of a study: per group of the grid, the unigram baseline, a table of each
+// variant's final runs (seeds as mean and range), its tuning grid with the chosen point, loss
+// plots with the baseline drawn, the paper-scale projection of its communication, and one verdict
+// line per claim (verdict.hpp).
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gasloc/study/sweep.hpp"
+
+namespace gasloc::study {
+
+// The section from the study's (finished) runs, tuning and final. With opts.doc "" its plots go
+// to opts.plots_dir (or ./sweep-plots) and are linked by that path.
+std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts);
+
+// What one run's communication would cost with messages priced as `model` (PRESET:DTYPE) on the
+// virtual clock's cost model (comm/network_model.hpp), its own network, topology and rounds.
+struct Projection {
+  int64_t rounds = 0;
+  double mb_per_round = 0;        // MB each worker sends per round
+  double seconds_per_round = 0;   // mean over workers and rounds of a round's communication time
+  double slowest_per_round = 0;   // the same for the slowest worker of each round
+  double compute_s = 0;           // train.steps x network.step_time_s (the unimpeded worker's compute)
+};
+// Throws ConfigError if the run's configuration cannot be read.
+Projection project_run(const std::filesystem::path& run_dir, const std::string& model);
+
+// Replaces the section between "<!-- name:begin" and "<!-- name:end -->" in `doc` (appends it if
+// absent; creates the file with a title if missing), atomically.
+void write_doc_section(const std::filesystem::path& doc, const std::string& name, const std::string& section);
+
+}  // namespace gasloc::study

@@ -1,0 +1,174 @@
+// A study file (experiments/NAME.toml): a grid of training runs that share a base job file, each
+// method's own tuning grid, the seeds, and the claims to judge. Its tables are typed sections read
+// by the job files' machinery (core/config.hpp), so unknown keys and mistyped values are refused
+// the same way, naming the key.
+//
+//   [sweep]
+//   name = "e2"                                 # section id; runs go to runs/experiments/NAME
+//   title = "E2: local steps, 8 workers"
+//   job = "configs/research.toml"               # the base job file
+//   target_from = "diloco"                      # time-to-target: this variant's final loss (or target = 6.5)
+//   plot_x = ["step", "time", "bytes"]          # loss against these; "consensus": consensus distance
+//   keep_checkpoints = false                    # finished runs' checkpoints are removed (disk)
+//   learned_by = 1.0                            # a verdict needs its runs this many nats below the unigram baseline
+//   project = ["134m:bf16", "551m:bf16"]        # a table of each method's communication at these scales
+//   [set]                                       # settings of every run
+//   "algo.H" = 30
+//   [quick]                                     # on top of them with --quick
+//   "train.steps" = 60
+//   [grid]                                      # every combination runs, for every variant
+//   "cluster.workers" = [8, 16]
+//   [quick_grid]                                # axes replaced with --quick
+//   "cluster.workers" = [8]
+//   [tuning]                                    # fair tuning: see below
+//   seed = 100                                  # train.seed of every tuning run
+//   seeds = [1, 2, 3]                           # the chosen points rerun on these fresh seeds
+//   quick_seeds = [1]                           # ... with --quick
+//   [[variant]]
+//   name = "diloco"
+//   set = { "algo.name" = "diloco" }
+//   tune = { "algo.outer_lr" = [0.7, 1.0], "algo.outer_momentum" = [0.0, 0.5] }
+//   quick_tune = { "algo.outer_lr" = [1.0], "algo.outer_momentum" = [0.0] }
+//   [[claim]]
+//   text = "GASLoC-2peer is competitive with DiLoCo"
+//   kind = "within"                             # lower | within | faster
+//   a = "gasloc-2peer"
+//   b = "diloco"
+//   tolerance = 0.02                            # within: |a - b| <= tolerance * b
+//   by = "steps"                                # faster only: steps to the target, not virtual time
+//   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
+//
+// Tuning: with a [tuning] table, every point of a variant's `tune` grid runs once on the tuning
+// seed (for every point of [grid]); the point with the lowest final validation loss is chosen,
+// then runs on each of `seeds`. A variant whose grid has one point (or none) runs on the seeds
+// directly. --quick uses `quick_tune` where given. Without [tuning], seeds are a [grid] axis.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gasloc::study {
+
+// Grid axes in file order: "section.key" -> the values to try.
+using Axes = std::vector<std::pair<std::string, std::vector<nlohmann::json>>>;
+// One point of a grid: "section.key" -> value.
+using Point = std::vector<std::pair<std::string, nlohmann::json>>;
+
+struct StudySection {
+  std::string name;
+  std::string title;
+  std::string job;
+  std::string target_from;
+  double target = 0.0;
+  std::vector<std::string> plot_x = {"step"};
+  bool keep_checkpoints = false;
+  double learned_by = 1.0;
+  std::vector<std::string> project;
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "section id and directory name: lower-case letters, digits, - and _");
+    v("title", title, "the section's heading (default: name)");
+    v("job", job, "the base job file, relative to where gasloc runs");
+    v("target_from", target_from, "time to target: this variant's mean final loss is the target");
+    v("target", target, "time to target: this loss (0 = none, or target_from's)");
+    v("plot_x", plot_x, "validation loss against step, time, bytes; consensus: consensus distance against step");
+    v("keep_checkpoints", keep_checkpoints, "keep finished runs' checkpoints (they cost disk)");
+    v("learned_by", learned_by, "nats below the unigram baseline every run behind a verdict must end");
+    v("project", project, "paper-scale projection: price each method's rounds as these PRESET:DTYPE models");
+  }
+};
+
+struct TuningSection {
+  int64_t seed = 0;
+  std::vector<int64_t> seeds;
+  std::vector<int64_t> quick_seeds;
+
+  template <class V>
+  void visit(V&& v) {
+    v("seed", seed, "train.seed of every tuning run (keep it apart from seeds)");
+    v("seeds", seeds, "fresh seeds the chosen points (and untuned variants) run on");
+    v("quick_seeds", quick_seeds, "--quick: these seeds instead (default: the first of seeds)");
+  }
+};
+
+struct ClaimSection {
+  std::string text, kind, a, b;
+  double tolerance = 0.0;
+  std::string by = "time";
+  double target_at = 1.0;
+
+  template <class V>
+  void visit(V&& v) {
+    v("text", text, "the claim, as the verdict line states it");
+    v("kind", kind, "lower (a ends lower), within (|a - b| <= tolerance * b), faster (a reaches the target sooner)");
+    v("a", a, "variant the claim is about");
+    v("b", b, "variant it is compared with");
+    v("tolerance", tolerance, "within: relative gap allowed; faster: a's time <= b's / (1 + tolerance)");
+    v("by", by, "faster: time (virtual seconds) or steps to the target");
+    v("target_at", target_at, "faster: the target is target_from's loss at this fraction of train.steps");
+  }
+};
+
+struct VariantSection {
+  std::string name;
+  nlohmann::json set = nlohmann::json::object();
+  nlohmann::json tune = nlohmann::json::object();
+  nlohmann::json quick_tune = nlohmann::json::object();
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "the variant's name in tables, plots and directories");
+    v("set", set, "its settings: { \"section.key\" = value }");
+    v("tune", tune, "its own tuning grid: { \"section.key\" = [values] } (needs [tuning])");
+    v("quick_tune", quick_tune, "--quick: this grid instead");
+  }
+};
+
+using SweepClaim = ClaimSection;
+
+struct SweepVariant {
+  std::string name;
+  std::vector<std::string> settings;  // section.key=value
+  Axes tune, quick_tune;              // empty: nothing to tune
+};
+
+struct SweepSpec {
+  std::filesystem::path file;
+  std::string name, title, job, target_from;
+  double target = 0.0;  // 0 = none (or target_from)
+  std::vector<std::string> plot_x = {"step"};
+  bool keep_checkpoints = false;  // keep finished runs' checkpoints (to train on later); they cost disk
+  double learned_by = 1.0;        // nats below the unigram baseline a run behind a verdict must end
+  std::vector<std::string> project;  // PRESET:DTYPE models whose communication the section projects
+  std::vector<std::string> settings, quick;
+  Axes grid, quick_grid;
+  bool tuned = false;  // a [tuning] table: seeds below, not a grid axis
+  TuningSection tuning;
+  std::vector<SweepVariant> variants;
+  std::vector<SweepClaim> claims;
+
+  // The seeds final runs use in this mode (tuned studies only).
+  std::vector<int64_t> seeds(bool quick) const;
+  // A variant's tuning grid in this mode (empty: nothing to tune).
+  const Axes& tune_of(const SweepVariant& v, bool quick) const;
+};
+
+// Reads and checks a study file: unknown keys, an empty grid axis, no variants, duplicate names,
+// claims naming unknown variants are ConfigErrors that name the key. Every run's job is also
+// loaded once, so a bad setting fails before anything runs.
+SweepSpec load_sweep(const std::filesystem::path& file);
+
+// "cluster.workers" = 8 -> "workers=8" (characters a path should not hold become _).
+std::string point_name(const Point& point);
+// Every combination of the axes, the first axis outermost; one empty point for no axes.
+std::vector<Point> grid_points(const Axes& axes);
+// A value as the text of --set section.key=TEXT: strings verbatim, the rest as TOML.
+std::string toml_text(const nlohmann::json& v, bool top = true);
+std::vector<std::string> as_overrides(const Point& kv);
+
+}  // namespace gasloc::study
