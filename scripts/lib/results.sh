@@ -23,3 +23,14 @@ results_prereqs() {
   [ -x build/gasloc ] || scripts/setup.sh
   [ -f data/default/dataset.json ] || { echo "run scripts/demo.sh once first (it prepares data/default)" >&2; exit 1; }
 }
+
+# The research regime's data (configs/research.toml): the default corpus with a 1024-token
+# tokenizer, in data/micro1024, prepared once.
+research_data() {
+  [ -f data/micro1024/dataset.json ] && return 0
+  scripts/default_corpus.sh >/dev/null  # stops here with a hint if the corpus is missing
+  local inputs
+  mapfile -t inputs < <(scripts/default_corpus.sh)
+  echo "preparing data/micro1024 (the default corpus, 1024-token tokenizer; once)" >&2
+  build/gasloc prepare --input "${inputs[@]}" --out data/micro1024 --vocab-size 1024 >/dev/null
+}

@@ -192,7 +192,13 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
   }
   const Axes& grid = opts.quick && !spec.quick_grid.empty() ? spec.quick_grid : spec.grid;
   if (!grid.empty()) md += "\nGrid (every combination, for every variant): " + axes_text(grid) + ".\n";
-  if (spec.tuned)
+  const bool any_tuned = std::any_of(spec.variants.begin(), spec.variants.end(),
+                                     [&](const SweepVariant& v) { return grid_points(spec.tune_of(v, opts.quick)).size() > 1; });
+  if (spec.tuned && !any_tuned)
+    md += fmt::format("\nNo tuning in this mode: each variant runs the one point declared for it on seeds {{{}}}. Verdicts need "
+                      "every run {:.1f} nats below the unigram baseline; with one seed there is no spread to exceed.\n",
+                      seeds_text(spec.seeds(opts.quick)), spec.learned_by);
+  else if (spec.tuned)
     md += fmt::format("\nTuning, fixed in the study file before any run: each variant's grid runs on the tuning seed {}; the "
                       "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts pair the variants by seed and "
                       "need the difference to exceed the seeds' spread (the larger min-max range), else they are inconclusive; "
