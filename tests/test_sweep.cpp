@@ -315,10 +315,10 @@ TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
   o.command = "test";
   const std::string md = study::sweep_section(spec, runs, o);
   EXPECT_NE(md.find("fast reaches ref's final loss 2x sooner: **not reproduced** (a = fast, b = ref; virtual s to target: a -, "
-                    "b 120.0; a x 2.00 - b (virtual s) per seed: seed 0: only b reached"),
+                    "b 120.0; a x 2.00 - b (virtual s) per seed: one run: only b reached"),
             std::string::npos) << md;
   EXPECT_NE(md.find("fast reaches ref's 3/4 loss 2x sooner: **reproduced** (a = fast, b = ref; virtual s to target 6.5000 "
-                    "(ref's loss at 75% of its steps): a 32.5, b 90.0; a x 2.00 - b (virtual s) per seed: seed 0: -25.0"),
+                    "(ref's loss at 75% of its steps): a 32.5, b 90.0; a x 2.00 - b (virtual s) per seed: one run: -25.0"),
             std::string::npos) << md;
   fs::remove_all(root);
 }
@@ -439,4 +439,18 @@ name = "diloco"
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("sweep.project"), std::string::npos) << e.what();
   }
+}
+
+// "Competitive" is one-sided: ending lower never refutes it; ending more than the tolerance above
+// (beyond the spread) does.
+TEST(SweepVerdicts, NoWorseCountsBeingBetterAsHolding) {
+  using study::BySeed;
+  const BySeed b{{1, 5.0}, {2, 5.02}};
+  EXPECT_EQ(study::judge_no_worse(BySeed{{1, 4.5}, {2, 4.52}}, b, 0.02).verdict, "reproduced");
+  EXPECT_EQ(study::judge_within(BySeed{{1, 4.5}, {2, 4.52}}, b, 0.02).verdict, "not reproduced");  // the two-sided claim
+  EXPECT_EQ(study::judge_no_worse(BySeed{{1, 5.05}, {2, 5.07}}, b, 0.02).verdict, "reproduced");  // +0.05 + 0.02 <= 0.1
+  EXPECT_EQ(study::judge_no_worse(BySeed{{1, 5.2}, {2, 5.22}}, b, 0.02).verdict, "not reproduced");
+  EXPECT_EQ(study::judge_no_worse(BySeed{{1, 5.09}, {2, 5.11}}, b, 0.02).verdict.rfind("inconclusive", 0), 0u);
+  // A run without a seed (an untuned grid point) is named as such.
+  EXPECT_NE(study::judge_lower(BySeed{{0, 4.0}}, BySeed{{0, 5.0}}).numbers.find("one run: -1.0000"), std::string::npos);
 }

@@ -345,6 +345,9 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       } else if (c.kind == "within") {
         j = judge_within(losses_of(ra), losses_of(rb), c.tolerance);
         j.numbers = "final loss: " + j.numbers;
+      } else if (c.kind == "no_worse") {
+        j = judge_no_worse(losses_of(ra), losses_of(rb), c.tolerance);
+        j.numbers = "final loss: " + j.numbers;
       } else {
         j = judge_lower(losses_of(ra), losses_of(rb));
         j.numbers = "final loss: " + j.numbers;

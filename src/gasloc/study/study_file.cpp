@@ -80,7 +80,8 @@ void only_keys(const json& t, const std::string& where, std::initializer_list<co
 void check_claim(const SweepSpec& spec, const std::set<std::string>& names, const json& raw, const SweepClaim& cl) {
   for (const char* k : {"text", "kind", "a", "b"})
     if (!raw.contains(k)) bad(std::string("claim.") + k, "is required");
-  if (cl.kind != "lower" && cl.kind != "within" && cl.kind != "faster") bad("claim.kind", "must be lower, within or faster");
+  if (cl.kind != "lower" && cl.kind != "within" && cl.kind != "no_worse" && cl.kind != "faster")
+    bad("claim.kind", "must be lower, within, no_worse or faster");
   for (const auto& n : {cl.a, cl.b})
     if (!names.count(n)) bad("claim.a/b", "'" + n + "' is not a variant");
   if (cl.tolerance < 0) bad("claim.tolerance", "must be a number >= 0");

@@ -31,10 +31,10 @@
 //   quick_tune = { "algo.outer_lr" = [1.0], "algo.outer_momentum" = [0.0] }
 //   [[claim]]
 //   text = "GASLoC-2peer is competitive with DiLoCo"
-//   kind = "within"                             # lower | within | faster
+//   kind = "no_worse"                           # lower | within | no_worse | faster
 //   a = "gasloc-2peer"
 //   b = "diloco"
-//   tolerance = 0.02                            # within: |a - b| <= tolerance * b
+//   tolerance = 0.02                            # within: |a - b| <= tolerance * b; no_worse: a - b <= tolerance * b
 //   by = "steps"                                # faster only: steps to the target, not virtual time
 //   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
 //
@@ -105,10 +105,12 @@ struct ClaimSection {
   template <class V>
   void visit(V&& v) {
     v("text", text, "the claim, as the verdict line states it");
-    v("kind", kind, "lower (a ends lower), within (|a - b| <= tolerance * b), faster (a reaches the target sooner)");
+    v("kind", kind,
+      "lower (a ends lower), within (|a - b| <= tolerance * b), no_worse (a - b <= tolerance * b), faster (a reaches the "
+      "target sooner)");
     v("a", a, "variant the claim is about");
     v("b", b, "variant it is compared with");
-    v("tolerance", tolerance, "within: relative gap allowed; faster: a's time <= b's / (1 + tolerance)");
+    v("tolerance", tolerance, "within, no_worse: relative gap allowed; faster: a's time <= b's / (1 + tolerance)");
     v("by", by, "faster: time (virtual seconds) or steps to the target");
     v("target_at", target_at, "faster: the target is target_from's loss at this fraction of train.steps");
   }

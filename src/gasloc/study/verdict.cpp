@@ -54,7 +54,8 @@ std::string evidence(const Paired& p, const std::vector<double>& d, double sprea
                           : std::isnan(d[i])  ? std::string("neither reached")
                           : d[i] > 0          ? std::string("only b reached")
                                               : std::string("only a reached");
-    per += fmt::format("{}seed {}: {}", per.empty() ? "" : ", ", p.seeds[i], v);
+    per += p.seeds[i] == 0 ? fmt::format("{}one run: {}", per.empty() ? "" : ", ", v)
+                           : fmt::format("{}seed {}: {}", per.empty() ? "" : ", ", p.seeds[i], v);
   }
   return fmt::format("a {}, b {}; {} per seed: {}; seeds' spread {}{}", fmt_stats(stats_of(p.a), f), fmt_stats(stats_of(p.b), f),
                      what, per, fmt::format(fmt::runtime(f), spread), d.size() == 1 ? " (one seed: no spread to exceed)" : "");
@@ -105,6 +106,25 @@ Judgement judge_within(const BySeed& a, const BySeed& b, double tolerance) {
   if (std::abs(sd.mean) + spread <= allowed) j.verdict = "reproduced";
   else if (std::abs(sd.mean) - spread > allowed) j.verdict = "not reproduced";
   else j.verdict = "inconclusive (the gap is within the seeds' spread of the tolerance)";
+  return j;
+}
+
+Judgement judge_no_worse(const BySeed& a, const BySeed& b, double tolerance) {
+  const Paired p = paired(a, b);
+  std::vector<double> d;
+  for (size_t i = 0; i < p.a.size(); ++i) d.push_back(p.a[i] - p.b[i]);
+  const double spread = seed_spread(a, b);
+  Judgement j{"", evidence(p, d, spread, "{:.4f}", "a - b")};
+  const Stats sd = stats_of(d), sb = stats_of(p.b);
+  if (sd.n == 0) {
+    j.verdict = "inconclusive (no seed ran both)";
+    return j;
+  }
+  const double allowed = tolerance * std::abs(sb.mean);
+  j.numbers += fmt::format("; allowed excess {:.4f}", allowed);
+  if (sd.mean + spread <= allowed) j.verdict = "reproduced";
+  else if (sd.mean - spread > allowed) j.verdict = "not reproduced";
+  else j.verdict = "inconclusive (the excess is within the seeds' spread of the tolerance)";
   return j;
 }
 

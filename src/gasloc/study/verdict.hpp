@@ -37,6 +37,9 @@ Judgement judge_lower(const BySeed& a, const BySeed& b);
 // "a is within tolerance of b": |mean(a - b)| + spread <= tolerance * |mean b| (reproduced);
 // |mean(a - b)| - spread > tolerance * |mean b| (not reproduced).
 Judgement judge_within(const BySeed& a, const BySeed& b, double tolerance);
+// "a is no worse than b by more than tolerance": mean(a - b) + spread <= tolerance * |mean b|
+// (reproduced); mean(a - b) - spread > tolerance * |mean b| (not reproduced).
+Judgement judge_no_worse(const BySeed& a, const BySeed& b, double tolerance);
 // "a reaches the target at least (1 + tolerance) times sooner than b", on times (steps or
 // seconds) per seed: judged like judge_lower on a * (1 + tolerance) - b. `unit` names them.
 Judgement judge_faster(const BySeed& a, const BySeed& b, double tolerance, const std::string& unit);
