@@ -335,14 +335,6 @@ StoreHost::~StoreHost() = default;
 int StoreHost::port() const { return port_; }
 c10d::Store& StoreHost::store() { return *store_; }
 
-bool nccl_available() {
-#ifdef GASLOC_WITH_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::unique_ptr<Communicator> make_process_communicator(const std::string& backend, const GlooOptions& o) {
   if (backend == "gloo") return std::make_unique<GlooCommunicator>(o);
   if (backend == "nccl") {

@@ -347,8 +347,6 @@ void check_fresh_run_dir(const fs::path& run_dir, const RunCheckpoints& ckpts, c
 }
 }  // namespace
 
-void request_stop() { g_stop.store(true); }
-
 TrainSummary run_training(const TrainRequest& req) {
   // From the start: a Ctrl+C during set-up must stop the run cleanly too, not kill it.
   SignalScope signals;

@@ -26,7 +26,4 @@ struct TrainSummary {
 
 TrainSummary run_training(const TrainRequest& req);
 
-// Set by the SIGINT/SIGTERM handler that run_training installs; exposed for tests.
-void request_stop();
-
 }  // namespace gasloc::train
