@@ -8,16 +8,13 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <unistd.h>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/error.hpp"
-#include "gasloc/comm/gloo.hpp"
-#include "gasloc/comm/inproc.hpp"
-#include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/comm/cluster.hpp"
 #include "gasloc/train/meeting.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/worker.hpp"
@@ -78,7 +75,7 @@ JobConfig resolve_job(const TrainRequest& req) {
   return job_from_json(doc["config"], overrides);
 }
 
-// The job as it runs: the world it really has (gloo: WORLD_SIZE, not cluster.workers).
+// The job as it runs: the world it really has (process backends: WORLD_SIZE, not cluster.workers).
 nlohmann::json resolved_json(const JobConfig& job, int world) {
   nlohmann::json j = job.to_json();
   j["cluster"]["workers"] = world;
@@ -208,6 +205,7 @@ struct RunState {
   MetricsLog* metrics = nullptr;
   Progress* progress = nullptr;
   Meeting* meeting = nullptr;
+  comm::Cluster* cluster = nullptr;
   std::chrono::steady_clock::time_point t0;
   int reporter = 0;                     // the rank that fills `summary` (the lowest rank in this process)
   std::map<int, Counters> base;         // each local rank's counters at the start of this invocation
@@ -219,7 +217,7 @@ struct RunState {
   Counters counters(int rank, const comm::Communicator& comm) const {
     const auto st = comm.stats();
     const Counters& b = base.at(rank);
-    return {b.bytes_sent + st.bytes_sent - stats0.at(rank).bytes_sent - meeting->own_bytes(rank),
+    return {b.bytes_sent + st.bytes_sent - stats0.at(rank).bytes_sent,
             b.virtual_time_s + comm.now() - clock0.at(rank), b.wall_time_s + seconds_since(t0),
             b.idle_s + st.idle_s - stats0.at(rank).idle_s};
   }
@@ -239,7 +237,7 @@ void save(RunState& s, int rank, int64_t step, Worker& worker, comm::Communicato
   c.meta["counters"] = s.counters(rank, comm).to_json();
   c.tensors = worker.state();
   s.checkpoints.write(step, rank, c);
-  s.meeting->barrier(rank);  // every rank has written `step`
+  s.cluster->control(rank).barrier();  // every rank has written `step`
   s.checkpoints.commit(step, rank);
   s.committed[rank] = step;
 }
@@ -290,7 +288,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     std::optional<optim::EvalScope> at_x;
     if ((job.train.eval_every > 0 && step % job.train.eval_every == 0) || step == job.train.steps) {
       at_x.emplace(&worker.optimizer());
-      const EvalResult e = s.meeting->evaluate(rank, worker, step);
+      const EvalResult e = s.meeting->evaluate(s.cluster->control(rank), worker);
       evaluated_last = true;
       if (rank == s.reporter) s.summary.final_val_loss = e.val_loss;
       if (rank == 0) {
@@ -305,7 +303,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
                                        e.val_loss, e.consensus_distance));
       }
     }
-    const bool interrupted = s.meeting->should_stop(rank, step, g_stop.load()) && step < s.end_step;
+    const bool interrupted = s.meeting->should_stop(s.cluster->control(rank), step, g_stop.load()) && step < s.end_step;
     const bool stopping = interrupted || step == s.end_step;
     if ((job.train.checkpoint_every > 0 && step % job.train.checkpoint_every == 0) || stopping) {
       if (!at_x) at_x.emplace(&worker.optimizer());
@@ -322,7 +320,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
   if (rank == s.reporter) s.summary.steps_done = step;
   if (step == s.end_step && !evaluated_last) {  // stopped by train.stop_at between evaluations
     optim::EvalScope at_x(&worker.optimizer());
-    const EvalResult e = s.meeting->evaluate(rank, worker, step);
+    const EvalResult e = s.meeting->evaluate(s.cluster->control(rank), worker);
     if (rank == s.reporter) s.summary.final_val_loss = e.val_loss;
   }
 }
@@ -360,33 +358,26 @@ TrainSummary run_training(const TrainRequest& req) {
     throw ConfigError(fmt::format("data.seq_len {} exceeds the model's max_seq_len {}", job.data.seq_len, mc.max_seq_len),
                       "raise model.max_seq_len or lower data.seq_len");
 
-  // Which ranks live in this process: all of them in-process, one under gloo. cluster.timeout_s
-  // governs the rendezvous and every operation (gasloc launch --timeout sets it).
-  std::unique_ptr<comm::GlooCommunicator> gloo;
-  if (job.cluster.backend == "gloo") {
-    auto o = comm::gloo_options_from_env();
-    o.timeout_s = job.cluster.timeout_s;
-    if (job.network.throttle_gloo) {  // the scenario's links, for real: a token bucket per rank
-      job.network.validate(o.world);
-      o.bandwidth_limit_Bps = job.network.model(o.world).bandwidth(o.rank);
-    }
-    gloo = std::make_unique<comm::GlooCommunicator>(o);
-    job.algo.validate(gloo->world());
-  }
-  const int world = gloo ? gloo->world() : static_cast<int>(job.cluster.workers);
+  // Which ranks live in this process: all of them in-process, one per process otherwise.
+  // cluster.timeout_s governs the rendezvous and every operation (gasloc launch --timeout sets
+  // it); with network.throttle_gloo a process rank's real link is held to the scenario's.
+  const auto cluster = comm::make_cluster({job.cluster.backend, static_cast<int>(job.cluster.workers),
+                                           job.cluster.timeout_s, [&](int w) { return job.network.model(w); },
+                                           job.network.throttle_gloo});
+  const int world = cluster->world();
+  job.algo.validate(world);
   const nlohmann::json resolved = resolved_json(job, world);
-  if (gloo) agree_on_config(*gloo, resolved);
+  comm::Communicator* processes = cluster->processes();
+  if (processes) agree_on_config(*processes, resolved);
   const comm::NetworkModel network = job.network.model(world);
-  std::vector<int> ranks;
-  if (gloo) ranks = {gloo->rank()};
-  else for (int r = 0; r < world; ++r) ranks.push_back(r);
+  const std::vector<int>& ranks = cluster->local_ranks();
   const bool leader = ranks.front() == 0;
 
   // Load checkpoints before touching the run directory, so a bad resume changes nothing.
   RunCheckpoints ckpts(run_dir, world);
   std::map<int, Checkpoint> loaded;
   int64_t start_step = 0;
-  const auto committed = committed_by_rank(ckpts, world, ranks, gloo.get());
+  const auto committed = committed_by_rank(ckpts, world, ranks, processes);
   if (!req.resume_dir.empty()) {
     start_step = req.resume_step >= 0 ? req.resume_step : ckpts.resume_step(committed, ranks);
     const CheckpointMeta expected{model_json(mc), job.optim.name, job.algo.name, world};
@@ -444,33 +435,19 @@ TrainSummary run_training(const TrainRequest& req) {
     if (loaded.empty()) fs::remove(run_dir / "metrics.jsonl");
     metrics = std::make_unique<MetricsLog>(run_dir / "metrics.jsonl", loaded.empty() ? -1 : start_step);
   }
-  if (gloo) gloo->barrier();
+  if (processes) processes->barrier();
   if (!leader) metrics = std::make_unique<MetricsLog>(run_dir / "metrics.jsonl");
   const auto val_batches = data::validation_batches(*dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
 
-  // Communicators and workers.
-  std::unique_ptr<comm::SingleRank> single;
-  std::unique_ptr<comm::InProcCluster> cluster;
-  std::vector<comm::Communicator*> comms;
-  if (gloo) {
-    comms = {gloo.get()};
-  } else if (world == 1) {
-    single = std::make_unique<comm::SingleRank>();
-    comms = {single.get()};
-  } else {
-    cluster = std::make_unique<comm::InProcCluster>(world, network, job.cluster.timeout_s);
-    for (int r = 0; r < world; ++r) comms.push_back(&cluster->comm(r));
-  }
   // Each local rank's counters where its checkpoint left them (zero for a new run). A resumed
   // in-process cluster continues its virtual clocks and counters itself: later prices depend on
   // the clocks, so only the wall time is left to add on top of them.
   std::map<int, Counters> base;
+  std::map<int, bool> kept;  // the cluster keeps rank's counters itself
   for (int r : ranks) {
     Counters k = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
-    if (cluster) {
-      cluster->restore(r, k.virtual_time_s, {k.bytes_sent, cluster->stats(r).bytes_received, k.idle_s});
-      k = {0, 0, k.wall_time_s, 0};
-    }
+    kept[r] = cluster->restore(r, k.virtual_time_s, {k.bytes_sent, 0, k.idle_s});
+    if (kept[r]) k = {0, 0, k.wall_time_s, 0};
     base[r] = k;
   }
   // Workers that are threads of this process keep the cores busy themselves: by default one BLAS
@@ -481,7 +458,7 @@ TrainSummary run_training(const TrainRequest& req) {
                job.train.blas_threads > 0 ? job.train.blas_threads : 1);
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    workers.push_back(std::make_unique<Worker>(job, mc, dataset, *comms[i],
+    workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),
                                                algo::make_synchronizer(job.algo, world, job.train.seed, &network)));
     if (!loaded.empty()) workers.back()->load_state(loaded.at(ranks[i]).tensors);
   }
@@ -499,65 +476,26 @@ TrainSummary run_training(const TrainRequest& req) {
                  static_cast<double>(w.sync_state_bytes()) / static_cast<double>(w.numel()), static_cast<double>(pbytes) / 1e6);
   }
 
-  std::unique_ptr<Meeting> meeting;
-  ThreadMeeting* threads_meeting = nullptr;
-  if (gloo) {
-    meeting = std::make_unique<CommMeeting>(*gloo, &val_batches, job.train.log_every);
-  } else {
-    std::vector<Worker*> ptrs;
-    for (auto& w : workers) ptrs.push_back(w.get());
-    auto tm = std::make_unique<ThreadMeeting>(ptrs, &val_batches, job.cluster.timeout_s);
-    threads_meeting = tm.get();
-    meeting = std::move(tm);
-  }
+  Meeting meeting(&val_batches, static_cast<int>(ranks.size()), world, job.train.log_every);
 
   Progress progress(job.train.steps);
   RunState state{job, mc, run_dir, ckpts, world, req.quiet, start_step,
-                 job.train.stop_at > 0 ? job.train.stop_at : job.train.steps, metrics.get(), &progress, meeting.get(),
-                 std::chrono::steady_clock::now()};
+                 job.train.stop_at > 0 ? job.train.stop_at : job.train.steps, metrics.get(), &progress, &meeting,
+                 cluster.get(), std::chrono::steady_clock::now()};
   state.reporter = ranks.front();
   state.summary.run_dir = run_dir.string();
   state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   for (size_t i = 0; i < ranks.size(); ++i) {
     const int r = ranks[i];
     state.base[r] = base.at(r);
-    // The cluster's restored counters are the run's own; a process group's start from here.
-    state.stats0[r] = cluster ? comm::CommStats{} : comms[i]->stats();
-    state.clock0[r] = cluster ? 0.0 : comms[i]->now();
+    // The cluster's restored counters are the run's own; otherwise they start from here.
+    state.stats0[r] = kept[r] ? comm::CommStats{} : cluster->comm(r).stats();
+    state.clock0[r] = kept[r] ? 0.0 : cluster->comm(r).now();
     state.committed[r] = committed[r].empty() ? -1 : committed[r].front();
   }
-  if (cluster) {
-    // A failing worker wakes the others; its own error is the one reported.
-    std::mutex first_mu;
-    std::exception_ptr first;
-    try {
-      cluster->run([&](int r, comm::Communicator& c) {
-        try {
-          rank_loop(state, r, *workers[r], c);
-        } catch (const std::exception& e) {
-          {
-            std::lock_guard<std::mutex> lock(first_mu);
-            if (!first) first = std::current_exception();
-          }
-          threads_meeting->fail(fmt::format("worker {} failed: {}", r, e.what()));
-          throw;
-        }
-      });
-    } catch (...) {
-      if (first) std::rethrow_exception(first);
-      throw;
-    }
-  } else {
-    try {
-      rank_loop(state, ranks.front(), *workers.front(), *comms.front());
-    } catch (const CommError&) {
-      throw;  // a peer's failure: the communicator has already recorded who failed first
-    } catch (const std::exception& e) {
-      // This rank fails for its own reason: say so before its connections close.
-      if (gloo) gloo->record_own_failure(fmt::format("rank {} failed: {}", ranks.front(), e.what()));
-      throw;
-    }
-  }
+  std::map<int, Worker*> by_rank;
+  for (size_t i = 0; i < ranks.size(); ++i) by_rank[ranks[i]] = workers[i].get();
+  cluster->run([&](int r, comm::Communicator& c) { rank_loop(state, r, *by_rank.at(r), c); });
   if (leader && !req.quiet) progress.finish();
   return state.summary;
 }
