@@ -299,9 +299,12 @@ void ProcessGroupComm::exchange(const std::vector<int>& peers, const torch::Tens
   const auto n = static_cast<int64_t>(peers.size());
   std::vector<int> tags(peers.size());
   for (size_t k = 0; k < peers.size(); ++k) tags[k] = make_tag(I.pair_round[peers[k]]++, 0);
+  // The order transfers are posted and waited for: the caller's, or ascending ranks for a backend
+  // whose pairs run in order. The first wait that fails names the peer a failure is blamed on.
   std::vector<size_t> order(peers.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
+  if (I.built.pairs_in_order)
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
 
   auto failed_msg = [&](int p, const std::string& detail) {
     return fmt::format("rank {}: exchange with rank {} failed: {} (rank {} may have died)", me, p, detail, p);
