@@ -1,5 +1,6 @@
-// Single-worker training run: resolves the job, prepares the run directory, runs the worker
-// loop with evaluation, metrics, progress, checkpoints and clean Ctrl+C handling.
+// A training run: resolves the job, prepares the run directory, runs the loop of every rank this
+// process hosts (all of them in-process, one in a process group) with evaluation, metrics,
+// progress, checkpoints and clean Ctrl+C handling.
 #pragma once
 #include <string>
 #include <vector>
