@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check (not part of CI): on a machine with an NVIDIA GPU and PyTorch 2.x, builds gasloc
 # against the LibTorch inside the Python package, then runs a short CUDA training at fp32 and
-# bf16 and prints the throughput, then checks the NCCL backend with gasloc comm-check.
+# bf16 and prints the throughput, then checks the NCCL backend with gasloc comm-check and (with two
+# GPUs) gasloc train with cluster.backend = "nccl" against the in-process run on the GPU.
 # Finishes in a few minutes.
 #   scripts/gpu_check.sh [PYTHON]
 set -euo pipefail
@@ -45,4 +46,23 @@ else
   tail -30 "$log"
   echo "gpu_check: the NCCL comm-check failed (full log: $log)" >&2
   exit 1
+fi
+# gasloc train over NCCL (cluster.backend = "nccl", one GPU per rank) against the in-process
+# reference on the GPU: the same 2-worker GASLoC job. Exchanges copy bytes, so the losses agree
+# up to CUDA's own run-to-run differences (atomics in some backward kernels): within 1e-3.
+if [ "$ngpu" -ge 2 ]; then
+  job=(--config configs/tiny.toml --device cuda --set data.dir="$data" --set train.steps=20 --set train.log_every=1
+       --set train.eval_every=10 --set algo.name=gasloc --set algo.topology=1peer --set algo.H=5)
+  rm -rf runs/gpu_check_inproc runs/gpu_check_nccl
+  build-gpu/gasloc train "${job[@]}" --set cluster.workers=2 --set train.run_dir=runs/gpu_check_inproc >/dev/null
+  build-gpu/gasloc launch -n 2 --timeout 120 -- gasloc train "${job[@]}" --set cluster.backend=nccl \
+    --set train.run_dir=runs/gpu_check_nccl >/dev/null
+  losses() { grep '"event":"train"' "$1/metrics.jsonl" |
+    sed -E 's/.*"step":([0-9]+).*"train_loss":([^,]+),.*"worker":([0-9]+).*/\3 \1 \2/' | sort -n -k1 -k2; }
+  paste <(losses runs/gpu_check_inproc) <(losses runs/gpu_check_nccl) | awk '
+    { n++; d = $3 - $6; if (d < 0) d = -d; if (d > max) max = d; if ($1 != $4 || $2 != $5) bad = 1 }
+    END { printf "gpu_check: NCCL training vs in-process on the GPU: %d losses, max |diff| %.3g\n", n, max;
+          exit (bad || n != 40 || max > 1e-3) }' || { echo "gpu_check: NCCL training differs from the in-process run" >&2; exit 1; }
+else
+  echo "gpu_check: one GPU: NCCL training needs two (one per rank); skipped"
 fi

@@ -4,7 +4,8 @@
 # its mixing row in the same order, so the training losses match bitwise. Both run one BLAS
 # thread per product (train.blas_threads): another count may change the last bits of a product.
 # Three jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
-# form on 1peer with bf16 messages (the cast on send is the same on both backends).
+# form on 1peer with bf16 messages (the cast on send is the same on both backends). Both backends
+# report every worker's own validation loss at each evaluation: the same models, the same numbers.
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
 G=$(readlink -f "$1")
@@ -15,6 +16,8 @@ for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs
 "$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
 # Per worker and step: the training loss (JSON numbers are printed with full precision).
 extract() { grep '"event":"train"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"train_loss":([^,]+),.*"worker":([0-9]+).*/\3 \1 \2/' | sort -n -k1 -k2; }
+# Per evaluation: the step and every worker's own validation loss.
+worker_losses() { grep '"event":"eval"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"worker_val_loss":(\[[^]]*\]).*/\1 \2/'; }
 compare() {
   local name=$1; shift
   local job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
@@ -29,6 +32,12 @@ compare() {
   if ! diff "$name-a.txt" "$name-b.txt" >/dev/null; then
     echo "FAIL ($name): in-process and Gloo losses differ:"; diff "$name-a.txt" "$name-b.txt" | head -20; exit 1
   fi
+  worker_losses "$name-inproc" > "$name-wa.txt"
+  worker_losses "$name-gloo" > "$name-wb.txt"
+  [ "$(wc -l < "$name-wa.txt")" -eq 2 ] && [ "$(head -1 "$name-wa.txt" | tr ',' '\n' | wc -l)" -eq 4 ] ||
+    { echo "FAIL ($name): expected 2 evaluations of 4 workers: $(cat "$name-wa.txt")"; exit 1; }
+  diff "$name-wa.txt" "$name-wb.txt" >/dev/null ||
+    { echo "FAIL ($name): the workers' own val_loss differ:"; diff "$name-wa.txt" "$name-wb.txt"; exit 1; }
   local va vb
   va=$(grep '"event":"eval"' "$name-inproc/metrics.jsonl" | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
   vb=$(grep '"event":"eval"' "$name-gloo/metrics.jsonl" | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
@@ -36,7 +45,7 @@ compare() {
   # equal to fp32 rounding (relative 1e-6).
   awk -v a="$va" -v b="$vb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' ||
     { echo "FAIL ($name): final average-model val_loss differs: $va vs $vb"; exit 1; }
-  echo "gloo_equivalence ($name): 80 training losses match exactly; average-model val_loss $va vs $vb"
+  echo "gloo_equivalence ($name): 80 training losses and 8 workers' val_loss match exactly; average-model val_loss $va vs $vb"
 }
 compare anchor --set algo.topology=2peer
 compare mix_after --set algo.topology=2peer --set algo.form=mix_after

@@ -20,7 +20,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "gasloc/comm/cluster.hpp"
 #include "gasloc/comm/gloo.hpp"
+#include "gasloc/comm/nccl.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/error.hpp"
@@ -265,6 +267,85 @@ TEST(GlooThreads, BroadcastBarrierAndClock) {
     EXPECT_THROW(c.broadcast(bad, 3), CommError);     // no rank 3
     EXPECT_THROW(c.exchange({r}, bad, recv), CommError);  // not with itself
   }));
+}
+
+// The Gloo backend works on CPU tensors; anything else is refused by name, before any transfer.
+TEST(GlooThreads, TensorsOnAnotherDeviceAreRefused) {
+  expect_no_errors(run_gloo(2, [&](int r, Communicator& c) {
+    auto meta = torch::empty({4}, torch::TensorOptions().device(torch::kMeta));
+    std::vector<torch::Tensor> recv;
+    for (auto* op : {"all_reduce_mean", "exchange", "broadcast"}) {
+      try {
+        if (op == std::string("all_reduce_mean")) c.all_reduce_mean(meta);
+        else if (op == std::string("exchange")) c.exchange({1 - r}, meta, recv);
+        else c.broadcast(meta, 0);
+        ADD_FAILURE() << op << " accepted a meta tensor";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string(op) + " with the Gloo backend needs tensors on cpu, got one on meta"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    auto t = torch::full({3}, static_cast<float>(r));  // still usable: nothing was sent
+    c.all_reduce_mean(t);
+    EXPECT_TRUE(torch::equal(t, torch::full({3}, 0.5f)));
+  }));
+}
+
+// A process rank's control channel (evaluation, metrics) is the same group, but what it sends
+// and waits is not in comm(r).stats(): both backends report the algorithm's traffic alone.
+TEST(GlooThreads, ControlChannelIsNotCounted) {
+  StoreHost host("127.0.0.1", 0, 20);
+  std::vector<std::string> errors(2);
+  std::vector<CommStats> algo(2), control(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        GlooOptions o{r, 2, "127.0.0.1", host.port(), 20};
+        o.connect_only = true;
+        auto cluster = process_cluster(std::make_unique<GlooCommunicator>(o));
+        EXPECT_EQ(cluster->local_ranks(), std::vector<int>{r});
+        EXPECT_EQ(cluster->processes(), &cluster->control(r));
+        EXPECT_THROW(cluster->comm(1 - r), CommError);  // not hosted here
+        cluster->run([&](int rank, Communicator& c) {
+          auto big = torch::ones({100000});
+          cluster->control(rank).all_reduce_mean(big);
+          cluster->control(rank).barrier();
+          EXPECT_EQ(c.stats().bytes_sent, 0);
+          auto small = torch::ones({1000});
+          c.all_reduce_mean(small);
+          algo[rank] = c.stats();
+          control[rank] = cluster->control(rank).stats();
+        });
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  expect_no_errors(errors);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(algo[r].bytes_sent, 1000 * 4) << "rank " << r;  // 2(n-1)/n of the buffer, n = 2
+    EXPECT_EQ(control[r].bytes_sent, 100000 * 4) << "rank " << r;
+    EXPECT_GE(algo[r].idle_s, 0.0) << "rank " << r;
+  }
+}
+
+// Without a CUDA LibTorch, asking for NCCL is a configuration error that says what to do, raised
+// before the launcher's variables are read.
+TEST(ProcessBackends, NcclWithoutItIsAClearConfigError) {
+  if (kHaveNccl) GTEST_SKIP() << "this build has the NCCL backend";
+  try {
+    ClusterOptions o;
+    o.backend = "nccl";
+    make_cluster(o);
+    ADD_FAILURE() << "make_cluster accepted nccl";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the nccl backend is not in this build"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("gloo"), std::string::npos) << e.hint();
+  }
+  EXPECT_THROW(check_process_backend("mpi"), ConfigError);
+  EXPECT_NO_THROW(check_process_backend("gloo"));
 }
 
 TEST(GlooThreads, MatchesTheInProcessReference) {

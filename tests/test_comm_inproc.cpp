@@ -330,7 +330,43 @@ TEST(InProcClock, BroadcastBarrierAndNoPeersAndRunsCarryOver) {
   EXPECT_NEAR(cluster.stats(0).idle_s, 0.3, kTol);
 }
 
+// The control channel (evaluation, metrics) is matched with the algorithm's calls but costs no
+// virtual time and no counted bytes: the clocks and stats are those of the algorithm's calls alone.
+TEST(InProcClock, ControlChannelCostsNothingAndIsNotCounted) {
+  NetworkModel m;
+  InProcCluster cluster(3, m);
+  cluster.run([&](int r, Communicator& c) {
+    Communicator& ctl = cluster.control(r);
+    c.compute(r);  // 0, 0.1, 0.2
+    auto t = torch::full({1000}, static_cast<float>(r));
+    ctl.all_reduce_mean(t);  // exact, like the algorithm's
+    EXPECT_TRUE(torch::equal(t, torch::full({1000}, 1.0f)));
+    ctl.barrier();
+    auto b = r == 2 ? torch::ones({10}) : torch::zeros({10});
+    ctl.broadcast(b, 2);
+    EXPECT_TRUE(torch::equal(b, torch::ones({10})));
+    EXPECT_NEAR(c.now(), 0.1 * r, kTol) << "the control channel moved rank " << r << "'s clock";
+    c.barrier();  // the algorithm's barrier still prices the wait
+    EXPECT_NEAR(c.now(), 0.2, kTol);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(cluster.stats(r).bytes_sent, 0) << "rank " << r;
+    EXPECT_EQ(cluster.control(r).stats().bytes_sent, 0) << "rank " << r;
+  }
+  EXPECT_NEAR(cluster.stats(0).idle_s, 0.2, kTol);  // the algorithm's barrier only
+}
+
 // ---- errors ---------------------------------------------------------------------------------
+
+TEST(InProcErrors, ControlAndAlgorithmCallsDoNotMix) {
+  InProcCluster cluster(2, {}, 5.0);
+  auto msgs = comm_errors(cluster, [&](int r, Communicator& c) {
+    auto t = torch::zeros({4});
+    if (r == 1) cluster.control(r).all_reduce_mean(t);
+    else c.all_reduce_mean(t);
+  });
+  for (auto& m : msgs) EXPECT_NE(m.find("rank 1 called all_reduce_mean on the control channel, rank 0 on the algorithm's"), std::string::npos) << m;
+}
 
 TEST(InProcErrors, MismatchedSizesAreNamed) {
   InProcCluster cluster(3, {}, 5.0);

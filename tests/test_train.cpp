@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "gasloc/comm/nccl.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/checkpoint.hpp"
@@ -254,6 +255,16 @@ TEST_F(Trainer, ClusterSettingsAreChecked) {
   EXPECT_THROW(train::run_training(request("bad2", {"cluster.workers=1", "algo.name=gasloc", "algo.topology=1peer"})),
                ConfigError);
   EXPECT_THROW(train::run_training(request("bad3", {"cluster.backend=mpi"})), ConfigError);
+  // nccl is a valid backend; a build without it says so, and what to do, before any rendezvous.
+  if (!comm::kHaveNccl) {
+    try {
+      train::run_training(request("bad4", {"cluster.backend=nccl"}));
+      ADD_FAILURE() << "a build without NCCL accepted cluster.backend = nccl";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("the nccl backend is not in this build"), std::string::npos) << e.what();
+      EXPECT_NE(e.hint().find("cluster.backend = \"gloo\""), std::string::npos) << e.hint();
+    }
+  }
 }
 
 // data.sampling = "disjoint" gives each worker its slice of the stream: with one worker the slice

@@ -15,6 +15,8 @@
 #include <fstream>
 
 #include "commands.hpp"
+#include "gasloc/comm/cluster.hpp"
+#include "gasloc/comm/process_group.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -82,10 +84,11 @@ Action add_comm_check(CLI::App& app) {
   app.add_option("--stall-rank", o->stall_rank, "fault injection: this rank stops itself (SIGSTOP) before its first exchange");
   app.add_option("--mismatch-rank", o->mismatch_rank, "fault injection: this rank exchanges one element more than the others");
   return [o]() {
+    comm::check_process_backend(o->backend);  // before the launcher's variables
     auto opts = comm::gloo_options_from_env();
     if (o->timeout > 0) opts.timeout_s = o->timeout;
     if (!o->bandwidth.empty()) opts.bandwidth_limit_Bps = comm::parse_bandwidth_limit(o->bandwidth, opts.rank);
-    auto comm = comm::make_process_communicator(o->backend, opts);
+    auto comm = comm::make_process_group(o->backend, opts);
     const int r = comm->rank(), n = comm->world();
     const int64_t N = o->numel;
     nlohmann::json report = {{"rank", r}, {"world", n}, {"backend", o->backend}, {"numel", N}};

@@ -28,7 +28,6 @@ class LocalSteps {
   // The time-budget policy; no topology (or the complete graph) means an all-reduce round.
   LocalSteps(int64_t H, comm::NetworkModel model, std::optional<topology::Topology> topo, int world);
 
-  bool time_budget() const { return model_.has_value(); }
   int64_t H() const { return H_; }
   // H_i of `rank` in `round` when a round's message is `actual_bytes` long (priced through the
   // model's simulated_message_bytes). Sets *clamped when the budget left fewer than one step.

@@ -85,7 +85,7 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 class InProcComm final : public Communicator {
  public:
-  InProcComm(detail::InProcState& s, int rank) : s_(s), rank_(rank) {}
+  InProcComm(detail::InProcState& s, int rank, bool counted) : s_(s), rank_(rank), counted_(counted) {}
   int rank() const override { return rank_; }
   int world() const override { return s_.n; }
 
@@ -167,6 +167,7 @@ class InProcComm final : public Communicator {
     e.present = true;
     e.op = op;
     e.clock = me.clock;
+    e.counted = counted_;
     c.entries[rank_] = std::move(e);
     if (++c.arrived == s_.n) {
       inproc::settle(c, s_.model);
@@ -188,11 +189,13 @@ class InProcComm final : public Communicator {
     if (++c.data_done == s_.n) s_.cv.notify_all();
     wait(lk, op, c, deadline, false);
 
-    const auto& o = c.out[rank_];
-    me.clock = o.clock.end_s;
-    me.stats.idle_s += o.clock.idle_s;
-    me.stats.bytes_sent += o.sent;
-    me.stats.bytes_received += o.received;
+    if (counted_) {
+      const auto& o = c.out[rank_];
+      me.clock = o.clock.end_s;
+      me.stats.idle_s += o.clock.idle_s;
+      me.stats.bytes_sent += o.sent;
+      me.stats.bytes_received += o.received;
+    }
     torch::Tensor result = c.result;
     if (++c.left == s_.n) s_.calls.erase(seq);
     return result;
@@ -228,6 +231,7 @@ class InProcComm final : public Communicator {
 
   detail::InProcState& s_;
   const int rank_;
+  const bool counted_;
 };
 
 }  // namespace
@@ -238,7 +242,8 @@ InProcCluster::InProcCluster(int n, NetworkModel model, double timeout_s) {
     throw ConfigError(fmt::format("InProcCluster: timeout_s must be a finite number > 0, got {}", timeout_s));
   model.validate(n);
   state_ = std::make_unique<detail::InProcState>(n, std::move(model), timeout_s);
-  for (int r = 0; r < n; ++r) comms_.push_back(std::make_unique<InProcComm>(*state_, r));
+  for (int r = 0; r < n; ++r) comms_.push_back(std::make_unique<InProcComm>(*state_, r, true));
+  for (int r = 0; r < n; ++r) controls_.push_back(std::make_unique<InProcComm>(*state_, r, false));
 }
 
 InProcCluster::~InProcCluster() = default;
@@ -250,6 +255,11 @@ const NetworkModel& InProcCluster::model() const { return state_->model; }
 Communicator& InProcCluster::comm(int rank) {
   comm_at(rank, "comm");
   return *comms_[rank];
+}
+
+Communicator& InProcCluster::control(int rank) {
+  comm_at(rank, "control");
+  return *controls_[rank];
 }
 
 void InProcCluster::run(const std::function<void(int, Communicator&)>& f) {

@@ -42,6 +42,11 @@ class InProcCluster {
   // The communicator of `rank`, for callers that run the workers on their own threads (one
   // thread per rank). Throws CommError for a rank outside [0, world).
   Communicator& comm(int rank);
+  // Rank's control channel: the same ranks for what is not the algorithm's (evaluation, metrics,
+  // checkpoint commits). Its calls are numbered and matched with comm(rank)'s (a rank calling
+  // one where another calls the other is a mismatch) and fail with the cluster, but cost no
+  // virtual time and are not counted in stats().
+  Communicator& control(int rank);
   // Runs f(rank, comm(rank)) on n threads (one per worker) and joins them. Rethrows the first
   // failure: the original exception of the worker that failed first (not the CommErrors of the
   // ranks it woke up), or the CommError of a timeout or mismatch. Clocks and stats carry over
@@ -57,7 +62,7 @@ class InProcCluster {
   const Communicator& comm_at(int rank, const char* what) const;  // checks the rank
 
   std::unique_ptr<detail::InProcState> state_;
-  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<std::unique_ptr<Communicator>> comms_, controls_;
 };
 
 }  // namespace gasloc::comm

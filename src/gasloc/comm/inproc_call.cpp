@@ -91,6 +91,10 @@ std::string check(const Call& c) {
   for (size_t r = 1; r < e.size(); ++r)
     if (e[r].op != e[0].op)
       return fmt::format("collective mismatch: rank 0 called {}, rank {} called {}", op_name(e[0].op), r, op_name(e[r].op));
+  for (size_t r = 1; r < e.size(); ++r)
+    if (e[r].counted != e[0].counted)
+      return fmt::format("collective mismatch: rank {} called {} on the control channel, rank {} on the algorithm's",
+                         e[0].counted ? r : 0, op_name(e[0].op), e[0].counted ? 0 : r);
   switch (e[0].op) {
     case Op::AllReduceMean: return check_all_reduce(c);
     case Op::Exchange: return check_exchange(c);

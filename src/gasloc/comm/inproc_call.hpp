@@ -25,6 +25,7 @@ struct Entry {
   std::vector<int> peers;  // exchange
   int root = -1;           // broadcast
   double clock = 0.0;      // the rank's virtual clock at entry
+  bool counted = true;     // false: a call on the control channel (priced at nothing)
 };
 
 // What the call gives back to one rank.

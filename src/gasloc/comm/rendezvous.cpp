@@ -12,11 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "gasloc/comm/gloo.hpp"
 #include "gasloc/core/error.hpp"
-#ifdef GASLOC_WITH_NCCL
-#include "gasloc/comm/nccl.hpp"
-#endif
 
 namespace gasloc::comm {
 
@@ -334,26 +330,5 @@ StoreHost::~StoreHost() = default;
 
 int StoreHost::port() const { return port_; }
 c10d::Store& StoreHost::store() { return *store_; }
-
-bool nccl_available() {
-#ifdef GASLOC_WITH_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
-
-std::unique_ptr<Communicator> make_process_communicator(const std::string& backend, const GlooOptions& o) {
-  if (backend == "gloo") return std::make_unique<GlooCommunicator>(o);
-  if (backend == "nccl") {
-#ifdef GASLOC_WITH_NCCL
-    return std::make_unique<NcclCommunicator>(o);
-#else
-    throw CommError("this gasloc was built without NCCL (its LibTorch has no CUDA)",
-                    "use --backend gloo, or build against a CUDA LibTorch (scripts/gpu_check.sh shows how)");
-#endif
-  }
-  throw CommError(fmt::format("unknown communication backend '{}'", backend), "use gloo or nccl");
-}
 
 }  // namespace gasloc::comm

@@ -98,9 +98,4 @@ class StoreHost {
   int port_ = 0;
 };
 
-// A communicator for this process from the environment: backend "gloo" or "nccl" (only in
-// builds with a CUDA LibTorch; otherwise a CommError says so).
-std::unique_ptr<Communicator> make_process_communicator(const std::string& backend, const GlooOptions& o);
-bool nccl_available();
-
 }  // namespace gasloc::comm

@@ -184,10 +184,10 @@ void JobConfig::validate() const {
   require(train.divergence_factor == 0 || train.divergence_factor > 1, "train.divergence_factor",
           "must be 0 (never stop) or above 1 (a multiple of ln(vocab))");
   require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
-  require(cluster.backend == "inproc" || cluster.backend == "gloo", "cluster.backend",
-          "must be inproc or gloo, got '" + cluster.backend + "'");
+  require(cluster.backend == "inproc" || cluster.backend == "gloo" || cluster.backend == "nccl", "cluster.backend",
+          "must be inproc, gloo or nccl, got '" + cluster.backend + "'");
   require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
-  // Under gloo the world size is known only once the processes meet (WORLD_SIZE).
+  // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
   const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
   algo.validate(world);
   network.validate(world);

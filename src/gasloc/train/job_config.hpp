@@ -164,8 +164,8 @@ struct ClusterSection {
 
   template <class V>
   void visit(V&& v) {
-    v("workers", workers, "workers of the in-process cluster (gloo: the world size comes from WORLD_SIZE)");
-    v("backend", backend, "inproc (threads in one process, virtual clock) or gloo (one process per worker, gasloc launch)");
+    v("workers", workers, "workers of the in-process cluster (gloo, nccl: the world size comes from WORLD_SIZE)");
+    v("backend", backend, "inproc (threads in one process, virtual clock), or one process per worker under gasloc launch: gloo, or nccl (one GPU each; builds with a CUDA LibTorch)");
     v("timeout_s", timeout_s, "seconds a collective waits for a peer before failing with an error naming it");
   }
 };
@@ -208,7 +208,7 @@ struct NetworkSection {
     v("stragglers", stragglers, "per-rank overrides: [{ rank = 3, bandwidth = 0.1, slowdown = 1.0 }] (win over the preset)");
     v("simulated_model", simulated_model, "price messages as this model: PRESET:DTYPE, e.g. \"134m:bf16\" (sets simulated_model_bytes)");
     v("simulated_model_bytes", simulated_model_bytes, "price every parameter message as this many bytes (0 = actual size)");
-    v("throttle_gloo", throttle_gloo, "gloo backend: hold each rank's real link to its bandwidth here (token bucket)");
+    v("throttle_gloo", throttle_gloo, "gloo and nccl backends: hold each rank's real link to its bandwidth here (token bucket)");
   }
   // simulated_model -> simulated_model_bytes; throws on a conflict or a bad spec.
   void resolve();

@@ -123,7 +123,7 @@ RunModel load_run_model(const std::vector<fs::path>& dirs, int worker) {
       throw CheckpointError("checkpoint '" + files[i].string() + "' does not match the model in run.json",
                             "pass the run directory the checkpoint was written in");
     const torch::Tensor p = it->second.to(torch::kFloat32).reshape({-1});
-    // The same order of operations as the trainer's evaluation (ThreadMeeting): rank 0, plus
+    // The same order of operations as the in-process evaluation's all-reduce: rank 0, plus
     // the others in rank order, then one division.
     if (i == 0) sum = p.clone();
     else sum.add_(p);

@@ -1,5 +1,6 @@
-// Single-worker training run: resolves the job, prepares the run directory, runs the worker
-// loop with evaluation, metrics, progress, checkpoints and clean Ctrl+C handling.
+// A training run: resolves the job, prepares the run directory, runs the loop of every rank this
+// process hosts (all of them in-process, one in a process group) with evaluation, metrics,
+// progress, checkpoints and clean Ctrl+C handling.
 #pragma once
 #include <string>
 #include <vector>
@@ -25,8 +26,5 @@ struct TrainSummary {
 };
 
 TrainSummary run_training(const TrainRequest& req);
-
-// Set by the SIGINT/SIGTERM handler that run_training installs; exposed for tests.
-void request_stop();
 
 }  // namespace gasloc::train

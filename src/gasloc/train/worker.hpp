@@ -64,7 +64,6 @@ class Worker {
   int64_t numel() const { return params_.numel(); }
   model::Llama& model() { return model_; }
   FlatParams& params() { return params_; }
-  const model::LlamaConfig& model_config() const { return model_cfg_; }
   torch::Device device() const { return device_; }
 
   // Everything needed to continue bit-exactly, taken at the evaluation point (so a checkpoint's

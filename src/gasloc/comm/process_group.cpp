@@ -1,0 +1,442 @@
+#include "gasloc/comm/process_group.hpp"
+
+#include <c10/core/DeviceGuard.h>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+#include "gasloc/comm/network_model.hpp"
+#include "gasloc/comm/token_bucket.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::comm {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Int: return "int32";
+    default: return c10::toString(t);
+  }
+}
+
+std::string secs(double s) { return fmt::format("{:g} s", s); }
+
+// Tags keep exchange rounds apart: each pair of ranks counts the exchanges it did together (both
+// ends count the same), and the tag carries that count and the message kind. Gloo's collectives
+// use slots with a non-zero prefix, so these small tags never collide with them; NCCL ignores
+// tags and matches a pair's transfers in order, which the count follows too.
+constexpr int kHeader = 0, kPayload = 1;
+int make_tag(uint32_t pair_round, int kind) { return static_cast<int>(((pair_round & 0x0FFFFFFFu) << 2) | kind); }
+
+constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc": a header that is not ours is a bug, not data
+
+// How a wait ended badly.
+struct WaitFailure {
+  bool timed_out = false;
+  std::string detail;
+};
+
+}  // namespace
+
+std::string first_line(const std::string& s) {
+  std::string l = s.substr(0, s.find('\n'));
+  if (!l.empty() && l[0] == '[') {
+    const auto close = l.find("] ");
+    if (close != std::string::npos && l.find(".cc:") < close) l = l.substr(close + 2);
+  }
+  return l;
+}
+
+struct ProcessGroupComm::Impl {
+  GlooOptions o;
+  std::chrono::milliseconds timeout{};
+  // Declared before backend so that it is destroyed after it: rank 0's store must outlive the group.
+  c10::intrusive_ptr<c10d::Store> store;
+  BuiltBackend built;
+  std::vector<uint32_t> pair_round;  // exchanges done with each peer
+  TokenBucket send_bucket, recv_bucket;
+  CommStats stats;
+  std::string broken;  // the first error; the group is unusable after it
+  Clock::time_point t0;
+
+  C10dBackend& pg() { return *built.backend; }
+  const torch::Device& dev() const { return built.devices.device; }
+
+  // Accumulates the time spent blocked into stats.idle_s.
+  struct Idle {
+    Impl& impl;
+    Clock::time_point start = Clock::now();
+    ~Idle() { impl.stats.idle_s += std::chrono::duration<double>(Clock::now() - start).count(); }
+  };
+
+  void ensure_usable(const char* op) const {
+    if (!broken.empty())
+      throw CommError(fmt::format("rank {}: {} on a communicator that already failed: {}", o.rank, op, broken),
+                      "a failed process group cannot be reused; restart the ranks (from the last checkpoint)");
+  }
+
+  // A tensor the backend can work on, or a CommError saying where it must be.
+  void check_device(const char* op, const torch::Tensor& t) const {
+    const auto& p = built.devices;
+    if (t.device() == p.device || (p.stage_cpu && t.device().is_cpu())) return;
+    throw CommError(fmt::format("rank {}: {} with the {} backend needs tensors on {}{}, got one on {}", o.rank, op,
+                                p.backend, p.device.str(), p.stage_cpu ? " (or the CPU)" : "", t.device().str()));
+  }
+
+  // `t` itself when the backend can use it in place, else a contiguous copy on its device.
+  torch::Tensor staged(const torch::Tensor& t, c10::ScalarType dtype) const {
+    if (t.device() == dev() && t.is_contiguous() && t.scalar_type() == dtype) return t;
+    return t.to(dev(), dtype).contiguous();
+  }
+
+  // Throws the CommError for `msg`, a failure of the operation with `peer` (-1: a collective).
+  // Before that, this rank names the rank that failed first (the peer's own record when the peer
+  // failed because of a third rank) and records it in the store for the ranks that fail after it.
+  [[noreturn]] void fail(const std::string& msg, int peer = -1, bool timed_out = false) {
+    std::string text = msg;
+    int root = peer;
+    if (store) {
+      // A peer that timed out at the same moment as this rank publishes its record a moment later.
+      const double wait_s = timed_out ? std::min(2.0, o.timeout_s / 2) : 0.0;
+      const FailureRecord rec = root_failure(*store, o.rank, o.world, peer, msg, wait_s);
+      publish_failure(*store, o.rank, rec);
+      root = rec.root;
+      if (rec.what != msg)
+        text += rec.root >= 0 ? fmt::format("; the failure started at rank {}: {}", rec.root, rec.what)
+                              : fmt::format("; an earlier failure: {}", rec.what);
+      text += describe_dead_ranks(*store, o.rank, o.world);
+    }
+    broken = text;
+    throw CommError(text,
+                    root >= 0 ? fmt::format("look at rank {}'s output first; raise cluster.timeout_s (gasloc launch "
+                                            "--timeout) if it is only slow",
+                                            root)
+                              : "check the other ranks' output; raise cluster.timeout_s (gasloc launch --timeout) if "
+                                "they are only slow",
+                    root);
+  }
+
+  // Posts an operation; a backend that refuses it at once fails like the operation.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> post(F&& fn, const std::function<std::string(const std::string&)>& failed, int peer = -1) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      fail(failed(first_line(e.what())), peer);
+    }
+  }
+
+  // Waits for `w` until `deadline`; a failure becomes a CommError worded by describe(timed_out,
+  // detail).
+  template <class Describe>
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline, Describe&& describe, int peer = -1) {
+    // 0 ms would mean "no timeout" to c10d; never pass it.
+    const auto left =
+        std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    WaitFailure f;
+    try {
+      if (w->wait(left)) return;
+      f.detail = "aborted";
+    } catch (const c10d::TimeoutError& e) {
+      f = {true, first_line(e.what())};
+    } catch (const std::exception& e) {
+      f.detail = first_line(e.what());
+    }
+    // The margin covers the backend's own clock, started a moment before ours.
+    f.timed_out = f.timed_out || Clock::now() + std::chrono::milliseconds(50) >= deadline;
+    fail(describe(f.timed_out, f.detail), peer, f.timed_out);
+  }
+
+  // The wording of a collective's failure.
+  auto collective_failure(const std::string& what, const std::string& not_called) {
+    return [this, what, not_called](bool timed_out, const std::string& detail) {
+      return timed_out ? fmt::format("rank {}: {} timed out after {} (a rank may have died, be stuck, or not have {})",
+                                     o.rank, what, secs(o.timeout_s), not_called)
+                       : fmt::format("rank {}: {} failed: {} (a rank may have died)", o.rank, what, detail);
+    };
+  }
+
+  void sleep_for_bandwidth(double send_bytes, double recv_bytes) {
+    const double d = std::max(send_bucket.take(send_bytes), recv_bucket.take(recv_bytes));
+    if (d > 0) std::this_thread::sleep_for(std::chrono::duration<double>(d));
+  }
+
+  // Every rank must reduce or broadcast the same numel and dtype: gather (numel, dtype) from all
+  // ranks first (a few bytes) and name the disagreeing ranks, instead of letting the backend read
+  // or write past a buffer.
+  void check_same_buffer(const char* op, const torch::Tensor& t) {
+    auto mine = torch::tensor({t.numel(), static_cast<int64_t>(t.scalar_type())}, torch::kInt64).to(dev());
+    std::vector<at::Tensor> in{mine};
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < o.world; ++r) out[0].push_back(torch::empty_like(mine));
+    auto w = post([&] { return pg().allgather(out, in); },
+                  [&](const std::string& d) { return fmt::format("rank {}: {} failed: {}", o.rank, op, d); });
+    wait(w, Clock::now() + timeout, [&](bool timed_out, const std::string& detail) {
+      return timed_out ? fmt::format("rank {}: {} timed out after {} (a rank may have died, be stuck, or not have "
+                                     "called {})",
+                                     o.rank, op, secs(o.timeout_s), op)
+                       : fmt::format("rank {}: {} failed: {}", o.rank, op, detail);
+    });
+    for (int r = 0; r < o.world; ++r) {
+      const auto h = out[0][r].cpu();
+      const auto n = h[0].item<int64_t>();
+      const auto dt = static_cast<c10::ScalarType>(h[1].item<int64_t>());
+      if (n != t.numel() || dt != t.scalar_type())
+        fail(fmt::format("rank {}: {} on buffers that differ between ranks: rank {} has {} {} elements, rank {} has {} "
+                         "{} elements",
+                         o.rank, op, o.rank, t.numel(), dtype_name(t.scalar_type()), r, n, dtype_name(dt)));
+    }
+  }
+};
+
+namespace {
+// Makes the backend's device current for a scope (CUDA); nothing for the CPU.
+struct OnDevice {
+  c10::OptionalDeviceGuard guard;
+  explicit OnDevice(const torch::Device& d) {
+    if (!d.is_cpu()) guard.reset_device(d);
+  }
+};
+}  // namespace
+
+ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& build) : impl_(std::make_unique<Impl>()) {
+  validate(o, /*check_rank=*/false);  // join_store checks the rank and tells every rank
+  auto& I = *impl_;
+  I.o = o;
+  I.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  I.pair_round.assign(o.world, 0);
+  I.send_bucket = TokenBucket(o.bandwidth_limit_Bps);
+  I.recv_bucket = TokenBucket(o.bandwidth_limit_Bps);
+  I.store = join_store(o);
+  I.built = build(o, I.store);
+  // Everyone has finished connecting before anyone returns, so that rank 0 (which hosts the
+  // store) cannot exit while a peer still reads the addresses it needs from the store. For NCCL
+  // it also creates the communicator now, not inside the first real call.
+  barrier();
+  I.stats = {};
+  I.t0 = Clock::now();
+}
+
+ProcessGroupComm::~ProcessGroupComm() {
+  if (impl_ && impl_->built.backend && impl_->built.shutdown) {
+    try {
+      impl_->built.shutdown(*impl_->built.backend);
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+int ProcessGroupComm::rank() const { return impl_->o.rank; }
+int ProcessGroupComm::world() const { return impl_->o.world; }
+const GlooOptions& ProcessGroupComm::options() const { return impl_->o; }
+torch::Device ProcessGroupComm::device() const { return impl_->dev(); }
+
+void ProcessGroupComm::record_own_failure(const std::string& what) {
+  if (impl_->store) publish_failure(*impl_->store, impl_->o.rank, {impl_->o.rank, what});
+}
+CommStats ProcessGroupComm::stats() const { return impl_->stats; }
+double ProcessGroupComm::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
+
+void ProcessGroupComm::all_reduce_mean(torch::Tensor& t) {
+  auto& I = *impl_;
+  const int me = I.o.rank;
+  I.ensure_usable("all_reduce_mean");
+  if (!t.is_floating_point())
+    throw CommError(fmt::format("rank {}: all_reduce_mean needs a floating-point tensor, got {}", me,
+                                dtype_name(t.scalar_type())));
+  I.check_device("all_reduce_mean", t);
+  if (I.o.world == 1) return;
+  OnDevice on(I.dev());
+  Impl::Idle idle{I};
+  I.check_same_buffer("all_reduce_mean", t);
+  // Counted and throttled as a ring all-reduce (every rank sends and receives 2(n-1)/n of the
+  // buffer), the same as the in-process backend prices it.
+  const auto wire = static_cast<double>(ring_allreduce_bytes(t.numel() * t.element_size(), I.o.world));
+  I.sleep_for_bandwidth(wire, wire);
+  // Half-precision buffers are summed in fp32: fewer rounding steps than the backend's fp16 sum.
+  const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+  torch::Tensor buf = I.staged(t, upcast ? torch::kFloat : t.scalar_type());
+  std::vector<at::Tensor> v{buf};
+  const auto describe = I.collective_failure("all_reduce_mean", "called all_reduce_mean");
+  auto w = I.post([&] { return I.pg().allreduce(v); }, [&](const std::string& d) { return describe(false, d); });
+  I.wait(w, Clock::now() + I.timeout, describe);
+  buf.div_(I.o.world);
+  if (!buf.is_same(t)) t.copy_(buf);
+  I.stats.bytes_sent += static_cast<int64_t>(wire);
+  I.stats.bytes_received += static_cast<int64_t>(wire);
+}
+
+void ProcessGroupComm::exchange(const std::vector<int>& peers, const torch::Tensor& send_in,
+                                std::vector<torch::Tensor>& recv) {
+  auto& I = *impl_;
+  const int me = I.o.rank;
+  I.ensure_usable("exchange");
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const int p = peers[k];
+    if (p < 0 || p >= I.o.world || p == me)
+      throw CommError(fmt::format("rank {}: exchange with rank {}: peers must be other ranks in 0..{}", me, p, I.o.world - 1));
+    if (std::find(peers.begin(), peers.begin() + static_cast<long>(k), p) != peers.begin() + static_cast<long>(k))
+      throw CommError(fmt::format("rank {}: exchange lists rank {} twice", me, p));
+  }
+  I.check_device("exchange", send_in);
+  recv.resize(peers.size());
+  if (peers.empty()) return;
+  OnDevice on(I.dev());
+  Impl::Idle idle{I};
+  const torch::Tensor send = I.staged(send_in, send_in.scalar_type());
+  const bool staged = send_in.device() != I.dev();
+  const auto n = static_cast<int64_t>(peers.size());
+  std::vector<int> tags(peers.size());
+  for (size_t k = 0; k < peers.size(); ++k) tags[k] = make_tag(I.pair_round[peers[k]]++, 0);
+  // The order transfers are posted and waited for: the caller's, or ascending ranks for a backend
+  // whose pairs run in order. The first wait that fails names the peer a failure is blamed on.
+  std::vector<size_t> order(peers.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (I.built.pairs_in_order)
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
+
+  auto failed_msg = [&](int p, const std::string& detail) {
+    return fmt::format("rank {}: exchange with rank {} failed: {} (rank {} may have died)", me, p, detail, p);
+  };
+  auto describe_for = [&](int p) {
+    return [&, p](bool timed_out, const std::string& detail) {
+      return timed_out ? fmt::format("rank {}: exchange with rank {} timed out after {} (rank {} may have died, be stuck, "
+                                     "or not list rank {} among its peers)",
+                                     me, p, secs(I.o.timeout_s), p, me)
+                       : failed_msg(p, detail);
+    };
+  };
+  // Posts one send of `out` and one receive into in[k] per peer, in the order the backend needs
+  // (BuiltBackend::pairs_in_order); waits for every receive.
+  std::vector<c10::intrusive_ptr<c10d::Work>> recv_w(peers.size()), send_w(peers.size());
+  auto post_all = [&](const torch::Tensor& out, std::vector<torch::Tensor>& in, int kind) {
+    auto do_send = [&](size_t k) {
+      std::vector<at::Tensor> s{out};
+      send_w[k] = I.post([&] { return I.pg().send(s, peers[k], tags[k] | kind); },
+                         [&](const std::string& d) { return failed_msg(peers[k], d); }, peers[k]);
+    };
+    auto do_recv = [&](size_t k) {
+      std::vector<at::Tensor> r{in[k]};
+      recv_w[k] = I.post([&] { return I.pg().recv(r, peers[k], tags[k] | kind); },
+                         [&](const std::string& d) { return failed_msg(peers[k], d); }, peers[k]);
+    };
+    if (I.built.pairs_in_order) {
+      for (size_t k : order) {
+        if (me < peers[k]) do_send(k), do_recv(k);
+        else do_recv(k), do_send(k);
+      }
+    } else {
+      for (size_t k : order) do_recv(k);
+      for (size_t k : order) do_send(k);
+    }
+    const auto deadline = Clock::now() + I.timeout;
+    for (size_t k : order) I.wait(recv_w[k], deadline, describe_for(peers[k]), peers[k]);
+    return deadline;
+  };
+  auto wait_sends = [&](Clock::time_point deadline) {
+    for (size_t k : order) I.wait(send_w[k], deadline, describe_for(peers[k]), peers[k]);
+  };
+
+  // 1. Headers. Each side learns the other's size.
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(I.dev());
+  const torch::Tensor my_header =
+      torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, torch::kInt64).to(I.dev());
+  std::vector<torch::Tensor> headers(peers.size());
+  for (auto& h : headers) h = torch::zeros({3}, i64);
+  wait_sends(post_all(my_header, headers, kHeader));
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const auto h = headers[k].cpu();
+    const auto hv = h.accessor<int64_t, 1>();
+    const auto dt = static_cast<c10::ScalarType>(hv[2]);
+    if (hv[0] != kMagic)
+      I.fail(fmt::format("rank {}: exchange with rank {}: received a malformed header (is rank {} running another "
+                         "program or version?)",
+                         me, peers[k], peers[k]),
+             peers[k]);
+    if (hv[1] != send.numel() || dt != send.scalar_type()) {
+      // Lower rank first, so both ends print the same sentence.
+      std::string a = fmt::format("rank {} sends {} {} elements", me, send.numel(), dtype_name(send.scalar_type()));
+      std::string b = fmt::format("rank {} sends {} {} elements", peers[k], hv[1], dtype_name(dt));
+      if (peers[k] < me) std::swap(a, b);
+      I.fail(fmt::format("rank {}: exchange with rank {}: {} but {}; both ends of a link must exchange buffers of the same "
+                         "size and dtype",
+                         me, peers[k], a, b),
+             peers[k]);
+    }
+  }
+
+  // 2. Payload. A rank with a bandwidth limit starts it late, as its slow link would finish late.
+  const double nbytes = static_cast<double>(send.numel() * send.element_size());
+  I.sleep_for_bandwidth(n * nbytes, n * nbytes);
+  std::vector<torch::Tensor> got(peers.size());
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const auto& r = recv[k];
+    // Reuse the caller's tensor only when nothing else refers to it or its storage: the
+    // in-process backend hands out fresh tensors, and a caller keeping last round's must not
+    // see them overwritten.
+    const bool reusable = !staged && r.defined() && r.scalar_type() == send.scalar_type() && r.sizes() == send.sizes() &&
+                          r.is_contiguous() && r.device() == I.dev() && r.use_count() == 1 &&
+                          r.storage().use_count() == 1 && r.storage_offset() == 0;
+    got[k] = reusable ? r : torch::empty_like(send, torch::MemoryFormat::Contiguous);
+  }
+  if (send.numel() > 0) wait_sends(post_all(send, got, kPayload));
+  // A staged send gets its tensors back where it was (fresh ones, like the in-process backend).
+  for (size_t k = 0; k < peers.size(); ++k) recv[k] = staged ? got[k].to(send_in.device()) : got[k];
+  I.stats.bytes_sent += static_cast<int64_t>(n * nbytes);
+  I.stats.bytes_received += static_cast<int64_t>(n * nbytes);
+}
+
+void ProcessGroupComm::broadcast(torch::Tensor& t, int root) {
+  auto& I = *impl_;
+  const int me = I.o.rank;
+  I.ensure_usable("broadcast");
+  if (root < 0 || root >= I.o.world)
+    throw CommError(fmt::format("rank {}: broadcast root {} is outside 0..{}", me, root, I.o.world - 1));
+  I.check_device("broadcast", t);
+  if (I.o.world == 1) return;
+  OnDevice on(I.dev());
+  Impl::Idle idle{I};
+  I.check_same_buffer("broadcast", t);
+  // Counted and throttled as a pipelined chain root -> root+1 -> ... like the in-process
+  // backend: every rank but the last forwards the buffer once, every rank but the root receives it.
+  const double nbytes = static_cast<double>(t.numel() * t.element_size());
+  const int pos = (me - root + I.o.world) % I.o.world;
+  const double sent = pos < I.o.world - 1 ? nbytes : 0.0, received = pos > 0 ? nbytes : 0.0;
+  I.sleep_for_bandwidth(sent, received);
+  torch::Tensor buf = I.staged(t, t.scalar_type());
+  std::vector<at::Tensor> v{buf};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  const auto describe = I.collective_failure(fmt::format("broadcast from rank {}", root), "called broadcast");
+  auto w = I.post([&] { return I.pg().broadcast(v, bo); }, [&](const std::string& d) { return describe(false, d); });
+  I.wait(w, Clock::now() + I.timeout, describe);
+  if (!buf.is_same(t)) t.copy_(buf);
+  I.stats.bytes_sent += static_cast<int64_t>(sent);
+  I.stats.bytes_received += static_cast<int64_t>(received);
+}
+
+void ProcessGroupComm::barrier() {
+  auto& I = *impl_;
+  I.ensure_usable("barrier");
+  if (I.o.world == 1) return;
+  OnDevice on(I.dev());
+  Impl::Idle idle{I};
+  c10d::BarrierOptions bo;
+  if (!I.dev().is_cpu()) bo.device_ids = {I.dev().index()};  // otherwise c10d guesses the GPU from the rank, and warns
+  const auto describe = I.collective_failure("barrier", "reached the barrier");
+  auto w = I.post([&] { return I.pg().barrier(bo); }, [&](const std::string& d) { return describe(false, d); });
+  I.wait(w, Clock::now() + I.timeout, describe);
+}
+
+}  // namespace gasloc::comm

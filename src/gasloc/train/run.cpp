@@ -1,0 +1,197 @@
+#include "gasloc/train/run.hpp"
+
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::train {
+namespace fs = std::filesystem;
+
+JobConfig resolve_job(const TrainRequest& req) {
+  if (req.resume_dir.empty()) {
+    if (req.resume_step >= 0) throw ConfigError("--resume-step needs --resume RUN");
+    return load_job(req.config_path, req.overrides);
+  }
+  if (!req.config_path.empty())
+    throw ConfigError("--resume takes the configuration from RUN/run.json; do not pass --config too",
+                      "use --resume RUN [--set key=value ...] to change settings such as train.steps");
+  const fs::path run_json = fs::path(req.resume_dir) / "run.json";
+  if (!fs::exists(run_json))
+    throw CheckpointError("'" + req.resume_dir + "' is not a gasloc run directory (no run.json)",
+                          "pass the run_dir of an earlier `gasloc train`");
+  auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
+  if (doc.is_discarded() || !doc.contains("config")) throw CheckpointError("corrupt '" + run_json.string() + "'");
+  // A resumed run goes on to train.steps unless told again; the user's --set come last and win.
+  std::vector<std::string> overrides = {"train.run_dir=" + req.resume_dir, "train.stop_at=0"};
+  overrides.insert(overrides.end(), req.overrides.begin(), req.overrides.end());
+  return job_from_json(doc["config"], overrides);
+}
+
+CheckpointMeta CheckpointMeta::from_json(const nlohmann::json& m) {
+  return {m.value("model", nlohmann::json{}), m.value("optim", std::string("?")), m.value("algo", std::string("?")),
+          m.value("world", 0)};
+}
+
+nlohmann::json Counters::to_json() const {
+  return {{"bytes_sent", bytes_sent}, {"virtual_time_s", virtual_time_s}, {"wall_time_s", wall_time_s}, {"idle_s", idle_s}};
+}
+
+Counters Counters::from_json(const nlohmann::json& j) {
+  return {j.value("bytes_sent", int64_t{0}), j.value("virtual_time_s", 0.0), j.value("wall_time_s", 0.0),
+          j.value("idle_s", 0.0)};
+}
+
+Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world)
+    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()) {
+  resolved_["cluster"]["workers"] = world;
+}
+
+nlohmann::json Run::model_json() const {
+  const auto& c = mc_;
+  return {{"dim", c.dim},           {"n_layers", c.n_layers},       {"n_heads", c.n_heads},
+          {"n_kv_heads", c.n_kv_heads}, {"vocab_size", c.vocab_size}, {"ffn_hidden", c.ffn_hidden()},
+          {"rope_theta", c.rope_theta}, {"max_seq_len", c.max_seq_len}, {"tie_embeddings", c.tie_embeddings},
+          {"norm_eps", c.norm_eps},   {"num_params", c.num_params()}};
+}
+
+Checkpoint Run::load(const RunCheckpoints& ckpts, int64_t step, int rank, const std::vector<int64_t>& committed) const {
+  const fs::path path = ckpts.file(step, rank);
+  Checkpoint c;
+  try {
+    c = load_checkpoint(path);
+  } catch (const CheckpointError& e) {
+    // The previous committed step of this rank is kept for this case.
+    std::string hint = e.hint();
+    for (int64_t prev : committed)
+      if (prev < step) {
+        hint = fmt::format("resume from the previous committed step with `gasloc train --resume {} --resume-step {}`",
+                           dir_.string(), prev);
+        break;
+      }
+    throw CheckpointError(e.what(), hint);
+  }
+  const auto got = CheckpointMeta::from_json(c.meta), expected = meta();
+  if (!(got == expected)) {
+    std::string diffs;
+    const auto flat_got = got.to_json().flatten(), flat_want = expected.to_json().flatten();
+    for (auto& [k, v] : flat_want.items())
+      if (flat_got.value(k, nlohmann::json()) != v)
+        diffs += fmt::format("{}{} is {} in the checkpoint, {} in this job", diffs.empty() ? "" : "; ", k.substr(1),
+                             flat_got.value(k, nlohmann::json()).dump(), v.dump());
+    std::replace(diffs.begin(), diffs.end(), '/', '.');
+    throw CheckpointError(fmt::format("checkpoint '{}' differs from this job: {}", path.string(), diffs),
+                          "resume with the model, optimizer, algorithm and cluster the run was started with");
+  }
+  return c;
+}
+
+void Run::check_fresh(const RunCheckpoints& ckpts) const {
+  if (ckpts.any())
+    throw CheckpointError("run directory '" + dir_.string() + "' already holds checkpoints",
+                          "continue it with --resume " + dir_.string() + ", or choose another train.run_dir");
+  const fs::path run_json = dir_ / "run.json";
+  if (fs::exists(run_json)) {
+    auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
+    if (doc.is_discarded() || doc.value("config", nlohmann::json()) != resolved_)
+      throw CheckpointError("run directory '" + dir_.string() + "' holds another run (its run.json has another "
+                            "configuration)",
+                            "choose another train.run_dir, or remove that directory if the run is not needed");
+  } else if (fs::exists(dir_ / "metrics.jsonl")) {
+    throw CheckpointError("run directory '" + dir_.string() + "' holds metrics of an unknown run",
+                          "choose another train.run_dir, or remove that directory");
+  }
+}
+
+void Run::write_info(const data::Dataset& dataset) const {
+  nlohmann::json info = {{"config", resolved_},
+                         {"model", model_json()},
+                         {"world", world_},
+                         {"seed", job_.train.seed},
+                         {"dataset", {{"dir", dataset.dir.string()}, {"tokenizer", dataset.tokenizer_kind},
+                                      {"train_tokens", dataset.train->size()}, {"val_tokens", dataset.val->size()}}},
+                         {"versions", {{"gasloc", "0.1.0"}, {"torch", TORCH_VERSION}}}};
+  write_file_atomic(dir_ / "run.json", info.dump(2) + "\n");
+}
+
+void Run::print() const {
+  const auto& mc = mc_;
+  fmt::print("gasloc train: resolved configuration ({} worker{}{})\n", world_, world_ == 1 ? "" : "s",
+             job_.cluster.backend == "inproc" ? "" : fmt::format(", {} processes", world_));
+  // A model field left at 0 takes the preset's value: show which.
+  const nlohmann::json shape = {{"dim", mc.dim},         {"n_layers", mc.n_layers},       {"n_heads", mc.n_heads},
+                                {"n_kv_heads", mc.n_kv_heads}, {"multiple_of", mc.multiple_of}, {"max_seq_len", mc.max_seq_len},
+                                {"ffn_dim_multiplier", mc.ffn_dim_multiplier}};
+  for (auto& [section, values] : resolved_.items()) {
+    fmt::print("  [{}]\n", section);
+    for (auto& [k, v] : values.items()) {
+      const bool from_preset = section == "model" && shape.contains(k) && v.is_number() && v.get<double>() == 0;
+      fmt::print("    {} = {}{}\n", k, v.dump(), from_preset ? fmt::format("  (preset {}: {})", job_.model.preset, shape[k].dump()) : "");
+    }
+  }
+  fmt::print("  model: dim {} layers {} heads {}/{} ffn {} vocab {} max_seq_len {} -> {:.2f}M parameters\n", mc.dim,
+             mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.ffn_hidden(), mc.vocab_size, mc.max_seq_len,
+             static_cast<double>(mc.num_params()) / 1e6);
+  std::fflush(stdout);
+}
+
+namespace {
+// Keys that may differ between ranks (paths and thread counts of each host).
+const std::vector<std::pair<std::string, std::string>> kRankLocal = {
+    {"train", "run_dir"}, {"train", "threads"}, {"train", "blas_threads"}, {"data", "dir"}, {"cluster", "timeout_s"},
+    {"cluster", "workers"}};
+}  // namespace
+
+void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved) {
+  nlohmann::json mine = resolved;
+  for (const auto& [sec, key] : kRankLocal)
+    if (mine.contains(sec)) mine[sec].erase(key);
+  const std::string text = mine.dump();
+  std::vector<nlohmann::json> all(static_cast<size_t>(c.world()));
+  for (int root = 0; root < c.world(); ++root) {
+    auto len = torch::tensor({static_cast<int64_t>(root == c.rank() ? text.size() : 0)}, torch::kInt64);
+    c.broadcast(len, root);
+    auto bytes = torch::empty({len.item<int64_t>()}, torch::kUInt8);
+    if (root == c.rank()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+    c.broadcast(bytes, root);
+    all[root] = nlohmann::json::parse(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+  }
+  std::string diffs;
+  for (int r = 1; r < c.world(); ++r)
+    for (auto& [sec, values] : all[0].items())
+      for (auto& [key, v0] : values.items()) {
+        const nlohmann::json vr = all[r][sec].value(key, nlohmann::json());
+        if (vr != v0) diffs += fmt::format("{}{}.{} is {} on rank {} but {} on rank 0", diffs.empty() ? "" : "; ", sec, key, vr.dump(), r, v0.dump());
+      }
+  if (!diffs.empty())
+    throw ConfigError("the ranks were started with different configurations: " + diffs,
+                      "start every rank with the same job file and --set options");
+}
+
+std::vector<std::vector<int64_t>> committed_by_rank(const RunCheckpoints& ckpts, int world, const std::vector<int>& local,
+                                                    comm::Communicator* process_comm) {
+  std::vector<std::vector<int64_t>> all(static_cast<size_t>(world));
+  for (int r : local) all[r] = ckpts.committed(r);
+  if (process_comm == nullptr || world == 1) return all;
+  // Row r holds rank r's steps + 1 (0 = none); other ranks contribute zeros, so the mean times
+  // world is each row exactly (integers far below 2^53).
+  auto t = torch::zeros({world, 2}, torch::kFloat64);
+  for (int r : local)
+    for (size_t k = 0; k < all[r].size() && k < 2; ++k) t[r][static_cast<int64_t>(k)] = static_cast<double>(all[r][k] + 1);
+  process_comm->all_reduce_mean(t);
+  t.mul_(world).round_();
+  for (int r = 0; r < world; ++r) {
+    all[r].clear();
+    for (int k = 0; k < 2; ++k)
+      if (const auto v = static_cast<int64_t>(t[r][k].item<double>()); v > 0) all[r].push_back(v - 1);
+  }
+  return all;
+}
+
+}  // namespace gasloc::train

@@ -1,0 +1,85 @@
+// A training run before its ranks start: the job as it runs (resolved from the request, with the
+// world it really has), what its checkpoints must agree on, and its run.json.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gasloc/comm/communicator.hpp"
+#include "gasloc/data/dataset.hpp"
+#include "gasloc/model/llama.hpp"
+#include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/job_config.hpp"
+#include "gasloc/train/trainer.hpp"
+
+namespace gasloc::train {
+
+// The job a request describes: its job file with overrides, or (--resume) the run's own run.json
+// with overrides on top. Throws ConfigError or CheckpointError.
+JobConfig resolve_job(const TrainRequest& req);
+
+// What a checkpoint must agree on with the job that resumes it.
+struct CheckpointMeta {
+  nlohmann::json model;
+  std::string optim, algo;
+  int world = 1;
+  bool operator==(const CheckpointMeta&) const = default;
+  nlohmann::json to_json() const { return {{"model", model}, {"optim", optim}, {"algo", algo}, {"world", world}}; }
+  static CheckpointMeta from_json(const nlohmann::json& m);
+};
+
+// Cumulative counters of one rank. They live in its checkpoints, so that a resumed run reports
+// the traffic, times and idle time of the whole run, not of its last part.
+struct Counters {
+  int64_t bytes_sent = 0;
+  double virtual_time_s = 0, wall_time_s = 0, idle_s = 0;
+  nlohmann::json to_json() const;
+  static Counters from_json(const nlohmann::json& j);
+};
+
+class Run {
+ public:
+  Run(const JobConfig& job, const model::LlamaConfig& mc, int world);
+  const JobConfig& job() const { return job_; }
+  const model::LlamaConfig& model() const { return mc_; }
+  int world() const { return world_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  // The job as it runs: the world it really has (process backends: WORLD_SIZE, not cluster.workers).
+  const nlohmann::json& resolved() const { return resolved_; }
+  nlohmann::json model_json() const;
+  CheckpointMeta meta() const { return {model_json(), job_.optim.name, job_.algo.name, world_}; }
+
+  // Rank's checkpoint of `step`, which must agree with meta() (a CheckpointError names every
+  // key that differs). An unreadable one offers the rank's previous step of `committed`.
+  Checkpoint load(const RunCheckpoints& ckpts, int64_t step, int rank, const std::vector<int64_t>& committed) const;
+  // A new run may not land in a directory that holds another one: its checkpoints would be
+  // refused at best, its metrics mixed with the new run's at worst. Throws CheckpointError.
+  void check_fresh(const RunCheckpoints& ckpts) const;
+  // run.json: the resolved job, the model, the dataset and versions.
+  void write_info(const data::Dataset& dataset) const;
+  // The resolved configuration, with the preset's value beside each model field left at 0.
+  void print() const;
+
+ private:
+  const JobConfig& job_;
+  model::LlamaConfig mc_;
+  int world_;
+  std::filesystem::path dir_;
+  nlohmann::json resolved_;
+};
+
+// Every rank of a process group must train the same job: ranks with different optim.lr used to
+// train together silently. Each rank broadcasts its resolved job in turn (paths and thread counts
+// may differ), so that every rank computes the same list of differences and stops with the same
+// ConfigError.
+void agree_on_config(comm::Communicator& processes, const nlohmann::json& resolved);
+
+// Every rank's committed checkpoint steps, wherever its files are: ranks of other processes
+// (or hosts) tell theirs through `processes` (null: every rank is in this process).
+std::vector<std::vector<int64_t>> committed_by_rank(const RunCheckpoints& ckpts, int world, const std::vector<int>& local,
+                                                    comm::Communicator* processes);
+
+}  // namespace gasloc::train
