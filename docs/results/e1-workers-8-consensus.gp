@@ -1,8 +1,0 @@
-set terminal pngcairo size 900,560 noenhanced
-set output '/work/main/docs/results/e1-workers-8-consensus.png'
-set xlabel 'step'
-set ylabel 'consensus distance (mean squared, to the average)'
-set logscale y
-set grid
-set key top right
-plot '/work/main/docs/results/e1-workers-8-consensus.dat' index 0 with linespoints title 'gasloc-1peer', '/work/main/docs/results/e1-workers-8-consensus.dat' index 1 with linespoints title 'gasloc-2peer', '/work/main/docs/results/e1-workers-8-consensus.dat' index 2 with linespoints title 'dadam-ring', '/work/main/docs/results/e1-workers-8-consensus.dat' index 3 with linespoints title 'dadam-complete', '/work/main/docs/results/e1-workers-8-consensus.dat' index 4 with linespoints title 'dadam-1peer', '/work/main/docs/results/e1-workers-8-consensus.dat' index 5 with linespoints title 'dadam-2peer'

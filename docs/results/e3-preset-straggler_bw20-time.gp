@@ -1,7 +1,0 @@
-set terminal pngcairo size 900,560 noenhanced
-set output '/work/main/docs/results/e3-preset-straggler_bw20-time.png'
-set xlabel 'virtual time (s)'
-set ylabel 'validation loss (average model)'
-set grid
-set key top right
-plot '/work/main/docs/results/e3-preset-straggler_bw20-time.dat' index 0 with linespoints title 'diloco', '/work/main/docs/results/e3-preset-straggler_bw20-time.dat' index 1 with linespoints title 'gasloc-1peer-tb', '/work/main/docs/results/e3-preset-straggler_bw20-time.dat' index 2 with linespoints title 'gasloc-2peer-tb'

@@ -1,7 +1,0 @@
-set terminal pngcairo size 900,560 noenhanced
-set output '/work/main/docs/results/e6-step.png'
-set xlabel 'step'
-set ylabel 'validation loss (average model)'
-set grid
-set key top right
-plot '/work/main/docs/results/e6-step.dat' index 0 with linespoints title 'gasloc-1peer', '/work/main/docs/results/e6-step.dat' index 1 with linespoints title 'gasloc-2peer'
