@@ -1,11 +1,20 @@
 // Job configuration: defaults, TOML loading, overrides, and errors that name the key.
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <fmt/format.h>
+#include <torch/torch.h>
 
+#include <fstream>
+#include <stdexcept>
+#include <type_traits>
+
+#include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/config.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/flat_params.hpp"
 #include "gasloc/train/job_config.hpp"
+#include "gasloc/train/optimizers.hpp"
 
 using namespace gasloc;
 using train::job_from_json;
@@ -124,4 +133,143 @@ TEST(Config, GpaSettingsAreChecked) {
                       "optim.gpa_from_diloco.nu");
   // mu_y = 1 and mu_x = 0 are the closed ends of the ranges.
   EXPECT_NO_THROW(load_job("", {"optim.name=gpa", "optim.mu_y=1", "optim.mu_x=0"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enumerated settings and the registries behind algo.name and optim.name.
+
+namespace {
+// Every enumerated key of the job, with its valid names.
+std::vector<std::pair<std::string, const config::Choices*>> choice_keys() {
+  std::vector<std::pair<std::string, const config::Choices*>> out;
+  train::JobConfig job;
+  job.for_each_section([&](const char* section, auto& s) {
+    s.visit([&](const char* key, auto& field, const char*) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, config::Choice>)
+        out.push_back({std::string(section) + "." + key, &field.choices()});
+    });
+  });
+  return out;
+}
+
+// The line of `key` in --help-config.
+std::string help_line(const std::string& key) {
+  const auto text = train::describe_job();
+  const auto at = text.find("  " + key + " ");
+  if (at == std::string::npos) return "";
+  return text.substr(at, text.find('\n', at) - at);
+}
+}  // namespace
+
+TEST(Choices, UnknownNamesListTheValidOnes) {
+  const auto keys = choice_keys();
+  ASSERT_GE(keys.size(), 12u);  // model.preset ... network.preset
+  for (const auto& [key, choices] : keys) {
+    try {
+      load_job("", {key + "=bogus"});
+      ADD_FAILURE() << key << " accepted 'bogus'";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'" + key + "'"), std::string::npos) << what;
+      for (const auto& o : choices->options()) EXPECT_NE(what.find(o.name), std::string::npos) << key << ": " << what;
+    }
+    // The help text lists every name too, and every name loads.
+    for (const auto& o : choices->options()) {
+      EXPECT_NE(help_line(key).find(o.name), std::string::npos) << key << " " << o.name;
+      try {
+        load_job("", {key + "=" + o.name});
+      } catch (const ConfigError& e) {
+        EXPECT_EQ(std::string(e.what()).find("unknown"), std::string::npos) << key << " = " << o.name << ": " << e.what();
+      }
+    }
+  }
+  // A TOML value of the wrong type names the choices as well.
+  expect_config_error([] { job_from_json(toml("[train]\ndtype = 16\n"), {}); }, "fp32, bf16");
+}
+
+TEST(Choices, ReadAndWriteAsPlainStrings) {
+  auto job = load_job("", {"algo.name=gasloc", "algo.topology=ring", "cluster.workers=4", "train.dtype=bf16"});
+  const auto j = job.to_json();
+  EXPECT_EQ(j["algo"]["name"], "gasloc");  // run.json keeps the same strings
+  EXPECT_EQ(j["algo"]["topology"], "ring");
+  EXPECT_EQ(j["train"]["dtype"], "bf16");
+  EXPECT_EQ(job_from_json(j, {}).to_json(), j);
+  EXPECT_EQ(job.algo.name, "gasloc");
+  EXPECT_EQ(fmt::format("{}", job.algo.topology), "ring");
+  // Comparing with a name that is not a choice is a misspelt literal: a bug, not false.
+  EXPECT_THROW((void)(job.train.dtype == "bf61"), std::logic_error);
+  EXPECT_THROW(job.train.dtype = "fp8", std::logic_error);
+  EXPECT_THROW(config::Choice(train::dtype_choices(), "fp8"), std::logic_error);
+}
+
+TEST(Registry, EveryAlgorithmIsListedValidatedAndBuiltFromItsEntry) {
+  const comm::NetworkModel net;
+  for (const auto& e : algo::algorithms()) {
+    SCOPED_TRACE(e.name);
+    // --help-config: algo.name lists it with its doc; the per-key lists follow the flags.
+    EXPECT_NE(help_line("algo.name").find(e.name + " (" + e.doc + ")"), std::string::npos);
+    auto listed = [&](const char* key) {
+      const auto line = help_line(key);
+      for (const char* before : {" ", "("})
+        for (const char* after : {",", ")"})
+          if (line.find(before + e.name + after) != std::string::npos) return true;
+      return false;
+    };
+    EXPECT_EQ(listed("algo.H"), e.has_rounds);
+    EXPECT_EQ(listed("algo.outer_lr"), e.has_outer);
+    EXPECT_EQ(listed("algo.topology"), e.needs_topology);
+    EXPECT_EQ(listed("algo.form"), e.has_forms);
+
+    algo::AlgoConfig a;
+    a.name = e.name;
+    const int world = e.single_worker ? 1 : 4;
+    // Dispatch: make_synchronizer builds the entry's synchronizer.
+    EXPECT_EQ(algo::make_synchronizer(a, world, 1, &net)->name(), e.name);
+    // Validation follows the flags.
+    auto valid = [&](auto change, int n) {
+      algo::AlgoConfig b = a;
+      change(b);
+      try {
+        b.validate(n);
+        return true;
+      } catch (const ConfigError&) {
+        return false;
+      }
+    };
+    EXPECT_EQ(valid([](auto& b) { b.h_policy = "time_budget"; }, world), e.has_rounds);
+    EXPECT_EQ(valid([](auto& b) { b.form = "mix_after"; }, world), e.has_forms);
+    EXPECT_EQ(valid([](auto& b) { b.wire_dtype = "bf16"; }, world), !e.sends_gradients);
+    EXPECT_EQ(valid([](auto&) {}, 4), !e.single_worker);
+    EXPECT_EQ(valid([](auto& b) { b.topology = "exp"; }, 3), !e.single_worker && !e.needs_topology);  // exp needs 2^k
+  }
+  EXPECT_EQ(algo::algorithm_choices().names(), "none, allreduce, diloco, gasloc, dadam, local_dadam");
+  try {
+    algo::algorithm("magic");
+    ADD_FAILURE() << "algorithm('magic') found an entry";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.hint().find("local_dadam"), std::string::npos) << e.hint();
+  }
+}
+
+TEST(Registry, EveryOptimizerIsListedValidatedAndBuiltFromItsEntry) {
+  auto p = torch::zeros({4, 3});
+  FlatParams params(std::vector<std::pair<std::string, torch::Tensor>>{{"w", p}});
+  for (const auto& e : train::optimizers()) {
+    SCOPED_TRACE(e.name);
+    EXPECT_NE(help_line("optim.name").find(e.name), std::string::npos);
+    EXPECT_EQ(help_line("optim.mu_x").find(e.name + ":") != std::string::npos ||
+                  help_line("optim.mu_x").find(e.name + ",") != std::string::npos,
+              e.uses_mu);
+    EXPECT_EQ(help_line("optim.decay_on").find(e.name) != std::string::npos, e.averages);
+    auto job = load_job("", {"optim.name=" + e.name});
+    EXPECT_EQ(train::make_optimizer(job.optim, params)->name(), e.name);
+    bool helper_ok = true;
+    try {
+      load_job("", {"optim.name=" + e.name, "optim.gpa_from_diloco={ H = 8 }"});
+    } catch (const ConfigError&) {
+      helper_ok = false;
+    }
+    EXPECT_EQ(helper_ok, e.uses_mu);
+  }
+  expect_config_error([] { load_job("", {"optim.name=sgd"}); }, "adamw, gpa, schedule_free");
 }

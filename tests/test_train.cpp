@@ -291,7 +291,7 @@ TEST_F(Trainer, DisjointSamplingReducesToSharedOnOneWorker) {
     ADD_FAILURE() << "data.sampling = iid was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("data.sampling"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("shared or disjoint"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("valid: shared, disjoint"), std::string::npos) << e.what();
   }
 }
 

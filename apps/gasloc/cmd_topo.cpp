@@ -4,6 +4,7 @@
 #include <map>
 
 #include "commands.hpp"
+#include "gasloc/algo/algorithms.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/topology/spectral.hpp"
@@ -12,17 +13,6 @@
 namespace gasloc::app {
 
 namespace {
-
-const char* describe(topology::Kind k) {
-  switch (k) {
-    case topology::Kind::complete: return "complete graph, W = 11^T/n, run as an all-reduce";
-    case topology::Kind::one_peer: return "random matching, a fresh permutation every round";
-    case topology::Kind::two_peer: return "random ring, a fresh permutation every round";
-    case topology::Kind::ring: return "fixed ring i-1, i, i+1";
-    case topology::Kind::exp: return "one-peer exponential graph, i XOR 2^(t mod log2 n)";
-  }
-  return "";
-}
 
 std::string join(const std::vector<int>& v) {
   std::string s;
@@ -80,13 +70,14 @@ Action add_topo(CLI::App& app) {
     int64_t dim = 0;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--topology,-t", o->topology, "complete, 1peer, 2peer, ring, exp")->required();
+  app.add_option("--topology,-t", o->topology, topology::kind_choices().names())->required();
   app.add_option("-n,--workers", o->n, "number of workers")->required();
   app.add_option("--seed", o->seed, "gossip seed (every worker draws round t's graph from (seed, t))")->capture_default_str();
   app.add_option("--round", o->round, "round whose mixing matrix to print")->capture_default_str();
   app.add_option("--rounds", o->rounds, "rounds averaged to estimate the spectral gap of random graphs")->capture_default_str();
   app.add_option("--preset,-p", o->preset, "model preset whose parameters form the message")->capture_default_str();
-  app.add_option("--wire-dtype", o->wire_dtype, "fp32 or bf16: bytes per parameter on the wire (algo.wire_dtype)")->capture_default_str();
+  app.add_option("--wire-dtype", o->wire_dtype, algo::wire_dtype_choices().names() + ": bytes per parameter on the wire (algo.wire_dtype)")
+      ->capture_default_str();
   app.add_option("--consensus", o->consensus,
                  "also gossip random vectors for this many rounds (no training) and print the consensus distance "
                  "against the (1 - gap)^t the spectral gap predicts");
@@ -94,7 +85,7 @@ Action add_topo(CLI::App& app) {
                  "momentum 0 is plain averaging)")->capture_default_str();
   app.add_option("--outer-momentum", o->outer_momentum, "with --consensus: GASLoC's outer momentum (mu; gamma for accelerated)")
       ->capture_default_str();
-  app.add_option("--form", o->form, "with --consensus: GASLoC form, anchor, mix_after or accelerated (algo.form)")
+  app.add_option("--form", o->form, "with --consensus: GASLoC form, " + topology::form_choices().names() + " (algo.form)")
       ->capture_default_str();
   app.add_option("--gossip-step", o->gossip_step, "with --consensus: the accelerated form's alpha (algo.gossip_step)")
       ->capture_default_str();
@@ -108,14 +99,13 @@ Action add_topo(CLI::App& app) {
                                     o->outer_lr, o->outer_momentum));
     if (!(o->gossip_step >= 0 && o->gossip_step <= 1))
       throw ConfigError(fmt::format("--gossip-step {}: alpha must be in [0, 1]", o->gossip_step));
-    if (o->wire_dtype != "bf16" && o->wire_dtype != "fp32")
-      throw ConfigError("--wire-dtype must be bf16 or fp32, got '" + o->wire_dtype + "'");
+    const auto wire = algo::parse_wire_dtype(o->wire_dtype);
     if (o->dim < 0) throw ConfigError("--dim must be >= 1");
     const auto form = topology::parse_form(o->form);
     if (o->optimize && o->consensus == 0) o->consensus = 2000;
     const topology::Topology t(topology::parse_kind(o->topology), o->n, o->seed);
     const int n = t.size();
-    fmt::print("topology {} ({}), n = {}, seed {}\n", topology::to_string(t.kind()), describe(t.kind()), n, o->seed);
+    fmt::print("topology {} ({}), n = {}, seed {}\n", topology::to_string(t.kind()), topology::kind_choices().options().at(static_cast<size_t>(t.kind())).doc, n, o->seed);
     if (t.fell_back())
       fmt::print("note: {} needs n >= 3; with n = {} it fell back to {}\n", topology::to_string(t.requested_kind()), n,
                  topology::to_string(t.kind()));
@@ -123,7 +113,7 @@ Action add_topo(CLI::App& app) {
 
     const int deg = topology::max_degree(t);
     const auto params = model::LlamaConfig::preset(o->preset).num_params();
-    const int64_t bytes_per_param = o->wire_dtype == "bf16" ? 2 : 4;
+    const auto bytes_per_param = static_cast<int64_t>(c10::elementSize(wire));
     const int64_t message = params * bytes_per_param;
     const double sent = topology::bytes_per_worker_per_round(t, message);
     fmt::print("degree: {}{}\n", deg,

@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/train/job_config.hpp"
 #include "gasloc/train/trainer.hpp"
 
 namespace gasloc::app {
@@ -22,8 +23,8 @@ Action add_train(CLI::App& app) {
   app.add_option("--resume-step", o->req.resume_step,
                  "with --resume: continue from this committed step instead (the previous one is kept, e.g. when the "
                  "newest is damaged)");
-  app.add_option("--device", o->device, "cpu or cuda (same as --set train.device=...)");
-  app.add_option("--dtype", o->dtype, "fp32 or bf16 (same as --set train.dtype=...)");
+  app.add_option("--device", o->device, train::device_choices().names() + " (same as --set train.device=...)");
+  app.add_option("--dtype", o->dtype, train::dtype_choices().names() + " (same as --set train.dtype=...)");
   app.add_flag("--help-config", o->help_config, "list every setting with its default and doc, then exit");
   return [o]() {
     if (o->help_config) {

@@ -4,37 +4,53 @@
 #include <memory>
 #include <string>
 
+#include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/network_model.hpp"
+#include "gasloc/core/choice.hpp"
+#include "gasloc/topology/spectral.hpp"
+#include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
 
+// algo.h_policy's values (local_steps.hpp).
+const config::Choices& h_policy_choices();
+
 struct AlgoConfig {
-  std::string name = "none";
+  config::Choice name{algorithm_choices(), "none"};
   int64_t H = 30;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
-  std::string topology = "2peer";
-  std::string h_policy = "fixed";
-  std::string form = "anchor";
+  config::Choice topology{topology::kind_choices(), "2peer"};
+  config::Choice h_policy{h_policy_choices(), "fixed"};
+  config::Choice form{topology::form_choices(), "anchor"};
   double gossip_step = 1.0;
-  std::string wire_dtype = "fp32";
+  config::Choice wire_dtype{wire_dtype_choices(), "fp32"};
 
   template <class V>
   void visit(V&& v) {
-    v("name", name, "none, allreduce, diloco, gasloc, dadam, local_dadam");
-    v("H", H, "inner steps per round (diloco, gasloc, local_dadam)");
-    v("outer_lr", outer_lr, "outer learning rate eta (diloco, gasloc)");
-    v("outer_momentum", outer_momentum, "outer Nesterov momentum mu in [0, 1) (diloco, gasloc)");
-    v("topology", topology, "gossip graph: complete, 1peer, 2peer, ring, exp (gasloc, dadam, local_dadam)");
-    v("h_policy", h_policy, "local steps per round: fixed (H everywhere) or time_budget (H_i from [network]; diloco, gasloc, local_dadam)");
-    v("form", form, "gasloc: anchor (mix phi, outer step on theta), mix_after (outer step, then mix), accelerated (mix u, momentum on iterates)");
+    const Docs& d = docs();
+    v("name", name, "the algorithm");
+    v("H", H, d.H.c_str());
+    v("outer_lr", outer_lr, d.outer_lr.c_str());
+    v("outer_momentum", outer_momentum, d.outer_momentum.c_str());
+    v("topology", topology, d.topology.c_str());
+    v("h_policy", h_policy, d.h_policy.c_str());
+    v("form", form, d.form.c_str());
     v("gossip_step", gossip_step, "gasloc accelerated: alpha in [0, 1], theta <- u - alpha (I - W) u + mu (u - u_prev); 1 mixes exactly as W");
-    v("wire_dtype", wire_dtype, "fp32 or bf16: parameter messages are cast to it on send; mixing and state stay fp32");
+    v("wire_dtype", wire_dtype, "dtype parameter messages are cast to on send (mixing and state stay fp32)");
   }
   // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
   // the checks that depend on it are skipped).
   void validate(int world) const;
+
+ private:
+  // The docs that name the algorithms a setting applies to, from the registry.
+  struct Docs {
+    std::string H, outer_lr, outer_momentum, topology, h_policy, form;
+  };
+  static const Docs& docs();
 };
 
 // The synchronizer for one worker. `seed` seeds the shared gossip graphs (same on every worker);

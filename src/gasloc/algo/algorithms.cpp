@@ -108,10 +108,14 @@ bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
 
 // ---------------------------------------------------------------------------------------------
 
+const config::Choices& wire_dtype_choices() {
+  static const config::Choices c("wire dtype", {{"fp32", ""}, {"bf16", "half the bytes"}});
+  return c;
+}
+
 torch::ScalarType parse_wire_dtype(const std::string& name) {
-  if (name == "fp32") return torch::kFloat;
-  if (name == "bf16") return torch::kBFloat16;
-  throw ConfigError("config key 'algo.wire_dtype': unknown wire dtype '" + name + "'", "use fp32 or bf16");
+  constexpr torch::ScalarType kTypes[] = {torch::kFloat, torch::kBFloat16};  // in wire_dtype_choices() order
+  return kTypes[wire_dtype_choices().index(name)];
 }
 
 torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what) {

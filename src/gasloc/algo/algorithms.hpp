@@ -151,7 +151,9 @@ torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const to
 // mean_i x_i by an all-reduce of x cast to `wire`, returned in x's dtype; non-finite results
 // are rejected (`what` names the exchange).
 torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what);
-// "fp32" -> kFloat, "bf16" -> kBFloat16; ConfigError otherwise.
+// The dtypes parameter messages may travel in (algo.wire_dtype, `gasloc topo --wire-dtype`).
+const config::Choices& wire_dtype_choices();
+// "fp32" -> kFloat, "bf16" -> kBFloat16; ConfigError listing the choices otherwise.
 torch::ScalarType parse_wire_dtype(const std::string& name);
 
 }  // namespace gasloc::algo

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gasloc/core/choice.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::config {
@@ -46,7 +47,7 @@ constexpr const char* type_name() {
   if constexpr (std::is_same_v<T, bool>) return "bool";
   else if constexpr (std::is_integral_v<T>) return "int";
   else if constexpr (std::is_floating_point_v<T>) return "float";
-  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, Choice>) return "string";
   else return "json";
 }
 
@@ -74,6 +75,9 @@ void assign(const std::string& key, const json& j, T& out) {
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!j.is_string()) bad("a string");
     out = j.get<std::string>();
+  } else if constexpr (std::is_same_v<T, Choice>) {
+    if (!j.is_string()) bad(("one of " + out.choices().names()).c_str());
+    out.assign(key, j.get<std::string>());
   } else {
     try {
       out = j.get<T>();
@@ -87,7 +91,7 @@ void assign(const std::string& key, const json& j, T& out) {
 // verbatim (quotes optional), everything else is parsed as a TOML value.
 template <class T>
 json text_to_json(const std::string& key, std::string_view text) {
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, Choice>) {
     std::string s(text);
     if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
       s = s.substr(1, s.size() - 2);
@@ -156,7 +160,9 @@ std::vector<FieldInfo> describe(const Section& s, const std::string& section) {
   std::vector<FieldInfo> out;
   const_cast<Section&>(s).visit([&](const char* key, auto& field, const char* doc) {
     using T = std::decay_t<decltype(field)>;
-    out.push_back({section + "." + key, detail::type_name<T>(), doc, json(field)});
+    std::string text = doc;
+    if constexpr (std::is_same_v<T, Choice>) text += ": " + field.choices().describe();
+    out.push_back({section + "." + key, detail::type_name<T>(), text, json(field)});
   });
   return out;
 }

@@ -73,31 +73,44 @@ LlamaConfig make(int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t
   c.tie_embeddings = tie;
   return c;
 }
+
+LlamaConfig with_ffn_multiplier(LlamaConfig c, double m) {
+  c.ffn_dim_multiplier = m;
+  return c;
+}
+
+struct Preset {
+  config::Option option;
+  LlamaConfig config;
+};
+
+// Vocabulary sizes are the defaults for model-info; training replaces them with the dataset's
+// tokenizer size.
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {{"nano", "tests"}, make(64, 2, 4, 2, 512, 32, 128)},
+      {{"micro", "research preset, ~1.0M"}, make(128, 4, 4, 2, 1024, 32, 256)},
+      {{"tiny", "CPU default, ~7.3M"}, make(256, 4, 8, 4, 8192, 256, 256)},
+      {{"small", "~34M"}, make(512, 8, 8, 4, 8192, 256, 512)},
+      {{"134m", "GASLoC paper scale"}, make(768, 12, 12, 12, 32000, 256, 1024)},
+      {{"160m", "GPA paper scale, GPT-2 vocab"}, make(768, 12, 12, 12, 50304, 256, 1024)},
+      {{"551m", "GASLoC paper scale"}, make(1536, 16, 16, 16, 32000, 256, 1024)},
+      {{"1b", "Llama 3.2 1B shape"}, with_ffn_multiplier(make(2048, 16, 32, 8, 128256, 256, 2048, true), 1.5)},
+  };
+  return p;
+}
 }  // namespace
 
-std::vector<std::string> LlamaConfig::preset_names() {
-  return {"nano", "micro", "tiny", "small", "134m", "160m", "551m", "1b"};
+const config::Choices& LlamaConfig::preset_choices() {
+  static const config::Choices c = [] {
+    std::vector<config::Option> o;
+    for (const auto& p : presets()) o.push_back(p.option);
+    return config::Choices("model preset", std::move(o));
+  }();
+  return c;
 }
 
-LlamaConfig LlamaConfig::preset(const std::string& name) {
-  // Vocabulary sizes are the defaults for model-info; training replaces them with the
-  // dataset's tokenizer size.
-  if (name == "nano") return make(64, 2, 4, 2, 512, 32, 128);           // tests
-  if (name == "micro") return make(128, 4, 4, 2, 1024, 32, 256);       // research preset, ~1.0M
-  if (name == "tiny") return make(256, 4, 8, 4, 8192, 256, 256);        // CPU default, ~7.3M
-  if (name == "small") return make(512, 8, 8, 4, 8192, 256, 512);       // ~34M
-  if (name == "134m") return make(768, 12, 12, 12, 32000, 256, 1024);   // GASLoC paper scale
-  if (name == "160m") return make(768, 12, 12, 12, 50304, 256, 1024);   // GPA paper scale (GPT-2 vocab)
-  if (name == "551m") return make(1536, 16, 16, 16, 32000, 256, 1024);  // GASLoC paper scale
-  if (name == "1b") {                                                   // Llama 3.2 1B shape
-    LlamaConfig c = make(2048, 16, 32, 8, 128256, 256, 2048, true);
-    c.ffn_dim_multiplier = 1.5;
-    return c;
-  }
-  std::string names;
-  for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-  throw ConfigError("unknown model preset '" + name + "'", "valid presets: " + names);
-}
+LlamaConfig LlamaConfig::preset(const std::string& name) { return presets().at(preset_choices().index(name)).config; }
 
 // ---------------------------------------------------------------------------------------------
 // Layers

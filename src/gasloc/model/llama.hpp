@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "gasloc/core/choice.hpp"
+
 namespace gasloc::model {
 
 struct LlamaConfig {
@@ -49,9 +51,10 @@ struct LlamaConfig {
   double flops_per_token(int64_t seq_len) const;
   // Throws ConfigError naming the offending field if the shape is inconsistent.
   void validate() const;
-  // Named presets: nano, micro, tiny, small, 134m, 160m, 551m, 1b. Throws ConfigError for others.
+  // A named preset of preset_choices(). Throws ConfigError listing them for others.
   static LlamaConfig preset(const std::string& name);
-  static std::vector<std::string> preset_names();
+  // nano, micro, tiny, small, 134m, 160m, 551m, 1b (model.preset).
+  static const config::Choices& preset_choices();
 };
 
 class RMSNormImpl : public torch::nn::Module {

@@ -1,13 +1,20 @@
 #include "gasloc/optim/gpa.hpp"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "gasloc/core/config.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::optim {
+
+void GpaOptions::validate() const {
+  config::require(mu_y > 0 && mu_y <= 1, "optim.mu_y", fmt::format("must be in (0, 1], got {}", mu_y));
+  config::require(mu_x >= 0 && mu_x <= 1, "optim.mu_x", fmt::format("must be in [0, 1], got {}", mu_x));
+}
 
 Gpa::Gpa(FlatParams& params, GpaOptions opts)
     : Optimizer(params), opts_(opts), moments_(params.data(), opts.adam), z_(params.data().clone()) {
@@ -18,10 +25,7 @@ Gpa::Gpa(FlatParams& params, GpaOptions opts)
                         "set optim.beta1 (the reference's default is 0.9)");
     return;
   }
-  if (!(opts_.mu_y > 0.0 && opts_.mu_y <= 1.0))
-    throw ConfigError("GPA mu_y must be in (0, 1], got " + std::to_string(opts_.mu_y), "set optim.mu_y");
-  if (!(opts_.mu_x >= 0.0 && opts_.mu_x <= 1.0))
-    throw ConfigError("GPA mu_x must be in [0, 1], got " + std::to_string(opts_.mu_x), "set optim.mu_x");
+  opts_.validate();
 }
 
 void Gpa::update_schedule_free(double lr_sched) {

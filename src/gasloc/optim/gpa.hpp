@@ -41,6 +41,9 @@ struct GpaOptions {
   double mu_x = 0.9967;         // evaluation average: x <- mu_x*x + (1-mu_x)*z, in [0, 1]
   bool decay_on_y = false;      // weight decay from y (Schedule-Free's choice) instead of on z
   bool schedule_free = false;   // the reference Schedule-Free AdamW instead of GPA (mu_x, mu_y unused)
+  // The ranges of mu_x and mu_y (ConfigError naming optim.mu_x / optim.mu_y); job validation
+  // and the GPA constructor both call this.
+  void validate() const;
 };
 
 class Gpa final : public Optimizer {

@@ -5,6 +5,11 @@
 
 namespace gasloc::optim {
 
+const config::Choices& decay_choices() {
+  static const config::Choices c("decay", {{"cosine", "half a cosine down to min_lr_ratio * lr"}, {"linear", "a straight line down to it"}, {"constant", "none"}});
+  return c;
+}
+
 double Schedule::at(int64_t k) const {
   if (warmup_steps > 0 && k <= warmup_steps) return lr * static_cast<double>(k) / static_cast<double>(warmup_steps);
   if (decay == "constant") return lr;

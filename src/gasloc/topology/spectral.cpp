@@ -83,21 +83,16 @@ double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes) {
   return max_degree(topo) * p;
 }
 
-Form parse_form(const std::string& name) {
-  if (name == "anchor") return Form::anchor;
-  if (name == "mix_after") return Form::mix_after;
-  if (name == "accelerated") return Form::accelerated;
-  throw ConfigError("unknown GASLoC form '" + name + "'", "valid forms: anchor, mix_after, accelerated");
+const config::Choices& form_choices() {
+  static const config::Choices c("GASLoC form", {{"anchor", "mix phi, outer step on theta"},
+                                                 {"mix_after", "outer step, then mix"},
+                                                 {"accelerated", "mix u, momentum on iterates"}});
+  return c;
 }
 
-std::string to_string(Form form) {
-  switch (form) {
-    case Form::anchor: return "anchor";
-    case Form::mix_after: return "mix_after";
-    case Form::accelerated: return "accelerated";
-  }
-  return "";
-}
+Form parse_form(const std::string& name) { return static_cast<Form>(form_choices().index(name)); }
+
+std::string to_string(Form form) { return form_choices().options().at(static_cast<size_t>(form)).name; }
 
 namespace {
 

@@ -29,7 +29,9 @@ double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes);
 
 // The GASLoC forms (algo.form, DESIGN.md section 3), as pure consensus sees them.
 enum class Form { anchor, mix_after, accelerated };
-// "anchor", "mix_after", "accelerated"; throws ConfigError listing them otherwise.
+// The names of the forms, in the order of Form (algo.form, `gasloc topo --form`).
+const config::Choices& form_choices();
+// A name of form_choices() to its Form; ConfigError listing them otherwise.
 Form parse_form(const std::string& name);
 std::string to_string(Form form);
 

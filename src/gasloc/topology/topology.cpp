@@ -12,8 +12,6 @@ namespace gasloc::topology {
 
 namespace {
 
-constexpr const char* kValidNames = "complete, 1peer, 2peer, ring, exp";
-
 int log2_exact(int n) { return std::countr_zero(static_cast<unsigned>(n)); }
 
 std::vector<int> inverse(const std::vector<int>& pi) {
@@ -24,25 +22,18 @@ std::vector<int> inverse(const std::vector<int>& pi) {
 
 }  // namespace
 
-Kind parse_kind(const std::string& name) {
-  if (name == "complete") return Kind::complete;
-  if (name == "1peer") return Kind::one_peer;
-  if (name == "2peer") return Kind::two_peer;
-  if (name == "ring") return Kind::ring;
-  if (name == "exp") return Kind::exp;
-  throw ConfigError("unknown topology '" + name + "'", std::string("valid topologies: ") + kValidNames);
+const config::Choices& kind_choices() {
+  static const config::Choices c("topology", {{"complete", "complete graph, W = 11^T/n, run as an all-reduce"},
+                                              {"1peer", "random matching, a fresh permutation every round"},
+                                              {"2peer", "random ring, a fresh permutation every round"},
+                                              {"ring", "fixed ring i-1, i, i+1"},
+                                              {"exp", "one-peer exponential graph, i XOR 2^(t mod log2 n)"}});
+  return c;
 }
 
-std::string to_string(Kind kind) {
-  switch (kind) {
-    case Kind::complete: return "complete";
-    case Kind::one_peer: return "1peer";
-    case Kind::two_peer: return "2peer";
-    case Kind::ring: return "ring";
-    case Kind::exp: return "exp";
-  }
-  return "?";
-}
+Kind parse_kind(const std::string& name) { return static_cast<Kind>(kind_choices().index(name)); }
+
+std::string to_string(Kind kind) { return kind_choices().options().at(static_cast<size_t>(kind)).name; }
 
 Topology::Topology(Kind kind, int n, uint64_t seed) : requested_(kind), kind_(kind), n_(n), seed_(seed) {
   const std::string name = to_string(kind);

@@ -7,11 +7,15 @@
 #include <utility>
 #include <vector>
 
+#include "gasloc/core/choice.hpp"
+
 namespace gasloc::topology {
 
 enum class Kind { complete, one_peer, two_peer, ring, exp };
 
-// "complete", "1peer", "2peer", "ring", "exp"; throws ConfigError listing them otherwise.
+// The names of the kinds, in the order of Kind (algo.topology, `gasloc topo -t`).
+const config::Choices& kind_choices();
+// A name of kind_choices() to its Kind; ConfigError listing them otherwise.
 Kind parse_kind(const std::string& name);
 std::string to_string(Kind kind);
 

@@ -9,6 +9,51 @@
 namespace gasloc::train {
 using config::require;
 
+const config::Choices& sampling_choices() {
+  static const config::Choices c("sampling", {{"shared", "every worker draws from the whole stream"},
+                                              {"disjoint", "worker r from the r-th of n slices: heterogeneous data"}});
+  return c;
+}
+const config::Choices& device_choices() {
+  static const config::Choices c("device", {{"cpu", ""}, {"cuda", ""}});
+  return c;
+}
+const config::Choices& dtype_choices() {
+  static const config::Choices c("dtype", {{"fp32", ""}, {"bf16", "autocast, fp32 master weights"}});
+  return c;
+}
+const config::Choices& decay_on_choices() {
+  static const config::Choices c("decay point", {{"z", "weight decay shrinks z"},
+                                                 {"y", "weight decay taken at y, the Schedule-Free reference's default"}});
+  return c;
+}
+const config::Choices& backend_choices() {
+  static const config::Choices c("backend", {{"inproc", "threads in one process, virtual clock"},
+                                             {"gloo", "one process per worker, gasloc launch"},
+                                             {"nccl", "one process and GPU per worker, gasloc launch (a CUDA LibTorch)"}});
+  return c;
+}
+const config::Choices& scenario_choices() {
+  static const config::Choices c("scenario", {{"homogeneous", ""},
+                                              {"straggler_bw10", "last rank's link at 10%"},
+                                              {"straggler_bw20", "last rank's link at 20%"},
+                                              {"slow_compute", "last rank at half speed"}});
+  return c;
+}
+
+const OptimSection::Docs& OptimSection::docs() {
+  static const Docs d = [] {
+    const std::string mu = optimizer_names(&OptimizerEntry::uses_mu), avg = optimizer_names(&OptimizerEntry::averages);
+    Docs out;
+    out.mu_y = mu + ": gradients at y = mu_y*x + (1-mu_y)*z, in (0, 1] (schedule_free uses beta1)";
+    out.mu_x = mu + ": model average x <- mu_x*x + (1-mu_x)*z, in [0, 1] (0 = AdamW)";
+    out.decay_on = "where weight decay applies (" + avg + ")";
+    out.gpa_from_diloco = mu + ": { H = 32, mu = 0.9 } sets mu_x = mu^(1/H), mu_y = mu (H = 0: off)";
+    return out;
+  }();
+  return d;
+}
+
 model::LlamaConfig ModelSection::resolve(int64_t vocab_size) const {
   model::LlamaConfig c = model::LlamaConfig::preset(preset);
   auto pick = [](auto& dst, auto v) {
@@ -68,8 +113,6 @@ void NetworkSection::resolve() {
 }
 
 void NetworkSection::validate(int world) const {
-  require(preset == "homogeneous" || preset == "straggler_bw10" || preset == "straggler_bw20" || preset == "slow_compute",
-          "network.preset", "unknown scenario '" + preset + "'; valid: homogeneous, straggler_bw10, straggler_bw20, slow_compute");
   require(std::isfinite(step_time_s) && step_time_s > 0, "network.step_time_s", "must be > 0");
   require(std::isfinite(bandwidth_gbit) && bandwidth_gbit > 0, "network.bandwidth_gbit", "must be > 0");
   require(std::isfinite(latency_s) && latency_s >= 0, "network.latency_s", "must be >= 0");
@@ -133,7 +176,7 @@ void JobConfig::validate() const {
         require(std::isfinite(value), std::string(section) + "." + key, "must be a finite number");
     });
   });
-  model.resolve(0);  // preset known and shape consistent
+  const int64_t max_seq = model.resolve(0).max_seq_len;  // preset known and shape consistent
   for (auto [k, v] : {std::pair{"dim", model.dim}, {"n_layers", model.n_layers}, {"n_heads", model.n_heads},
                       {"n_kv_heads", model.n_kv_heads}, {"max_seq_len", model.max_seq_len}})
     require(v >= 0, std::string("model.") + k, "must be >= 0 (0 = preset's)");
@@ -142,24 +185,17 @@ void JobConfig::validate() const {
 
   require(!data.dir.empty(), "data.dir", "must name a dataset directory");
   require(data.seq_len > 0, "data.seq_len", "must be positive");
-  const int64_t max_seq = model.resolve(0).max_seq_len;
   require(data.seq_len <= max_seq, "data.seq_len",
           fmt::format("{} exceeds the model's max_seq_len {} (raise model.max_seq_len or lower data.seq_len)",
                       data.seq_len, max_seq));
   require(data.batch_size > 0, "data.batch_size", "must be positive");
   require(data.val_batches > 0, "data.val_batches", "must be positive");
   require(data.vocab_size >= 0 && data.vocab_size <= 65536, "data.vocab_size", "must be in [0, 65536]");
-  require(data.sampling == "shared" || data.sampling == "disjoint", "data.sampling",
-          "must be shared or disjoint, got '" + data.sampling + "'");
 
-  require(optim.name == "adamw" || optim.name == "gpa" || optim.name == "schedule_free", "optim.name",
-          "unknown optimizer '" + optim.name + "'; valid: adamw, gpa, schedule_free");
-  require(optim.mu_y > 0 && optim.mu_y <= 1, "optim.mu_y", fmt::format("must be in (0, 1], got {}", optim.mu_y));
-  require(optim.mu_x >= 0 && optim.mu_x <= 1, "optim.mu_x", fmt::format("must be in [0, 1], got {}", optim.mu_x));
-  require(optim.decay_on == "z" || optim.decay_on == "y", "optim.decay_on", "must be z or y, got '" + optim.decay_on + "'");
+  gpa_options(optim).validate();  // mu_x, mu_y: whichever optimizer, as they are recorded in run.json
   require(optim.gpa_from_diloco.H >= 0, "optim.gpa_from_diloco.H", "must be >= 0 (0 = off)");
-  require(optim.gpa_from_diloco.H == 0 || optim.name == "gpa", "optim.gpa_from_diloco",
-          "applies to optim.name = \"gpa\" only, not '" + optim.name + "'");
+  require(optim.gpa_from_diloco.H == 0 || optimizer(optim.name).uses_mu, "optim.gpa_from_diloco",
+          "applies to optim.name = " + optimizer_names(&OptimizerEntry::uses_mu) + " only, not '" + optim.name.str() + "'");
   require(optim.lr > 0, "optim.lr", "must be positive");
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1)");
   require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "must be in [0, 1)");
@@ -167,8 +203,6 @@ void JobConfig::validate() const {
   require(optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
   require(optim.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
   require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
-  require(optim.decay == "cosine" || optim.decay == "linear" || optim.decay == "constant", "optim.decay",
-          "must be cosine, linear or constant, got '" + optim.decay + "'");
   require(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]");
 
   require(train.steps > 0, "train.steps", "must be positive");
@@ -176,16 +210,12 @@ void JobConfig::validate() const {
   require(train.eval_every >= 0, "train.eval_every", "must be >= 0");
   require(train.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0");
   require(train.log_every > 0, "train.log_every", "must be positive");
-  require(train.device == "cpu" || train.device == "cuda", "train.device", "must be cpu or cuda, got '" + train.device + "'");
-  require(train.dtype == "fp32" || train.dtype == "bf16", "train.dtype", "must be fp32 or bf16, got '" + train.dtype + "'");
   require(train.threads >= 0, "train.threads", "must be >= 0");
   require(train.blas_threads >= 0, "train.blas_threads", "must be >= 0");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
   require(train.divergence_factor == 0 || train.divergence_factor > 1, "train.divergence_factor",
           "must be 0 (never stop) or above 1 (a multiple of ln(vocab))");
   require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
-  require(cluster.backend == "inproc" || cluster.backend == "gloo" || cluster.backend == "nccl", "cluster.backend",
-          "must be inproc, gloo or nccl, got '" + cluster.backend + "'");
   require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
   // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
   const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;

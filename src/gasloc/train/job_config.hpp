@@ -9,12 +9,24 @@
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/network_model.hpp"
+#include "gasloc/core/choice.hpp"
 #include "gasloc/model/llama.hpp"
+#include "gasloc/optim/schedule.hpp"
+#include "gasloc/train/optimizers.hpp"
 
 namespace gasloc::train {
 
+// The values of the enumerated settings defined in this layer (job_config.cpp); the others come
+// from the layer that gives them meaning (algo/registry.hpp, optimizers.hpp, model presets, ...).
+const config::Choices& sampling_choices();
+const config::Choices& device_choices();
+const config::Choices& dtype_choices();
+const config::Choices& decay_on_choices();
+const config::Choices& backend_choices();
+const config::Choices& scenario_choices();
+
 struct ModelSection {
-  std::string preset = "tiny";
+  config::Choice preset{model::LlamaConfig::preset_choices(), "tiny"};
   int64_t dim = 0;
   int64_t n_layers = 0;
   int64_t n_heads = 0;
@@ -30,7 +42,7 @@ struct ModelSection {
 
   template <class V>
   void visit(V&& v) {
-    v("preset", preset, "model shape preset: nano, micro, tiny, small, 134m, 160m, 551m, 1b");
+    v("preset", preset, "model shape preset");
     v("dim", dim, "residual width C (0 = preset's)");
     v("n_layers", n_layers, "transformer blocks (0 = preset's)");
     v("n_heads", n_heads, "query heads (0 = preset's)");
@@ -54,7 +66,7 @@ struct DataSection {
   int64_t batch_size = 16;
   int64_t val_batches = 8;
   int64_t vocab_size = 0;
-  std::string sampling = "shared";
+  config::Choice sampling{sampling_choices(), "shared"};
   bool verify_shards = false;
 
   template <class V>
@@ -64,8 +76,7 @@ struct DataSection {
     v("batch_size", batch_size, "sequences per inner step and worker B");
     v("val_batches", val_batches, "batches in the fixed validation set");
     v("vocab_size", vocab_size, "vocabulary size override (0 = from dataset.json; llm.c shards: 50257)");
-    v("sampling", sampling,
-      "shared: every worker draws from the whole stream; disjoint: worker r from the r-th of n slices (heterogeneous data)");
+    v("sampling", sampling, "what each worker draws from");
     v("verify_shards", verify_shards,
       "check every shard's sha256 against dataset.json at start (reads all the data; sizes are always checked)");
   }
@@ -88,7 +99,7 @@ void to_json(nlohmann::json& j, const GpaFromDiloco& g);
 void from_json(const nlohmann::json& j, GpaFromDiloco& g);
 
 struct OptimSection {
-  std::string name = "adamw";
+  config::Choice name{optimizer_choices(), "adamw"};
   double lr = 3e-3;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -96,16 +107,17 @@ struct OptimSection {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   int64_t warmup_steps = 30;
-  std::string decay = "cosine";
+  config::Choice decay{optim::decay_choices(), "cosine"};
   double min_lr_ratio = 0.1;
   double mu_y = 0.7;
   double mu_x = 0.9967;
-  std::string decay_on = "z";
+  config::Choice decay_on{decay_on_choices(), "z"};
   GpaFromDiloco gpa_from_diloco;
 
   template <class V>
   void visit(V&& v) {
-    v("name", name, "inner optimizer: adamw, gpa (Generalized Primal Averaging), schedule_free");
+    const Docs& d = docs();
+    v("name", name, "inner optimizer");
     v("lr", lr, "peak learning rate");
     v("beta1", beta1, "Adam first-moment decay; schedule_free keeps no first moment: y = beta1*x + (1-beta1)*z");
     v("beta2", beta2, "Adam second-moment decay");
@@ -113,15 +125,22 @@ struct OptimSection {
     v("weight_decay", weight_decay, "decoupled weight decay, applied to matrices only");
     v("grad_clip", grad_clip, "max global gradient L2 norm (0 = no clipping)");
     v("warmup_steps", warmup_steps, "linear warmup steps");
-    v("decay", decay, "decay after warmup: cosine, linear, constant");
+    v("decay", decay, "decay after warmup");
     v("min_lr_ratio", min_lr_ratio, "final lr as a fraction of lr");
-    v("mu_y", mu_y, "gpa: gradients at y = mu_y*x + (1-mu_y)*z, in (0, 1] (schedule_free uses beta1)");
-    v("mu_x", mu_x, "gpa: model average x <- mu_x*x + (1-mu_x)*z, in [0, 1] (0 = AdamW)");
-    v("decay_on", decay_on, "gpa/schedule_free: weight decay shrinks z (default) or is taken at y (the Schedule-Free reference's default)");
-    v("gpa_from_diloco", gpa_from_diloco, "gpa: { H = 32, mu = 0.9 } sets mu_x = mu^(1/H), mu_y = mu (H = 0: off)");
+    v("mu_y", mu_y, d.mu_y.c_str());
+    v("mu_x", mu_x, d.mu_x.c_str());
+    v("decay_on", decay_on, d.decay_on.c_str());
+    v("gpa_from_diloco", gpa_from_diloco, d.gpa_from_diloco.c_str());
   }
   // Applies gpa_from_diloco to mu_x and mu_y; throws if they were also set to other values.
   void resolve();
+
+ private:
+  // The docs that name the optimizers a setting applies to, from the registry.
+  struct Docs {
+    std::string mu_y, mu_x, decay_on, gpa_from_diloco;
+  };
+  static const Docs& docs();
 };
 
 struct TrainSection {
@@ -131,8 +150,8 @@ struct TrainSection {
   int64_t checkpoint_every = 100;
   int64_t log_every = 10;
   uint64_t seed = 1337;
-  std::string device = "cpu";
-  std::string dtype = "fp32";
+  config::Choice device{device_choices(), "cpu"};
+  config::Choice dtype{dtype_choices(), "fp32"};
   int64_t threads = 0;
   int64_t blas_threads = 0;
   std::string run_dir = "runs/default";
@@ -146,8 +165,8 @@ struct TrainSection {
     v("checkpoint_every", checkpoint_every, "checkpoint every N steps (0 = only at the end)");
     v("log_every", log_every, "train metrics every N steps");
     v("seed", seed, "base seed: model init and data (worker r samples with seed + r)");
-    v("device", device, "cpu or cuda");
-    v("dtype", dtype, "fp32, or bf16 (autocast, fp32 master weights)");
+    v("device", device, "where the workers compute");
+    v("dtype", dtype, "compute dtype");
     v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
     v("blas_threads", blas_threads, "OpenBLAS threads per product (0 = 1 when workers are threads of one process, else its default)");
     v("run_dir", run_dir, "where run.json, metrics.jsonl and checkpoints go");
@@ -159,13 +178,13 @@ struct TrainSection {
 
 struct ClusterSection {
   int64_t workers = 1;
-  std::string backend = "inproc";
+  config::Choice backend{backend_choices(), "inproc"};
   double timeout_s = 300.0;
 
   template <class V>
   void visit(V&& v) {
     v("workers", workers, "workers of the in-process cluster (gloo, nccl: the world size comes from WORLD_SIZE)");
-    v("backend", backend, "inproc (threads in one process, virtual clock), or one process per worker under gasloc launch: gloo, or nccl (one GPU each; builds with a CUDA LibTorch)");
+    v("backend", backend, "how the workers talk");
     v("timeout_s", timeout_s, "seconds a collective waits for a peer before failing with an error naming it");
   }
 };
@@ -190,7 +209,7 @@ void from_json(const nlohmann::json& j, Straggler& s);
 // prices every step and message with it, algo.h_policy = "time_budget" plans with it, and with
 // throttle_gloo real Gloo links are held to it.
 struct NetworkSection {
-  std::string preset = "homogeneous";
+  config::Choice preset{scenario_choices(), "homogeneous"};
   double step_time_s = 0.1;
   double bandwidth_gbit = 1.0;
   double latency_s = 1e-3;
@@ -201,7 +220,7 @@ struct NetworkSection {
 
   template <class V>
   void visit(V&& v) {
-    v("preset", preset, "homogeneous, straggler_bw10, straggler_bw20 (last rank's link at 10% / 20%), slow_compute (last rank at half speed)");
+    v("preset", preset, "the scenario");
     v("step_time_s", step_time_s, "compute seconds of one inner step on an unimpeded worker");
     v("bandwidth_gbit", bandwidth_gbit, "each worker's link in Gbit/s, full duplex");
     v("latency_s", latency_s, "seconds per message");

@@ -266,10 +266,7 @@ TrainSummary run_training(const TrainRequest& req) {
   if (job.train.threads > 0) torch::set_num_threads(static_cast<int>(job.train.threads));
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
-  const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);
-  if (job.data.seq_len > mc.max_seq_len)
-    throw ConfigError(fmt::format("data.seq_len {} exceeds the model's max_seq_len {}", job.data.seq_len, mc.max_seq_len),
-                      "raise model.max_seq_len or lower data.seq_len");
+  const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);  // data.seq_len fits: JobConfig::validate
 
   // Which ranks live in this process: all of them in-process, one per process otherwise.
   // cluster.timeout_s governs the rendezvous and every operation (gasloc launch --timeout sets

@@ -9,8 +9,6 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/fused.hpp"
 #include "gasloc/model/hf_export.hpp"
-#include "gasloc/optim/adamw.hpp"
-#include "gasloc/optim/gpa.hpp"
 
 namespace gasloc::train {
 
@@ -34,24 +32,6 @@ AutocastGuard::~AutocastGuard() {
   if (cuda_) at::autocast::set_enabled(prev_);
   else at::autocast::set_cpu_enabled(prev_);
   at::autocast::clear_cache();
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimSection& cfg, FlatParams& params) {
-  optim::AdamWOptions adam;
-  adam.beta1 = cfg.beta1;
-  adam.beta2 = cfg.beta2;
-  adam.eps = cfg.eps;
-  adam.weight_decay = cfg.weight_decay;
-  if (cfg.name == "adamw") return std::make_unique<optim::AdamW>(params, adam);
-  if (cfg.name != "gpa" && cfg.name != "schedule_free")
-    throw ConfigError("unknown optimizer '" + cfg.name + "'", "valid optim.name: adamw, gpa, schedule_free");
-  optim::GpaOptions g;
-  g.adam = adam;
-  g.mu_y = cfg.mu_y;
-  g.mu_x = cfg.mu_x;
-  g.decay_on_y = cfg.decay_on == "y";
-  g.schedule_free = cfg.name == "schedule_free";
-  return std::make_unique<optim::Gpa>(params, g);
 }
 
 Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const data::Dataset& dataset,

@@ -20,6 +20,7 @@
 #include "gasloc/optim/schedule.hpp"
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/job_config.hpp"
+#include "gasloc/train/optimizers.hpp"
 
 namespace gasloc::train {
 
@@ -89,9 +90,6 @@ class Worker {
   double last_loss_ = 0.0;
   double max_loss_ = 0.0;  // 0: no limit
 };
-
-// The inner optimizer named by optim.name over `params`.
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimSection& cfg, FlatParams& params);
 
 // RAII: enables autocast to `dtype` on `device` for the current thread (no-op for fp32).
 class AutocastGuard {

@@ -1,0 +1,58 @@
+#include "gasloc/algo/algo_config.hpp"
+
+#include "gasloc/core/config.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::algo {
+
+const config::Choices& h_policy_choices() {
+  static const config::Choices c("local-step policy", {{"fixed", "H everywhere"}, {"time_budget", "H_i from [network]"}});
+  return c;
+}
+
+const AlgoConfig::Docs& AlgoConfig::docs() {
+  static const Docs d = [] {
+    auto with = [](const std::string& doc, bool AlgorithmEntry::*flag) { return doc + " (" + algorithm_names(flag) + ")"; };
+    Docs out;
+    out.H = with("inner steps per round", &AlgorithmEntry::has_rounds);
+    out.outer_lr = with("outer learning rate eta", &AlgorithmEntry::has_outer);
+    out.outer_momentum = with("outer Nesterov momentum mu in [0, 1)", &AlgorithmEntry::has_outer);
+    out.topology = with("gossip graph", &AlgorithmEntry::needs_topology);
+    out.h_policy = with("local steps per round", &AlgorithmEntry::has_rounds);
+    out.form = with("the round's form", &AlgorithmEntry::has_forms);
+    return out;
+  }();
+  return d;
+}
+
+void AlgoConfig::validate(int world) const {
+  using config::require;
+  const AlgorithmEntry& algo = algorithm(name);
+  require(H >= 1, "algo.H", "must be >= 1, got " + std::to_string(H));
+  require(outer_lr > 0, "algo.outer_lr", "must be > 0");
+  require(outer_momentum >= 0 && outer_momentum < 1, "algo.outer_momentum", "must be in [0, 1)");
+  require(h_policy == "fixed" || algo.has_rounds, "algo.h_policy",
+          "time_budget applies to algorithms with rounds of local steps (" + algorithm_names(&AlgorithmEntry::has_rounds) +
+              "), not '" + name.str() + "'");
+  require(form == "anchor" || algo.has_forms, "algo.form",
+          "applies to " + algorithm_names(&AlgorithmEntry::has_forms) + " only; '" + name.str() +
+              "' has one form: leave algo.form = anchor");
+  require(gossip_step >= 0 && gossip_step <= 1, "algo.gossip_step", "must be in [0, 1]");
+  require(gossip_step == 1.0 || form == "accelerated", "algo.gossip_step",
+          "is alpha of the accelerated form; with algo.form = " + form.str() + " leave it at 1");
+  require(wire_dtype == "fp32" || !algo.sends_gradients, "algo.wire_dtype",
+          "applies to parameter messages; " + name.str() + " averages gradients in fp32");
+  if (world > 0)
+    require(!algo.single_worker || world == 1, "algo.name",
+            "'" + name.str() + "' trains one worker; choose one of " + algorithm_names(&AlgorithmEntry::single_worker, false) +
+                " for " + std::to_string(world) + " workers");
+  if (algo.needs_topology && world > 0) {
+    try {
+      topology::Topology(topology::parse_kind(topology), world, 0);  // throws if the graph cannot exist for n
+    } catch (const ConfigError& e) {
+      throw ConfigError("config key 'algo.topology': " + std::string(e.what()), e.hint());
+    }
+  }
+}
+
+}  // namespace gasloc::algo

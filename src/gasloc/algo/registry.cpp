@@ -1,0 +1,67 @@
+#include "gasloc/algo/registry.hpp"
+
+#include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/algorithms.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::algo {
+
+topology::Topology SyncContext::topology() const {
+  return topology::Topology(topology::parse_kind(cfg.topology), world, seed);
+}
+
+LocalSteps SyncContext::steps() const {
+  if (cfg.h_policy != "time_budget") return LocalSteps(cfg.H);
+  if (!network) throw ConfigError("algo.h_policy = time_budget needs the network model", "internal: pass [network] to make_synchronizer");
+  return LocalSteps(cfg.H, *network, entry.needs_topology ? std::optional(topology()) : std::nullopt, world);
+}
+
+OuterOptions SyncContext::outer() const { return {cfg.outer_lr, cfg.outer_momentum}; }
+
+torch::ScalarType SyncContext::wire() const { return parse_wire_dtype(cfg.wire_dtype); }
+
+namespace {
+using Made = std::unique_ptr<Synchronizer>;
+}  // namespace
+
+const std::vector<AlgorithmEntry>& algorithms() {
+  static const std::vector<AlgorithmEntry> table = {
+      {.name = "none", .doc = "one worker, no communication", .single_worker = true,
+       .make = [](const SyncContext&) -> Made { return std::make_unique<NoSync>(); }},
+      {.name = "allreduce", .doc = "DDP: gradients averaged every step", .sends_gradients = true,
+       .make = [](const SyncContext&) -> Made { return std::make_unique<AllReduceSync>(); }},
+      {.name = "diloco", .doc = "H local steps, then an all-reduce and an outer Nesterov step",
+       .has_rounds = true, .has_outer = true,
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<DiLoCoSync>(c.steps(), c.outer(), c.wire()); }},
+      {.name = "gasloc", .doc = "H local steps, then gossip with the round's neighbours and an outer step",
+       .needs_topology = true, .has_rounds = true, .has_outer = true, .has_forms = true,
+       .make = [](const SyncContext& c) -> Made {
+         return std::make_unique<GossipSync>(c.steps(), c.outer(), c.topology(),
+                                             GossipForm{topology::parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire());
+       }},
+      {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true,
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire()); }},
+      {.name = "local_dadam", .doc = "H local steps, then gossip averaging, no outer step",
+       .needs_topology = true, .has_rounds = true,
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire()); }},
+  };
+  return table;
+}
+
+const config::Choices& algorithm_choices() {
+  static const config::Choices c = config::choices_of("algorithm", algorithms());
+  return c;
+}
+
+const AlgorithmEntry& algorithm(const std::string& name) { return algorithms().at(algorithm_choices().index(name)); }
+
+std::string algorithm_names(bool AlgorithmEntry::*flag, bool value) { return config::names_where(algorithms(), flag, value); }
+
+std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
+                                                const comm::NetworkModel* network) {
+  cfg.validate(world);
+  const AlgorithmEntry& entry = algorithm(cfg.name);
+  return entry.make(SyncContext{cfg, entry, world, seed, network});
+}
+
+}  // namespace gasloc::algo
