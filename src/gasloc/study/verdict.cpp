@@ -44,7 +44,12 @@ Paired paired(const BySeed& a, const BySeed& b) {
   return p;
 }
 
-std::string value(double x, const char* f) { return std::isfinite(x) ? fmt::format(fmt::runtime(f), x) : "never"; }
+// a - b on every paired seed.
+std::vector<double> differences(const Paired& p) {
+  std::vector<double> d;
+  for (size_t i = 0; i < p.a.size(); ++i) d.push_back(p.a[i] - p.b[i]);
+  return d;
+}
 
 // The evidence line: means and ranges, each seed's difference, the spread.
 std::string evidence(const Paired& p, const std::vector<double>& d, double spread, const char* f, const std::string& what) {
@@ -84,16 +89,17 @@ double seed_spread(const BySeed& a, const BySeed& b) {
 
 Judgement judge_lower(const BySeed& a, const BySeed& b) {
   const Paired p = paired(a, b);
-  std::vector<double> d;
-  for (size_t i = 0; i < p.a.size(); ++i) d.push_back(p.a[i] - p.b[i]);
+  const std::vector<double> d = differences(p);
   const double spread = seed_spread(a, b);
   return {sign_verdict(d, spread), evidence(p, d, spread, "{:.4f}", "a - b")};
 }
 
-Judgement judge_within(const BySeed& a, const BySeed& b, double tolerance) {
+namespace {
+// within (two-sided: the gap |a - b|) and no_worse (one-sided: the excess a - b) against
+// tolerance * |mean b|, the spread taken against the claim both ways.
+Judgement judge_gap(const BySeed& a, const BySeed& b, double tolerance, bool one_sided) {
   const Paired p = paired(a, b);
-  std::vector<double> d;
-  for (size_t i = 0; i < p.a.size(); ++i) d.push_back(p.a[i] - p.b[i]);
+  const std::vector<double> d = differences(p);
   const double spread = seed_spread(a, b);
   Judgement j{"", evidence(p, d, spread, "{:.4f}", "a - b")};
   const Stats sd = stats_of(d), sb = stats_of(p.b);
@@ -101,32 +107,19 @@ Judgement judge_within(const BySeed& a, const BySeed& b, double tolerance) {
     j.verdict = "inconclusive (no seed ran both)";
     return j;
   }
-  const double allowed = tolerance * std::abs(sb.mean);
-  j.numbers += fmt::format("; allowed gap {:.4f}", allowed);
-  if (std::abs(sd.mean) + spread <= allowed) j.verdict = "reproduced";
-  else if (std::abs(sd.mean) - spread > allowed) j.verdict = "not reproduced";
-  else j.verdict = "inconclusive (the gap is within the seeds' spread of the tolerance)";
+  const char* what = one_sided ? "excess" : "gap";
+  const double allowed = tolerance * std::abs(sb.mean), gap = one_sided ? sd.mean : std::abs(sd.mean);
+  j.numbers += fmt::format("; allowed {} {:.4f}", what, allowed);
+  if (gap + spread <= allowed) j.verdict = "reproduced";
+  else if (gap - spread > allowed) j.verdict = "not reproduced";
+  else j.verdict = fmt::format("inconclusive (the {} is within the seeds' spread of the tolerance)", what);
   return j;
 }
+}  // namespace
 
-Judgement judge_no_worse(const BySeed& a, const BySeed& b, double tolerance) {
-  const Paired p = paired(a, b);
-  std::vector<double> d;
-  for (size_t i = 0; i < p.a.size(); ++i) d.push_back(p.a[i] - p.b[i]);
-  const double spread = seed_spread(a, b);
-  Judgement j{"", evidence(p, d, spread, "{:.4f}", "a - b")};
-  const Stats sd = stats_of(d), sb = stats_of(p.b);
-  if (sd.n == 0) {
-    j.verdict = "inconclusive (no seed ran both)";
-    return j;
-  }
-  const double allowed = tolerance * std::abs(sb.mean);
-  j.numbers += fmt::format("; allowed excess {:.4f}", allowed);
-  if (sd.mean + spread <= allowed) j.verdict = "reproduced";
-  else if (sd.mean - spread > allowed) j.verdict = "not reproduced";
-  else j.verdict = "inconclusive (the excess is within the seeds' spread of the tolerance)";
-  return j;
-}
+Judgement judge_within(const BySeed& a, const BySeed& b, double tolerance) { return judge_gap(a, b, tolerance, false); }
+
+Judgement judge_no_worse(const BySeed& a, const BySeed& b, double tolerance) { return judge_gap(a, b, tolerance, true); }
 
 Judgement judge_faster(const BySeed& a, const BySeed& b, double tolerance, const std::string& unit) {
   const Paired p = paired(a, b);
