@@ -48,8 +48,10 @@ timeout 120 "$G" launch -n 2 --timeout 20 -- "$G" train "${job[@]}" --set train.
 launcher=$!
 for _ in $(seq 1 600); do [ -f k/checkpoints/rank1.committed ] && break; sleep 0.05; done
 [ -f k/checkpoints/rank1.committed ] || fail "no commit appeared"
+# The first process whose environment has RANK=1 (the loop stops there: a `| head -1` would let
+# pipefail fail the script when a second match is written after head has exited).
 victim=$(pgrep -f -- "--set train.run_dir=k" | while read -r p; do
-  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && echo "$p"; done | head -1)
+  if grep -qzx RANK=1 /proc/$p/environ 2>/dev/null; then echo "$p"; break; fi; done)
 [ -n "$victim" ] || fail "could not find rank 1"
 kill -9 "$victim"
 set +e; wait $launcher; rc=$?; set -e

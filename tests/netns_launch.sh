@@ -71,8 +71,10 @@ job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set dat
 timeout 60 "$G" launch -n 2 --netns --timeout 10 -- "$G" train "${job[@]}" > k1.log 2>&1 &
 launcher=$!
 for _ in $(seq 1 600); do [ -f run/checkpoints/rank1.committed ] && break; sleep 0.05; done
+# The first process whose environment has RANK=1 (the loop stops there: a `| head -1` would let
+# pipefail fail the script when a second match is written after head has exited).
 victim=$(pgrep -f -- "--set train.run_dir=run" | while read -r p; do
-  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && echo "$p"; done | head -1)
+  if grep -qzx RANK=1 /proc/$p/environ 2>/dev/null; then echo "$p"; break; fi; done)
 [ -n "$victim" ] || fail "could not find training rank 1: $(tail k1.log)"
 kill -9 "$victim"
 rc=0; wait $launcher || rc=$?
