@@ -43,6 +43,7 @@ const Lib& lib() {
   static std::once_flag once;
   static std::string failure;
   std::call_once(once, [] {
+    if (failure = unavailable_reason(); !failure.empty()) return;
     // The training library pulls in libsentencepiece itself into the same private scope.
     void* h = nullptr;
     for (const char* name : {"libsentencepiece_train.so.0", "libsentencepiece_train.so"})
@@ -70,8 +71,10 @@ const Lib& lib() {
     l.set_min_log_level(4);
   });
   if (!failure.empty())
-    throw DataError(failure, "install libsentencepiece0 (Debian/Ubuntu: apt-get install libsentencepiece0), or use "
-                             "--byte-level");
+    throw DataError(failure, unavailable_reason().empty()
+                                 ? "install libsentencepiece0 (Debian/Ubuntu: apt-get install libsentencepiece0), or use "
+                                   "--byte-level"
+                                 : "use a build without GASLOC_SANITIZE=address for SentencePiece, or --byte-level");
   return l;
 }
 
@@ -99,6 +102,17 @@ class StatusBox {
 void destroy(sp::SentencePieceProcessor* p) { delete p; }  // virtual: runs the library's destructor
 
 }  // namespace
+
+std::string unavailable_reason() {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's dlopen() would abort the process on RTLD_DEEPBIND (google/sanitizers#611): the
+  // library's own calls to malloc and friends would bypass ASan's. Without RTLD_DEEPBIND its
+  // protobuf would clash with LibTorch's (spm_runtime.hpp), so an ASan build goes without.
+  return "SentencePiece cannot be loaded in an AddressSanitizer build (ASan refuses the RTLD_DEEPBIND it needs)";
+#else
+  return {};
+#endif
+}
 
 Processor::Processor(const std::string& model_bytes, const std::string& source) {
   const Lib& l = lib();

@@ -42,4 +42,8 @@ class Processor {
 bool train(const std::unordered_map<std::string, std::string>& args, unsigned seed, std::string* model,
            std::string* error);
 
+// Empty where this build can load SentencePiece; otherwise why it cannot (an ASan build: ASan
+// refuses RTLD_DEEPBIND). Loading it there throws a DataError with this text.
+std::string unavailable_reason();
+
 }  // namespace gasloc::data::spm
