@@ -38,7 +38,9 @@ fault() {
   timeout 60 "$G" launch -n 4 --netns "${links[@]}" --timeout 5 --grace 1 -- gasloc comm-check --numel 1000 \
     --measure-bandwidth 40 > "$name.log" 2>&1 &
   local launcher=$!
-  for _ in $(seq 1 400); do grep -q "\[rank 2\] comm-check rank 2/4: exchange rate" "$name.log" 2>/dev/null && break; sleep 0.05; done
+  # Rank 3 prints this between the barrier and its 16 s exchange with rank 0: a fault before it
+  # would hit the barrier, which cannot tell which rank is missing.
+  for _ in $(seq 1 400); do grep -q "\[rank 3\] comm-check rank 3/4: measuring" "$name.log" 2>/dev/null && break; sleep 0.05; done
   local id; id=$(sed -nE 's/.*hosts on bridge glb([0-9]+) .*/\1/p' "$name.log")
   [ -n "$id" ] || fail "$name: no test bed line: $(cat "$name.log")"
   "$@" "gasloc${id}r3"

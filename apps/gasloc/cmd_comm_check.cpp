@@ -160,6 +160,12 @@ Action add_comm_check(CLI::App& app) {
       for (int q = 1; q < n; ++q) {
         const std::vector<int> peers = r == 0 ? std::vector<int>{q} : r == q ? std::vector<int>{0} : std::vector<int>{};
         comm->barrier();
+        if (r == q) {
+          // Printed once the ranks have met, so a watcher (tests/netns_launch.sh) can disturb this
+          // link while its exchange is under way rather than while the ranks are still meeting.
+          fmt::print("comm-check rank {}/{}: measuring the exchange rate with rank 0\n", r, n);
+          std::fflush(stdout);
+        }
         const auto t0 = std::chrono::steady_clock::now();
         comm->exchange(peers, big, recv);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

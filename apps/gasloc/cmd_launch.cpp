@@ -183,7 +183,7 @@ std::vector<double> testbed_links(const Opts& o, bool self_train) {
 int run_launch(const Opts& o) {
   if (o.cleanup) {
     const int removed = NetnsTestbed::cleanup_leftovers();
-    fmt::print("launch --cleanup: removed {} namespace(s) and bridge(s) of earlier test beds\n", removed);
+    fmt::print("launch --cleanup: removed {} namespace(s), bridge(s) and cable(s) of earlier test beds\n", removed);
     return 0;
   }
   if (o.n < 1) throw Error("launch: -n must be at least 1");

@@ -90,11 +90,19 @@ NetnsTestbed::NetnsTestbed(const std::vector<double>& bandwidth_Bps, bool keep) 
   std::string out;
   if (run_command({"ip", "-V"}, &out) != 0 || run_command({"tc", "-V"}, &out) != 0)
     throw Error("launch --netns needs the ip and tc commands (iproute2)", "apt-get install -y iproute2");
-  // A free test-bed id: no namespace or bridge of that number exists yet.
+  // A free test-bed id: no namespace, bridge or cable of that number exists yet. The cables are
+  // checked too: a namespace deleted by `ip netns del` takes its veth peers with it only when
+  // the kernel's asynchronous namespace cleanup gets to it, which can be seconds on a busy host.
+  auto is_free = [n](int id) {
+    if (fs::exists("/run/netns/" + netns_name(id, 0)) || fs::exists("/sys/class/net/" + bridge_name(id))) return false;
+    for (int r = 0; r < n; ++r)
+      if (fs::exists("/sys/class/net/" + veth_name(id, r))) return false;
+    return true;
+  };
   const int start = static_cast<int>(::getpid() % 250);
   for (int k = 0; k < 250 && id_ < 0; ++k) {
     const int id = (start + k) % 250 + 1;
-    if (!fs::exists("/run/netns/" + netns_name(id, 0)) && !fs::exists("/sys/class/net/" + bridge_name(id))) id_ = id;
+    if (is_free(id)) id_ = id;
   }
   if (id_ < 0) throw Error("launch --netns: every test-bed number is in use", "remove leftovers with gasloc launch --cleanup");
   try {
@@ -134,7 +142,12 @@ void NetnsTestbed::teardown() noexcept {
   fds_.clear();
   if (keep_ || id_ < 0) return;
   try {
-    for (size_t r = 0; r < bandwidth_.size(); ++r) run_command({"ip", "netns", "del", netns_name(id_, static_cast<int>(r))});
+    // Each cable first: deleting a veth removes both its ends at once, while a deleted namespace
+    // releases its end only when the kernel's asynchronous cleanup runs.
+    for (size_t r = 0; r < bandwidth_.size(); ++r) {
+      run_command({"ip", "link", "del", veth_name(id_, static_cast<int>(r))});
+      run_command({"ip", "netns", "del", netns_name(id_, static_cast<int>(r))});
+    }
     run_command({"ip", "link", "del", bridge_name(id_)});
   } catch (...) {
   }
@@ -156,15 +169,16 @@ std::string NetnsTestbed::describe() const {
 int NetnsTestbed::cleanup_leftovers() {
   int removed = 0;
   std::error_code ec;
+  // Cables and bridges first: a deleted namespace frees its cable ends only later (above).
+  for (const auto& e : fs::directory_iterator("/sys/class/net", ec)) {
+    const std::string name = e.path().filename().string();
+    const bool bridge = name.rfind("glb", 0) == 0 && name.size() > 3 && std::all_of(name.begin() + 3, name.end(), ::isdigit);
+    const bool cable = name.rfind("glv", 0) == 0 && name.find('r') != std::string::npos;
+    if ((bridge || cable) && run_command({"ip", "link", "del", name}) == 0) ++removed;
+  }
   for (const auto& e : fs::directory_iterator("/run/netns", ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("gasloc", 0) == 0 && name.find('r') != std::string::npos && run_command({"ip", "netns", "del", name}) == 0)
-      ++removed;
-  }
-  for (const auto& e : fs::directory_iterator("/sys/class/net", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("glb", 0) == 0 && name.size() > 3 && std::all_of(name.begin() + 3, name.end(), ::isdigit) &&
-        run_command({"ip", "link", "del", name}) == 0)
       ++removed;
   }
   return removed;
