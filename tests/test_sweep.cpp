@@ -318,7 +318,51 @@ TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
                     "b 120.0; a x 2.00 - b (virtual s) per seed: one run: only b reached"),
             std::string::npos) << md;
   EXPECT_NE(md.find("fast reaches ref's 3/4 loss 2x sooner: **reproduced** (a = fast, b = ref; virtual s to target 6.5000 "
-                    "(ref's loss at 75% of its steps): a 32.5, b 90.0; a x 2.00 - b (virtual s) per seed: one run: -25.0"),
+                    "(ref's loss at 75% of its steps, the highest of its runs): a 32.5, b 90.0; a x 2.00 - b (virtual s) per seed: one run: -25.0"),
+            std::string::npos) << md;
+  fs::remove_all(root);
+}
+
+// The target is the highest of the reference's final losses, which each of its seeds reaches (with
+// their mean, 6.1, seed 2 would never reach its own reference's target): hand-computed crossings.
+TEST(SweepClaims, TargetIsTheReferencesHighestFinalLoss) {
+  const fs::path root = kRoot / "target_highest";
+  auto write_run = [&](const std::string& name, int64_t seed, const std::vector<std::array<double, 3>>& evals) {
+    const fs::path dir = root / fmt::format("{}-{}", name, seed);
+    fs::create_directories(dir);
+    std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
+    std::ofstream m(dir / "metrics.jsonl");
+    for (const auto& [step, loss, t] : evals)
+      m << "{\"event\":\"eval\",\"step\":" << step << ",\"val_loss\":" << loss << ",\"virtual_time_s\":" << t << "}\n";
+    study::SweepRun r;
+    r.variant = name;
+    r.seed = seed;
+    r.dir = dir;
+    return r;
+  };
+  // ref ends at 6.0, 6.2 and 6.1 from 6.6 at time 60: it crosses 6.2 at times 100, 120 and 108.
+  // fast goes from 6.4 (time 20) to 6.0 (time 40) on every seed: it crosses 6.2 at time 30.
+  std::vector<study::SweepRun> runs;
+  const double ref_final[] = {6.0, 6.2, 6.1};
+  for (int64_t seed = 1; seed <= 3; ++seed) {
+    runs.push_back(write_run("ref", seed, {{{60, 6.6, 60}, {120, ref_final[seed - 1], 120}}}));
+    runs.push_back(write_run("fast", seed, {{{60, 6.4, 20}, {120, 6.0, 40}}}));
+  }
+  study::SweepSpec spec;
+  spec.name = spec.title = "t";
+  spec.target_from = "ref";
+  spec.plot_x.clear();
+  spec.variants = {{"ref", {}, {}, {}}, {"fast", {}, {}, {}}};
+  spec.claims = {{"fast reaches ref's final loss 2x sooner", "faster", "fast", "ref", 1.0}};
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  const std::string md = study::sweep_section(spec, runs, o);
+  EXPECT_NE(md.find("Target validation loss: 6.2000 (the highest final loss of ref's runs"), std::string::npos) << md;
+  // a x 2 - b per seed: 60 - 100, 60 - 120, 60 - 108; b's spread 20.
+  EXPECT_NE(md.find("fast reaches ref's final loss 2x sooner: **reproduced** (a = fast, b = ref; virtual s to target: "
+                    "a 30.0 (30.0-30.0), b 109.3 (100.0-120.0); a x 2.00 - b (virtual s) per seed: seed 1: -40.0, seed 2: -60.0, "
+                    "seed 3: -48.0"),
             std::string::npos) << md;
   fs::remove_all(root);
 }

@@ -229,11 +229,15 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       std::vector<double> f;
       for (const auto& l : grp.finals[spec.target_from])
         if (l.summary.has_val_loss) f.push_back(l.summary.val_loss);
-      target = f.empty() ? 0.0 : stats_of(f).mean;
+      // The highest of the reference's final losses, not their mean: every reference run reaches
+      // it, so a time-to-target verdict never fails for the reference's own seeds.
+      target = f.empty() ? 0.0 : stats_of(f).hi;
     }
     if (target > 0)
       md += fmt::format("Target validation loss: {:.4f}{}.\n\n", target,
-                        spec.target_from.empty() ? "" : " (the mean final loss of " + spec.target_from + ")");
+                        spec.target_from.empty() ? ""
+                                                 : " (the highest final loss of " + spec.target_from +
+                                                       "'s runs, which each of them reaches)");
     md += "| variant | point | runs | finished | val_loss (average model) | below unigram | consensus distance | steps to target "
           "| virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
     md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
@@ -337,8 +341,9 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
           std::vector<double> at;
           for (const auto& l : grp.finals[spec.target_from])
             if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
-          t = at.empty() ? 0.0 : stats_of(at).mean;
-          which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps)", t, spec.target_from, 100 * c.target_at);
+          t = at.empty() ? 0.0 : stats_of(at).hi;
+          which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps, the highest of its runs)", t,
+                              spec.target_from, 100 * c.target_at);
         }
         j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
         j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;

@@ -7,7 +7,7 @@
 //   name = "e2"                                 # section id; runs go to runs/experiments/NAME
 //   title = "E2: local steps, 8 workers"
 //   job = "configs/research.toml"               # the base job file
-//   target_from = "diloco"                      # time-to-target: this variant's final loss (or target = 6.5)
+//   target_from = "diloco"                      # time-to-target: this variant's highest final loss (or target = 6.5)
 //   plot_x = ["step", "time", "bytes"]          # loss against these; "consensus": consensus distance
 //   keep_checkpoints = false                    # finished runs' checkpoints are removed (disk)
 //   learned_by = 1.0                            # a verdict needs its runs this many nats below the unigram baseline
@@ -74,7 +74,7 @@ struct StudySection {
     v("name", name, "section id and directory name: lower-case letters, digits, - and _");
     v("title", title, "the section's heading (default: name)");
     v("job", job, "the base job file, relative to where gasloc runs");
-    v("target_from", target_from, "time to target: this variant's mean final loss is the target");
+    v("target_from", target_from, "time to target: the highest final loss of this variant's runs is the target");
     v("target", target, "time to target: this loss (0 = none, or target_from's)");
     v("plot_x", plot_x, "validation loss against step, time, bytes; consensus: consensus distance against step");
     v("keep_checkpoints", keep_checkpoints, "keep finished runs' checkpoints (they cost disk)");
