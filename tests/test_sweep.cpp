@@ -92,6 +92,21 @@ a = "big_lr"
 b = "small_lr"
 tolerance = 0.5
 )";
+// A finished 120-step run of `variant` in dir whose evaluations are (step, val_loss, virtual s).
+study::SweepRun write_eval_run(const fs::path& dir, const std::string& variant, int64_t seed,
+                               const std::vector<std::array<double, 3>>& evals) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
+  std::ofstream m(dir / "metrics.jsonl");
+  for (const auto& [step, loss, t] : evals)
+    m << "{\"event\":\"eval\",\"step\":" << step << ",\"val_loss\":" << loss << ",\"virtual_time_s\":" << t << "}\n";
+  study::SweepRun r;
+  r.variant = variant;
+  r.seed = seed;
+  r.dir = dir;
+  return r;
+}
+
 }  // namespace
 
 TEST_F(Sweep, BadSweepFilesNameTheKey) {
@@ -284,16 +299,7 @@ TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {
 TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
   const fs::path root = kRoot / "target_at";
   auto write_run = [&](const std::string& name, const std::vector<std::array<double, 3>>& evals) {
-    const fs::path dir = root / name;
-    fs::create_directories(dir);
-    std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
-    std::ofstream m(dir / "metrics.jsonl");
-    for (const auto& [step, loss, t] : evals)
-      m << "{\"event\":\"eval\",\"step\":" << step << ",\"val_loss\":" << loss << ",\"virtual_time_s\":" << t << "}\n";
-    study::SweepRun r;
-    r.variant = name;
-    r.dir = dir;
-    return r;
+    return write_eval_run(root / name, name, 0, evals);
   };
   // ref: loss 6.5 at step 90 (time 90), 6.0 at the end. fast: from 6.6 at step 90 (time 30) to
   // 6.2 at 120 (time 40), so it crosses 6.5 a quarter of the way: step 97.5, time 32.5; it never
@@ -328,17 +334,7 @@ TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
 TEST(SweepClaims, TargetIsTheReferencesHighestFinalLoss) {
   const fs::path root = kRoot / "target_highest";
   auto write_run = [&](const std::string& name, int64_t seed, const std::vector<std::array<double, 3>>& evals) {
-    const fs::path dir = root / fmt::format("{}-{}", name, seed);
-    fs::create_directories(dir);
-    std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
-    std::ofstream m(dir / "metrics.jsonl");
-    for (const auto& [step, loss, t] : evals)
-      m << "{\"event\":\"eval\",\"step\":" << step << ",\"val_loss\":" << loss << ",\"virtual_time_s\":" << t << "}\n";
-    study::SweepRun r;
-    r.variant = name;
-    r.seed = seed;
-    r.dir = dir;
-    return r;
+    return write_eval_run(root / fmt::format("{}-{}", name, seed), name, seed, evals);
   };
   // ref ends at 6.0, 6.2 and 6.1 from 6.6 at time 60: it crosses 6.2 at times 100, 120 and 108.
   // fast goes from 6.4 (time 20) to 6.0 (time 40) on every seed: it crosses 6.2 at time 30.
