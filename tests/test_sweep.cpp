@@ -138,6 +138,24 @@ TEST_F(Sweep, BadSweepFilesNameTheKey) {
   EXPECT_EQ(quick[1].dir, kRoot / "runs" / "ok-quick" / "big_lr" / "seed=1");
   EXPECT_EQ(quick[1].overrides[quick[1].overrides.size() - 2], "train.steps=2");  // [quick] comes last but the run dir
   expect_config_error("[[variant]]\nname = \"a\"\n[quick_grid]\n\"train.seed\" = [1]\n", "quick_grid.train.seed");
+  // A variant's quick_set comes after [quick], so it can replace [quick]'s train.steps.
+  const auto own = study::load_sweep(
+      sweep_file("ownquick", "[quick]\n\"train.steps\" = 2\n[[variant]]\nname = \"a\"\nquick_set = { \"train.steps\" = 3 }\n"));
+  const auto own_quick = study::expand_sweep(own, true, kRoot / "runs");
+  ASSERT_EQ(own_quick.size(), 1u);
+  EXPECT_EQ(own_quick[0].overrides[own_quick[0].overrides.size() - 3], "train.steps=2");
+  EXPECT_EQ(own_quick[0].overrides[own_quick[0].overrides.size() - 2], "train.steps=3");
+  EXPECT_EQ(train::load_job((kRoot / "base.toml").string(), own_quick[0].overrides).train.steps, 3);
+  EXPECT_EQ(train::load_job((kRoot / "base.toml").string(), study::expand_sweep(own, false, kRoot / "runs")[0].overrides).train.steps, 4);
+  expect_config_error("[[variant]]\nname = \"a\"\nquick_set = { \"train.stepz\" = 3 }\n", "train.stepz");
+  for (const char* bad_budget : {"equal_time = 0.05\n", "equal_time = 1.5\ntarget_from = \"a\"\n"}) {
+    try {
+      study::load_sweep(sweep_file("badbudget", "[[variant]]\nname = \"a\"\n", bad_budget));
+      ADD_FAILURE() << bad_budget << " must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("sweep.equal_time"), std::string::npos) << e.what();
+    }
+  }
   try {
     study::load_sweep(sweep_file("badplot", "[[variant]]\nname = \"a\"\n", "plot_x = [\"loss\"]\n"));
     ADD_FAILURE() << "plot_x = [\"loss\"] must be refused";
@@ -359,6 +377,53 @@ TEST(SweepClaims, TargetIsTheReferencesHighestFinalLoss) {
   EXPECT_NE(md.find("fast reaches ref's final loss 2x sooner: **reproduced** (a = fast, b = ref; virtual s to target: "
                     "a 30.0 (30.0-30.0), b 109.3 (100.0-120.0); a x 2.00 - b (virtual s) per seed: seed 1: -40.0, seed 2: -60.0, "
                     "seed 3: -48.0"),
+            std::string::npos) << md;
+  fs::remove_all(root);
+}
+
+// sweep.equal_time: a faster-by-time verdict needs every run to have had the reference's virtual
+// time, to within the declared fraction below it. Hand-written curves: ref ends at 6.0 at 120 s;
+// fast crosses 6.0 at 30 s and ends at 5.8 at 40 s, far below the budget, so no verdict until its
+// runs take their share of the budget (ending at 115 s: within 5%).
+TEST(SweepClaims, EqualTimeBudgetGatesTheFasterVerdict) {
+  const fs::path root = kRoot / "equal_time";
+  study::SweepSpec spec;
+  spec.name = spec.title = "t";
+  spec.target_from = "ref";
+  spec.equal_time = 0.05;
+  spec.plot_x.clear();
+  spec.variants = {{"ref", {}, {}, {}}, {"fast", {}, {}, {}}};
+  spec.claims = {{"fast reaches ref's final loss sooner", "faster", "fast", "ref"},
+                 {"fast reaches it in fewer steps", "faster", "fast", "ref", 0.0, "steps"}};
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  // A run's virtual time is its workers' clock in their train lines, here that of its last eval.
+  auto write_run = [&](const std::string& dir, const std::string& variant, const std::vector<std::array<double, 3>>& evals) {
+    auto r = write_eval_run(root / dir, variant, 0, evals);
+    std::ofstream(root / dir / "metrics.jsonl", std::ios::app)
+        << "{\"event\":\"train\",\"step\":120,\"worker\":0,\"virtual_time_s\":" << evals.back()[2] << "}\n";
+    return r;
+  };
+  const auto ref = write_run("ref", "ref", {{{60, 6.5, 60}, {120, 6.0, 120}}});
+  const auto short_run = write_run("short", "fast", {{{60, 6.2, 20}, {120, 5.8, 40}}});
+  std::string md = study::sweep_section(spec, {ref, short_run}, o);
+  EXPECT_NE(md.find("Virtual-time budget: 120.0 s, ref's; each variant's train.steps is set in the study file so that its runs "
+                    "end at most 5% below it (sweep.equal_time): ref 120.0 s, fast 40.0 s (outside it)."),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("fast reaches ref's final loss sooner: **says nothing: fast's runs ended at 40.0 virtual s, not within 5% "
+                    "below the budget of 120.0 s (ref's)"),
+            std::string::npos) << md;
+  // By steps the budget does not apply: 6.0 at step 90 (halfway from 6.2 to 5.8) against 120.
+  EXPECT_NE(md.find("fast reaches it in fewer steps: **reproduced**"), std::string::npos) << md;
+  // Longer than the budget is refused too.
+  const auto long_run = write_run("long", "fast", {{{60, 6.2, 60}, {120, 5.8, 121}}});
+  md = study::sweep_section(spec, {ref, long_run}, o);
+  EXPECT_NE(md.find("fast's runs ended at 121.0 virtual s"), std::string::npos) << md;
+  // 6.0 at 87.5 s (halfway from 60 to 115) against ref's 120 s, 115 s within 5% of the budget: judged.
+  const auto fair_run = write_run("fair", "fast", {{{60, 6.2, 60}, {120, 5.8, 115}}});
+  md = study::sweep_section(spec, {ref, fair_run}, o);
+  EXPECT_NE(md.find("fast reaches ref's final loss sooner: **reproduced** (a = fast, b = ref; virtual s to target: a 87.5, b 120.0"),
             std::string::npos) << md;
   fs::remove_all(root);
 }

@@ -120,6 +120,28 @@ std::string unfit(const SweepSpec& spec, const std::string& name, const std::vec
   return "";
 }
 
+// The virtual-time budget of a group (sweep.equal_time): target_from's longest run, or 0 when it
+// has none or no budget is declared.
+double time_budget(const SweepSpec& spec, Group& grp) {
+  if (spec.equal_time <= 0) return 0.0;
+  double budget = 0;
+  for (const auto& l : grp.finals[spec.target_from]) budget = std::max(budget, l.summary.virtual_s);
+  return budget;
+}
+
+// Why a variant's runs did not get the group's budget ("" when they did): a run that ended above
+// it, or more than spec.equal_time below it.
+std::string over_budget(const SweepSpec& spec, const std::string& name, const std::vector<Loaded>& runs, double budget) {
+  for (const auto& l : runs) {
+    const double t = l.summary.virtual_s;
+    if (t > budget * (1 + 1e-9) || t < budget * (1 - spec.equal_time))
+      return fmt::format("{}'s runs ended at {:.1f} virtual s, not within {:.0f}% below the budget of {:.1f} s ({}'s); set its "
+                         "train.steps to fit",
+                         name, t, 100 * spec.equal_time, budget, spec.target_from);
+  }
+  return "";
+}
+
 }  // namespace
 
 Projection project_run(const fs::path& run_dir, const std::string& model) {
@@ -187,7 +209,9 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
   for (const auto& v : spec.variants) {
     const Axes& tune = spec.tune_of(v, opts.quick);
     const bool one = grid_points(tune).size() < 2;
-    md += fmt::format("| {} | {} | {} |\n", v.name, settings_list(v.settings),
+    std::string settings = settings_list(v.settings);
+    if (opts.quick && !v.quick_settings.empty()) settings += "; quick mode adds " + settings_list(v.quick_settings);
+    md += fmt::format("| {} | {} | {} |\n", v.name, settings,
                       tune.empty() ? "-" : axes_text(tune) + (one ? " (one point: not tuned)" : ""));
   }
   const Axes& grid = opts.quick && !spec.quick_grid.empty() ? spec.quick_grid : spec.grid;
@@ -238,6 +262,20 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
                         spec.target_from.empty() ? ""
                                                  : " (the highest final loss of " + spec.target_from +
                                                        "'s runs, which each of them reaches)");
+    const double budget = time_budget(spec, grp);
+    if (budget > 0) {
+      std::string each;
+      for (const auto& v : spec.variants) {
+        const std::string why = over_budget(spec, v.name, grp.finals[v.name], budget);
+        std::vector<double> vt;
+        for (const auto& l : grp.finals[v.name]) vt.push_back(l.summary.virtual_s);
+        each += fmt::format("{}{} {} s{}", each.empty() ? "" : ", ", v.name, fmt_stats(stats_of(vt), "{:.1f}"),
+                            why.empty() ? "" : " (outside it)");
+      }
+      md += fmt::format("Virtual-time budget: {:.1f} s, {}'s; each variant's train.steps is set in the study file so that its "
+                        "runs end at most {:.0f}% below it (sweep.equal_time): {}.\n\n",
+                        budget, spec.target_from, 100 * spec.equal_time, each);
+    }
     md += "| variant | point | runs | finished | val_loss (average model) | below unigram | consensus distance | steps to target "
           "| virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
     md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
@@ -335,6 +373,8 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
       if (why.empty()) why = unfit(spec, c.b, rb, unigram);
       if (c.kind == "faster") {
         const bool steps = c.by == "steps";
+        if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.a, ra, budget);
+        if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.b, rb, budget);
         double t = target;
         std::string which = "target";
         if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs

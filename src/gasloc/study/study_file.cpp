@@ -192,6 +192,10 @@ SweepSpec load_sweep(const fs::path& file) {
     }
   }
   spec.project = sw.project;
+  if (!(sw.equal_time >= 0 && sw.equal_time < 1)) bad("sweep.equal_time", "must be a fraction in [0, 1) (0 = not checked)");
+  if (sw.equal_time > 0 && sw.target_from.empty())
+    bad("sweep.equal_time", "needs sweep.target_from: the budget is that variant's virtual time");
+  spec.equal_time = sw.equal_time;
   if (doc.contains("set")) spec.settings = as_overrides(settings_of(doc["set"], "set"));
   if (doc.contains("quick")) spec.quick = as_overrides(settings_of(doc["quick"], "quick"));
   if (doc.contains("grid")) spec.grid = axes_of(doc["grid"], "grid");
@@ -221,6 +225,7 @@ SweepSpec load_sweep(const fs::path& file) {
     var.settings = as_overrides(settings_of(vs.set, where + ".set"));
     var.tune = axes_of(vs.tune, where + ".tune");
     var.quick_tune = axes_of(vs.quick_tune, where + ".quick_tune");
+    var.quick_settings = as_overrides(settings_of(vs.quick_set, where + ".quick_set"));
     if ((!var.tune.empty() || !var.quick_tune.empty()) && !spec.tuned)
       bad(where + ".tune", "a tuning grid needs a [tuning] table (seed, seeds)");
     for (const auto& [key, values] : var.quick_tune)

@@ -12,6 +12,7 @@
 //   keep_checkpoints = false                    # finished runs' checkpoints are removed (disk)
 //   learned_by = 1.0                            # a verdict needs its runs this many nats below the unigram baseline
 //   project = ["134m:bf16", "551m:bf16"]        # a table of each method's communication at these scales
+//   equal_time = 0.05                           # faster by time: every variant ends within 5% below target_from's virtual time
 //   [set]                                       # settings of every run
 //   "algo.H" = 30
 //   [quick]                                     # on top of them with --quick
@@ -29,6 +30,7 @@
 //   set = { "algo.name" = "diloco" }
 //   tune = { "algo.outer_lr" = [0.7, 1.0], "algo.outer_momentum" = [0.0, 0.5] }
 //   quick_tune = { "algo.outer_lr" = [1.0], "algo.outer_momentum" = [0.0] }
+//   quick_set = { "train.steps" = 570 }         # --quick: on top of [quick]
 //   [[claim]]
 //   text = "GASLoC-2peer is competitive with DiLoCo"
 //   kind = "no_worse"                           # lower | within | no_worse | faster
@@ -42,6 +44,13 @@
 // seed (for every point of [grid]); the point with the lowest final validation loss is chosen,
 // then runs on each of `seeds`. A variant whose grid has one point (or none) runs on the seeds
 // directly. --quick uses `quick_tune` where given. Without [tuning], seeds are a [grid] axis.
+//
+// Equal budgets: a "sooner on the virtual clock" claim is fair only if both methods had the same
+// virtual time to get there. A method whose rounds are shorter then takes more of them: its
+// variant sets its own train.steps (and quick_set its --quick ones), so that each method's LR
+// schedule spans its budget. `equal_time` states the budget in the file and checks it: each run
+// of every variant must end at or below target_from's virtual time and at most that fraction
+// below it, or the faster-by-time verdicts say nothing.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -68,6 +77,7 @@ struct StudySection {
   bool keep_checkpoints = false;
   double learned_by = 1.0;
   std::vector<std::string> project;
+  double equal_time = 0.0;
 
   template <class V>
   void visit(V&& v) {
@@ -80,6 +90,9 @@ struct StudySection {
     v("keep_checkpoints", keep_checkpoints, "keep finished runs' checkpoints (they cost disk)");
     v("learned_by", learned_by, "nats below the unigram baseline every run behind a verdict must end");
     v("project", project, "paper-scale projection: price each method's rounds as these PRESET:DTYPE models");
+    v("equal_time", equal_time,
+      "faster by time: every variant's runs end within this fraction below target_from's virtual time, never above (0 = "
+      "not checked)");
   }
 };
 
@@ -121,6 +134,7 @@ struct VariantSection {
   nlohmann::json set = nlohmann::json::object();
   nlohmann::json tune = nlohmann::json::object();
   nlohmann::json quick_tune = nlohmann::json::object();
+  nlohmann::json quick_set = nlohmann::json::object();
 
   template <class V>
   void visit(V&& v) {
@@ -128,6 +142,7 @@ struct VariantSection {
     v("set", set, "its settings: { \"section.key\" = value }");
     v("tune", tune, "its own tuning grid: { \"section.key\" = [values] } (needs [tuning])");
     v("quick_tune", quick_tune, "--quick: this grid instead");
+    v("quick_set", quick_set, "--quick: these settings on top of [quick]'s");
   }
 };
 
@@ -137,6 +152,7 @@ struct SweepVariant {
   std::string name;
   std::vector<std::string> settings;  // section.key=value
   Axes tune, quick_tune;              // empty: nothing to tune
+  std::vector<std::string> quick_settings;  // --quick: on top of the study's [quick]
 };
 
 struct SweepSpec {
@@ -147,6 +163,7 @@ struct SweepSpec {
   bool keep_checkpoints = false;  // keep finished runs' checkpoints (to train on later); they cost disk
   double learned_by = 1.0;        // nats below the unigram baseline a run behind a verdict must end
   std::vector<std::string> project;  // PRESET:DTYPE models whose communication the section projects
+  double equal_time = 0.0;  // faster by time: how far below target_from's virtual time a run may end (0 = unchecked)
   std::vector<std::string> settings, quick;
   Axes grid, quick_grid;
   bool tuned = false;  // a [tuning] table: seeds below, not a grid axis

@@ -72,7 +72,7 @@ std::string first_difference(const json& a, const json& b) {
 
 
 // A run's trainer arguments: the study's settings, the variant's, the grid point's, its tuning
-// point and seed, then --quick's, and last its directory.
+// point and seed, then --quick's (the study's, then the variant's), and last its directory.
 SweepRun make_run(const SweepSpec& spec, const SweepVariant& var, const Point& group, const Point& tune, int64_t seed,
                   bool tuning, bool quick, fs::path dir) {
   SweepRun r;
@@ -87,7 +87,10 @@ SweepRun make_run(const SweepSpec& spec, const SweepVariant& var, const Point& g
   for (const auto& s : as_overrides(group)) r.overrides.push_back(s);
   for (const auto& s : as_overrides(tune)) r.overrides.push_back(s);
   if (spec.tuned) r.overrides.push_back(fmt::format("train.seed={}", seed));
-  if (quick) r.overrides.insert(r.overrides.end(), spec.quick.begin(), spec.quick.end());
+  if (quick) {
+    r.overrides.insert(r.overrides.end(), spec.quick.begin(), spec.quick.end());
+    r.overrides.insert(r.overrides.end(), var.quick_settings.begin(), var.quick_settings.end());
+  }
   r.overrides.push_back("train.run_dir=" + r.dir.string());
   return r;
 }
