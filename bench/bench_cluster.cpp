@@ -9,9 +9,11 @@
 //                       [--data data/default] [--threads 0] [--rounds 1]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <sched.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <thread>
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/inproc.hpp"
@@ -68,11 +70,25 @@ int main(int argc, char** argv) {
   // One worker and the cluster with one BLAS thread each alternate `rounds` times and the fastest
   // of each is kept: on a shared machine other work only ever slows a run, and alternating
   // exposes both to it alike.
-  std::vector<double> t1s, tn1s;
+  std::vector<double> t1s, tn1s, tcores;
   bool blas_control = false;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
   for (int r = 0; r < rounds; ++r) {
     torch::set_num_threads(one_threads);
     t1s.push_back(time_cluster(1, "none"));
+    {
+      // One core's work: one worker with one thread of everything, pinned to CPU 0 (its thread
+      // inherits this thread's affinity). `cores` times this is what the cores can do at best.
+      cpu_set_t all, one_cpu;
+      sched_getaffinity(0, sizeof(all), &all);
+      CPU_ZERO(&one_cpu);
+      CPU_SET(0, &one_cpu);
+      sched_setaffinity(0, sizeof(one_cpu), &one_cpu);
+      torch::set_num_threads(1);
+      const BlasThreads single(1);
+      tcores.push_back(time_cluster(1, "none"));
+      sched_setaffinity(0, sizeof(all), &all);
+    }
     torch::set_num_threads(default_threads);  // the cluster's workers are the threads
     const BlasThreads one(1);
     blas_control = one.active();
@@ -81,16 +97,22 @@ int main(int argc, char** argv) {
   const double tn = time_cluster(workers, algo_name);
   const double t1 = *std::min_element(t1s.begin(), t1s.end()), tn1 = *std::min_element(tn1s.begin(), tn1s.end());
   const double tps1 = tokens / t1, tpsn = tokens * workers / tn, tpsn1 = tokens * workers / tn1;
+  const double tps_core = tokens / *std::min_element(tcores.begin(), tcores.end());
   fmt::print("bench_cluster: preset {} ({:.2f}M params), B={} T={}, {} timed steps per worker, torch threads {} (one worker: {})\n",
              preset, mc.num_params() / 1e6, batch, seq, steps - 1, default_threads, one_threads);
   fmt::print("| setup | tokens/s (all workers) | vs one worker |\n| --- | --- | --- |\n");
   fmt::print("| 1 worker alone | {:.0f} | 1.00 |\n", tps1);
+  fmt::print("| 1 worker alone on one core (1 LibTorch and 1 BLAS thread, pinned to CPU 0) | {:.0f} | {:.2f} |\n", tps_core,
+             tps_core / tps1);
   fmt::print("| {} workers, {} (H = 10, 2peer), in-process, BLAS's own thread count | {:.0f} | {:.2f} |\n", workers,
              algo_name, tpsn, tpsn / tps1);
   fmt::print("| {} workers, {} (H = 10, 2peer), in-process, 1 BLAS thread each{} | {:.0f} | {:.2f} |\n", workers, algo_name,
              blas_control ? "" : " (no BLAS thread control: same as above)", tpsn1, tpsn1 / tps1);
   fmt::print("one BLAS thread per worker: {:.2f}x the cluster's throughput with the BLAS's own thread count\n",
              tpsn1 / tpsn);
+  fmt::print("{} workers, 1 BLAS thread each: {:.0f}% of {} cores x one core's worker ({:.0f} tokens/s), the most the cores "
+             "allow\n",
+             workers, 100 * tpsn1 / (cores * tps_core), cores, cores * tps_core);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_cluster: {}\n", e.what());
     return 1;

@@ -5,16 +5,19 @@
 // comparison of bf16 against fp32 runs on real data.
 //
 //   build/bench_train [--presets tiny,small] [--dtypes fp32,bf16] [--paths fused,reference]
-//                     [--batch 8] [--seq 128] [--steps 6] [--loss-steps 300 --data data/default]
+//                     [--streams 1,2] [--batch 8] [--seq 128] [--steps 6] [--loss-steps 300 --data data/default]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <optional>
 
+#include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/optim/adamw.hpp"
+#include "gasloc/train/batch_streams.hpp"
 #include "gasloc/train/trainer.hpp"
 #include "gasloc/train/worker.hpp"
 
@@ -25,6 +28,7 @@ struct Args {
   std::vector<std::string> presets = {"tiny", "small"};
   std::vector<std::string> dtypes = {"fp32"};
   std::vector<std::string> paths = {"fused"};
+  std::vector<int> streams = {1};
   int64_t batch = 8, seq = 128, steps = 6, loss_steps = 0, vocab = 0, threads = 0;
   std::string data = "data/default";
 };
@@ -40,8 +44,10 @@ model::LlamaConfig config_for(const std::string& preset, const Args& a) {
   return cfg;
 }
 
-// Seconds per inner step, median of `steps` timed steps after one warm-up step.
-double time_steps(const model::LlamaConfig& base, const std::string& dtype, bool fused, const Args& a) {
+// Seconds per inner step, median of `steps` timed steps after one warm-up step. With streams > 1
+// the batch's row groups run on threads of their own with one BLAS thread each, as train.streams
+// runs them.
+double time_steps(const model::LlamaConfig& base, const std::string& dtype, bool fused, int streams, const Args& a) {
   auto cfg = base;
   cfg.fused = fused;
   model::Llama m(cfg);
@@ -51,11 +57,19 @@ double time_steps(const model::LlamaConfig& base, const std::string& dtype, bool
   optim::AdamW opt(flat, o);
   auto x = torch::randint(0, cfg.vocab_size, {a.batch, a.seq}, torch::kInt64);
   auto y = x.roll(1, 1);
+  std::optional<BlasThreads> blas;
+  std::optional<train::BatchStreams> split;
+  if (streams > 1) {
+    blas.emplace(1);
+    split.emplace(streams);
+  }
   std::vector<double> times;
   for (int64_t i = 0; i <= a.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     flat.zero_grad();
-    {
+    if (split) {
+      split->loss_backward(m, x, y, torch::kCPU, dtype);
+    } else {
       train::AutocastGuard ac(torch::kCPU, dtype);
       m->loss(x, y).backward();
     }
@@ -113,6 +127,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"fused", "reference"}))
       ->capture_default_str();
+  app.add_option("--streams", a.streams, "train.streams values: the batch split over this many threads (1 = inline)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--batch", a.batch, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seq", a.seq, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", a.steps, "timed steps (median reported) after one warm-up")->check(CLI::PositiveNumber)->capture_default_str();
@@ -134,13 +152,16 @@ int main(int argc, char** argv) {
       const double roof = gemm_roof_gflops(cfg, a);
       double first = 0;
       for (const auto& dtype : a.dtypes) {
-        for (const auto& path : a.paths) {
-          const double tps = static_cast<double>(a.batch * a.seq) / time_steps(cfg, dtype, path == "fused", a);
-          if (first == 0) first = tps;
-          const double gflops = tps * cfg.flops_per_token(a.seq) / 1e9;
-          fmt::print("{:<8} {:<6} {:<10} {:>9.2f}M {:>10.0f} {:>9.1f} {:>10.1f} {:>8.0f}% {:>8.2f}x\n", preset, dtype, path,
-                     cfg.num_params() / 1e6, tps, gflops, roof, 100.0 * gflops / roof, tps / first);
-        }
+        for (const auto& path : a.paths)
+          for (int streams : a.streams) {
+            if (a.batch % streams != 0) throw std::runtime_error("--streams values must divide --batch");
+            const double tps = static_cast<double>(a.batch * a.seq) / time_steps(cfg, dtype, path == "fused", streams, a);
+            if (first == 0) first = tps;
+            const double gflops = tps * cfg.flops_per_token(a.seq) / 1e9;
+            const std::string label = streams > 1 ? fmt::format("{}/s{}", path, streams) : path;
+            fmt::print("{:<8} {:<6} {:<10} {:>9.2f}M {:>10.0f} {:>9.1f} {:>10.1f} {:>8.0f}% {:>8.2f}x\n", preset, dtype, label,
+                       cfg.num_params() / 1e6, tps, gflops, roof, 100.0 * gflops / roof, tps / first);
+          }
       }
     }
     if (a.loss_steps > 0) {

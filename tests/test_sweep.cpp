@@ -217,6 +217,23 @@ TEST_F(Sweep, ARunDirectoryOfAnotherConfigurationIsRefused) {
     EXPECT_NE(std::string(e.what()).find("optim.lr"), std::string::npos) << e.what();
   }
   EXPECT_EQ(read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl"), before);
+  // A run made before a setting existed (its run.json lacks train.streams) ran at the default:
+  // it is reused at the default and refused at another value.
+  const fs::path info = kRoot / "runs" / "mix" / "v" / "run.json";
+  auto doc = nlohmann::json::parse(read_file(info));
+  ASSERT_TRUE(doc["config"]["train"].contains("streams"));
+  doc["config"]["train"].erase("streams");
+  write_file_atomic(info, doc.dump());
+  const auto plain = study::load_sweep(sweep_file("mix", "[[variant]]\nname = \"v\"\n"));
+  EXPECT_NO_THROW(study::run_sweep(plain, options("mix.md")));
+  EXPECT_EQ(read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl"), before);  // reused, not rerun
+  const auto streams = study::load_sweep(sweep_file("mix", "[set]\n\"train.streams\" = 2\n[[variant]]\nname = \"v\"\n"));
+  try {
+    study::run_sweep(streams, options("mix.md"));
+    ADD_FAILURE() << "a run at the default must not be reused for train.streams = 2";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.streams"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Sweep, AFullDiskStopsTheSweepAndItResumes) {

@@ -57,13 +57,18 @@ uintmax_t remove_checkpoints(const fs::path& dir) {
 }
 
 // The first key at which two resolved configurations differ ("" if none), ignoring where the
-// run lives and where it was told to stop.
+// run lives and where it was told to stop. A setting that b, a run made before the setting
+// existed, lacks ran at its default: it differs only if a's value is not the default.
 std::string first_difference(const json& a, const json& b) {
+  static const json defaults = train::JobConfig{}.to_json();
   for (auto it = a.begin(); it != a.end(); ++it) {
     if (!b.contains(it.key())) return it.key();
     for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) {
       const std::string key = it.key() + "." + jt.key();
       if (key == "train.run_dir" || key == "train.stop_at") continue;
+      const bool newer = !b[it.key()].contains(jt.key()) && defaults.contains(it.key()) &&
+                         defaults[it.key()].contains(jt.key()) && defaults[it.key()][jt.key()] == jt.value();
+      if (newer) continue;
       if (!b[it.key()].contains(jt.key()) || b[it.key()][jt.key()] != jt.value()) return key;
     }
   }

@@ -212,6 +212,11 @@ void JobConfig::validate() const {
   require(train.log_every > 0, "train.log_every", "must be positive");
   require(train.threads >= 0, "train.threads", "must be >= 0");
   require(train.blas_threads >= 0, "train.blas_threads", "must be >= 0");
+  require(train.streams >= 1 && train.streams <= 64, "train.streams", "must be in [1, 64]");
+  require(data.batch_size % train.streams == 0, "train.streams",
+          fmt::format("must divide data.batch_size ({}) into equal row groups", data.batch_size));
+  require(train.streams == 1 || train.device == "cpu", "train.streams",
+          "splits a batch over CPU threads: keep it 1 on a GPU, which parallelizes each operation itself");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
   require(train.divergence_factor == 0 || train.divergence_factor > 1, "train.divergence_factor",
           "must be 0 (never stop) or above 1 (a multiple of ln(vocab))");

@@ -154,6 +154,7 @@ struct TrainSection {
   config::Choice dtype{dtype_choices(), "fp32"};
   int64_t threads = 0;
   int64_t blas_threads = 0;
+  int64_t streams = 1;
   std::string run_dir = "runs/default";
   double divergence_factor = 2.0;
 
@@ -169,6 +170,9 @@ struct TrainSection {
     v("dtype", dtype, "compute dtype");
     v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
     v("blas_threads", blas_threads, "OpenBLAS threads per product (0 = 1 when workers are threads of one process, else its default)");
+    v("streams", streams,
+      "split each worker's batch into this many row groups computed on threads of their own, one BLAS thread each: for one "
+      "worker with spare cores (CPU; must divide data.batch_size; other last bits than 1, deterministic)");
     v("run_dir", run_dir, "where run.json, metrics.jsonl and checkpoints go");
     v("divergence_factor", divergence_factor,
       "stop the run when a worker's training loss exceeds this many times ln(vocab), the loss of a uniform guess (0 = never)");

@@ -54,6 +54,7 @@ Worker::Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const 
   schedule_.decay = job_.optim.decay;
   sync_->attach(optimizer_.get());
   sync_->init(params_);
+  if (job_.train.streams > 1) streams_ = std::make_unique<BatchStreams>(static_cast<int>(job_.train.streams));
   // Disjoint sampling gives each rank its own slice of the stream: the heterogeneous-data setting.
   const data::TokenRange range = job_.data.sampling == "disjoint"
                                      ? data::slice_of(dataset.train->size(), comm_.rank(), comm_.world())
@@ -86,12 +87,9 @@ StepResult Worker::step() {
   }
   data::Batch batch = sampler_->next();
   params_.zero_grad();
-  {
-    AutocastGuard autocast(device_, job_.train.dtype);
-    auto loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_));
-    r.loss = loss.item<double>();
-    // Checked before anything is sent: a diverged worker must stop itself, not contaminate its
-    // peers and then see them blamed.
+  // Checked before anything is sent: a diverged worker must stop itself, not contaminate its
+  // peers and then see them blamed.
+  auto check_diverged = [&] {
     if (!std::isfinite(r.loss) || (max_loss_ > 0 && r.loss > max_loss_))
       throw TrainingDiverged(
           std::isfinite(r.loss)
@@ -100,6 +98,15 @@ StepResult Worker::step() {
                             comm_.rank(), k, r.loss, job_.train.divergence_factor, model_cfg_.vocab_size, max_loss_)
               : fmt::format("worker {} diverged at step {}: training loss is {}", comm_.rank(), k, r.loss),
           "lower optim.lr or raise optim.warmup_steps");
+  };
+  if (streams_) {
+    r.loss = streams_->loss_backward(model_, batch.inputs, batch.targets, device_, job_.train.dtype);
+    check_diverged();
+  } else {
+    AutocastGuard autocast(device_, job_.train.dtype);
+    auto loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_));
+    r.loss = loss.item<double>();
+    check_diverged();
     loss.backward();
   }
   sync_->after_backward(k, params_, comm_);

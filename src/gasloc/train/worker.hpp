@@ -18,6 +18,7 @@
 #include "gasloc/model/llama.hpp"
 #include "gasloc/optim/optimizer.hpp"
 #include "gasloc/optim/schedule.hpp"
+#include "gasloc/train/batch_streams.hpp"
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/optimizers.hpp"
@@ -85,6 +86,7 @@ class Worker {
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::Schedule schedule_;
   std::unique_ptr<data::WindowSampler> sampler_;
+  std::unique_ptr<BatchStreams> streams_;  // train.streams > 1: the batch's row groups on threads of their own
   std::atomic<bool> stepping_{false};
   int64_t step_ = 0;
   double last_loss_ = 0.0;
