@@ -10,6 +10,7 @@
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/section.hpp"
 #include "gasloc/train/job_config.hpp"
+#include "gasloc/train/run.hpp"
 #include "gasloc/train/run_files.hpp"
 #include "gasloc/train/trainer.hpp"
 
@@ -55,26 +56,6 @@ uintmax_t remove_checkpoints(const fs::path& dir) {
   }
   return freed;
 }
-
-// The first key at which two resolved configurations differ ("" if none), ignoring where the
-// run lives and where it was told to stop. A setting that b, a run made before the setting
-// existed, lacks ran at its default: it differs only if a's value is not the default.
-std::string first_difference(const json& a, const json& b) {
-  static const json defaults = train::JobConfig{}.to_json();
-  for (auto it = a.begin(); it != a.end(); ++it) {
-    if (!b.contains(it.key())) return it.key();
-    for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) {
-      const std::string key = it.key() + "." + jt.key();
-      if (key == "train.run_dir" || key == "train.stop_at") continue;
-      const bool newer = !b[it.key()].contains(jt.key()) && defaults.contains(it.key()) &&
-                         defaults[it.key()].contains(jt.key()) && defaults[it.key()][jt.key()] == jt.value();
-      if (newer) continue;
-      if (!b[it.key()].contains(jt.key()) || b[it.key()][jt.key()] != jt.value()) return key;
-    }
-  }
-  return "";
-}
-
 
 // A run's trainer arguments: the study's settings, the variant's, the grid point's, its tuning
 // point and seed, then --quick's (the study's, then the variant's), and last its directory.
@@ -122,7 +103,7 @@ void check_same_config(const SweepSpec& spec, const std::vector<SweepRun>& runs)
     const json found = json::parse(read_file(r.dir / "run.json"), nullptr, false);
     if (found.is_discarded() || !found.contains("config"))
       throw CheckpointError("'" + r.dir.string() + "' holds a corrupt run.json", "remove that directory to run it again");
-    const std::string diff = first_difference(expected, found["config"]);
+    const std::string diff = train::config_difference(expected, found["config"]);
     if (!diff.empty())
       throw CheckpointError(fmt::format("'{}' holds a run of another configuration (it differs at '{}')", r.dir.string(), diff),
                             "results of different configurations are not mixed: remove that directory, or give the "

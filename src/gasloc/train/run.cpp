@@ -92,6 +92,22 @@ Checkpoint Run::load(const RunCheckpoints& ckpts, int64_t step, int rank, const 
   return c;
 }
 
+std::string config_difference(const nlohmann::json& expected, const nlohmann::json& stored) {
+  static const nlohmann::json defaults = JobConfig{}.to_json();
+  for (auto it = expected.begin(); it != expected.end(); ++it) {
+    if (!stored.contains(it.key())) return it.key();
+    for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) {
+      const std::string key = it.key() + "." + jt.key();
+      if (key == "train.run_dir" || key == "train.stop_at") continue;
+      const bool newer = !stored[it.key()].contains(jt.key()) && defaults.contains(it.key()) &&
+                         defaults[it.key()].contains(jt.key()) && defaults[it.key()][jt.key()] == jt.value();
+      if (newer) continue;
+      if (!stored[it.key()].contains(jt.key()) || stored[it.key()][jt.key()] != jt.value()) return key;
+    }
+  }
+  return "";
+}
+
 void Run::check_fresh(const RunCheckpoints& ckpts) const {
   if (ckpts.any())
     throw CheckpointError("run directory '" + dir_.string() + "' already holds checkpoints",
@@ -99,9 +115,11 @@ void Run::check_fresh(const RunCheckpoints& ckpts) const {
   const fs::path run_json = dir_ / "run.json";
   if (fs::exists(run_json)) {
     auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
-    if (doc.is_discarded() || doc.value("config", nlohmann::json()) != resolved_)
+    const nlohmann::json stored = doc.is_discarded() ? nlohmann::json() : doc.value("config", nlohmann::json());
+    const std::string diff = stored.is_object() ? config_difference(resolved_, stored) : "config";
+    if (!diff.empty())
       throw CheckpointError("run directory '" + dir_.string() + "' holds another run (its run.json has another "
-                            "configuration)",
+                            "configuration: it differs at '" + diff + "')",
                             "choose another train.run_dir, or remove that directory if the run is not needed");
   } else if (fs::exists(dir_ / "metrics.jsonl")) {
     throw CheckpointError("run directory '" + dir_.string() + "' holds metrics of an unknown run",

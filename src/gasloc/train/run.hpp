@@ -71,6 +71,12 @@ class Run {
   nlohmann::json resolved_;
 };
 
+// The first key ("section.key") at which a resolved job differs from a stored run's (run.json's
+// "config"), "" if none, ignoring where the run lives and where it was told to stop. A setting
+// the stored run lacks, made before the setting existed, ran at its default: it differs only if
+// `expected` holds another value.
+std::string config_difference(const nlohmann::json& expected, const nlohmann::json& stored);
+
 // Every rank of a process group must train the same job: ranks with different optim.lr used to
 // train together silently. Each rank broadcasts its resolved job in turn (paths and thread counts
 // may differ), so that every rank computes the same list of differences and stops with the same
