@@ -52,14 +52,7 @@ class Trainer : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(kRoot); }
 
   static train::TrainRequest request(const std::string& run, std::vector<std::string> extra = {}) {
-    train::TrainRequest r;
-    r.quiet = true;
-    r.overrides = {"model.preset=nano", "data.dir=" + (kRoot / "data").string(), "data.seq_len=32", "data.batch_size=4",
-                   "data.val_batches=2", "train.steps=100", "train.eval_every=25", "train.checkpoint_every=0",
-                   "train.log_every=10", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
-                   "train.run_dir=" + (kRoot / run).string()};
-    r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
-    return r;
+    return test_util::nano_request(kRoot, run, std::move(extra));
   }
 };
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "gasloc/data/prepare.hpp"
 #include "gasloc/train/job_config.hpp"
+#include "gasloc/train/trainer.hpp"
 
 namespace gasloc::test_util {
 
@@ -40,6 +41,20 @@ inline train::JobConfig nano_job(const std::filesystem::path& data_dir, std::vec
                                 "optim.warmup_steps=5", "train.threads=1"};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::load_job("", o);
+}
+
+// A quiet trainer request for the nano job on root/data (make_byte_dataset), 100 steps into
+// root/run; `extra` settings come last, so they override these.
+inline train::TrainRequest nano_request(const std::filesystem::path& root, const std::string& run,
+                                        std::vector<std::string> extra = {}) {
+  train::TrainRequest r;
+  r.quiet = true;
+  r.overrides = {"model.preset=nano", "data.dir=" + (root / "data").string(), "data.seq_len=32", "data.batch_size=4",
+                 "data.val_batches=2", "train.steps=100", "train.eval_every=25", "train.checkpoint_every=0",
+                 "train.log_every=10", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
+                 "train.run_dir=" + (root / run).string()};
+  r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+  return r;
 }
 
 }  // namespace gasloc::test_util
