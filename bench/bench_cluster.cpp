@@ -1,9 +1,11 @@
 // Overhead of the in-process cluster: inner-step throughput of N simulated workers (threads,
 // virtual clock, a synchronizer communicating every H steps) against one worker alone, in one
-// run. The CPU is shared by the workers, so the ideal total throughput equals one worker's;
-// the gap is the per-worker cost of threads, synchronizer and clock. The cluster runs twice: with
-// the BLAS's own thread count and with one BLAS thread per worker, as `gasloc train` runs it
-// (core/blas_threads.hpp).
+// run. The cluster runs twice: with the BLAS's own thread count and with one BLAS thread per
+// worker, as `gasloc train` runs it (core/blas_threads.hpp). One worker alone runs with one
+// stream (OpenBLAS's own threads) and with the streams `gasloc train` plans for it
+// (train.streams = 0). What the cores allow at best is measured too: one single-threaded worker
+// pinned to each core, all at once (they share caches and memory bandwidth, which one core alone
+// does not), with no communication.
 //
 //   build/bench_cluster [--preset tiny] [--workers 8] [--batch 4] [--seq 64] [--steps 30] [--algo gasloc]
 //                       [--data data/default] [--threads 0] [--rounds 1]
@@ -12,6 +14,7 @@
 #include <sched.h>
 #include <torch/torch.h>
 
+#include <barrier>
 #include <chrono>
 #include <thread>
 
@@ -47,8 +50,11 @@ int main(int argc, char** argv) {
                                         "data.seq_len=" + std::to_string(seq), "train.steps=1000"});
   const auto ds = data::Dataset::open(job.data.dir);
   const auto mc = job.model.resolve(ds.vocab_size);
-  // Seconds for `steps` inner steps of every worker of an n-worker cluster.
-  auto time_cluster = [&](int n, const std::string& name) {
+  // Seconds for `steps` inner steps of every worker of an n-worker cluster (workers with `streams`
+  // batch streams each).
+  auto time_cluster = [&](int n, const std::string& name, int64_t streams = 1) {
+    train::JobConfig j = job;
+    j.train.streams = streams;
     algo::AlgoConfig a;
     a.name = name;
     a.H = 10;
@@ -56,7 +62,7 @@ int main(int argc, char** argv) {
     comm::InProcCluster cluster(n);
     std::vector<std::unique_ptr<train::Worker>> ws;
     for (int r = 0; r < n; ++r)
-      ws.push_back(std::make_unique<train::Worker>(job, mc, ds, cluster.comm(r), algo::make_synchronizer(a, n, job.train.seed)));
+      ws.push_back(std::make_unique<train::Worker>(j, mc, ds, cluster.comm(r), algo::make_synchronizer(a, n, job.train.seed)));
     cluster.run([&](int r, comm::Communicator&) { ws[r]->step(); });  // warm-up
     const auto t0 = std::chrono::steady_clock::now();
     cluster.run([&](int r, comm::Communicator&) {
@@ -64,18 +70,50 @@ int main(int argc, char** argv) {
     });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // Seconds for `steps` inner steps of `cores` lone workers at once, each on a thread of its own
+  // pinned to its own core, one LibTorch and one BLAS thread each (the steps start together).
+  auto time_pinned = [&](int cores) {
+    std::barrier start(cores);
+    std::vector<double> secs(static_cast<size_t>(cores));
+    std::vector<std::thread> threads;
+    for (int c = 0; c < cores; ++c)
+      threads.emplace_back([&, c] {
+        cpu_set_t one_cpu;
+        CPU_ZERO(&one_cpu);
+        CPU_SET(c, &one_cpu);
+        sched_setaffinity(0, sizeof(one_cpu), &one_cpu);
+        comm::InProcCluster cluster(1);
+        algo::AlgoConfig a;
+        a.name = "none";
+        train::Worker w(job, mc, ds, cluster.comm(0), algo::make_synchronizer(a, 1, job.train.seed));
+        cluster.run([&](int, comm::Communicator&) { w.step(); });  // warm-up
+        start.arrive_and_wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        cluster.run([&](int, comm::Communicator&) {
+          for (int64_t s = 1; s < steps; ++s) w.step();
+        });
+        secs[static_cast<size_t>(c)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+    for (auto& t : threads) t.join();
+    return *std::max_element(secs.begin(), secs.end());
+  };
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
+  const int64_t planned = train::planned_streams(0, "cpu", batch, 1, std::thread::hardware_concurrency());
   const int default_threads = torch::get_num_threads();
   const int one_threads = threads > 0 ? static_cast<int>(threads) : default_threads;
   // One worker and the cluster with one BLAS thread each alternate `rounds` times and the fastest
   // of each is kept: on a shared machine other work only ever slows a run, and alternating
   // exposes both to it alike.
-  std::vector<double> t1s, tn1s, tcores;
+  std::vector<double> t1s, t1plans, tn1s, tcores, tpinned;
   bool blas_control = false;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   for (int r = 0; r < rounds; ++r) {
     torch::set_num_threads(one_threads);
     t1s.push_back(time_cluster(1, "none"));
+    {
+      const BlasThreads plan_blas(planned > 1 ? 1 : 0);  // the trainer's plan: streams are the threads
+      t1plans.push_back(time_cluster(1, "none", planned));
+    }
     {
       // One core's work: one worker with one thread of everything, pinned to CPU 0 (its thread
       // inherits this thread's affinity). `cores` times this is what the cores can do at best.
@@ -88,6 +126,7 @@ int main(int argc, char** argv) {
       const BlasThreads single(1);
       tcores.push_back(time_cluster(1, "none"));
       sched_setaffinity(0, sizeof(all), &all);
+      tpinned.push_back(time_pinned(cores));
     }
     torch::set_num_threads(default_threads);  // the cluster's workers are the threads
     const BlasThreads one(1);
@@ -98,21 +137,27 @@ int main(int argc, char** argv) {
   const double t1 = *std::min_element(t1s.begin(), t1s.end()), tn1 = *std::min_element(tn1s.begin(), tn1s.end());
   const double tps1 = tokens / t1, tpsn = tokens * workers / tn, tpsn1 = tokens * workers / tn1;
   const double tps_core = tokens / *std::min_element(tcores.begin(), tcores.end());
+  const double tps_plan = tokens / *std::min_element(t1plans.begin(), t1plans.end());
+  const double tps_pinned = tokens * cores / *std::min_element(tpinned.begin(), tpinned.end());
   fmt::print("bench_cluster: preset {} ({:.2f}M params), B={} T={}, {} timed steps per worker, torch threads {} (one worker: {})\n",
              preset, mc.num_params() / 1e6, batch, seq, steps - 1, default_threads, one_threads);
   fmt::print("| setup | tokens/s (all workers) | vs one worker |\n| --- | --- | --- |\n");
-  fmt::print("| 1 worker alone | {:.0f} | 1.00 |\n", tps1);
+  fmt::print("| 1 worker alone, train.streams = 1 (OpenBLAS's own threads) | {:.0f} | 1.00 |\n", tps1);
+  fmt::print("| 1 worker alone, train.streams = 0 (auto: {} streams, 1 BLAS thread each) | {:.0f} | {:.2f} |\n", planned, tps_plan,
+             tps_plan / tps1);
   fmt::print("| 1 worker alone on one core (1 LibTorch and 1 BLAS thread, pinned to CPU 0) | {:.0f} | {:.2f} |\n", tps_core,
              tps_core / tps1);
+  fmt::print("| {} lone workers at once, each pinned to its own core, 1 thread of everything | {:.0f} | {:.2f} |\n", cores,
+             tps_pinned, tps_pinned / tps1);
   fmt::print("| {} workers, {} (H = 10, 2peer), in-process, BLAS's own thread count | {:.0f} | {:.2f} |\n", workers,
              algo_name, tpsn, tpsn / tps1);
   fmt::print("| {} workers, {} (H = 10, 2peer), in-process, 1 BLAS thread each{} | {:.0f} | {:.2f} |\n", workers, algo_name,
              blas_control ? "" : " (no BLAS thread control: same as above)", tpsn1, tpsn1 / tps1);
   fmt::print("one BLAS thread per worker: {:.2f}x the cluster's throughput with the BLAS's own thread count\n",
              tpsn1 / tpsn);
-  fmt::print("{} workers, 1 BLAS thread each: {:.0f}% of {} cores x one core's worker ({:.0f} tokens/s), the most the cores "
-             "allow\n",
-             workers, 100 * tpsn1 / (cores * tps_core), cores, cores * tps_core);
+  fmt::print("{} workers, 1 BLAS thread each: {:.0f}% of {} cores x one core's worker alone ({:.0f} tokens/s); {:.0f}% of {} "
+             "pinned lone workers at once ({:.0f} tokens/s), what the cores allow when all are busy\n",
+             workers, 100 * tpsn1 / (cores * tps_core), cores, cores * tps_core, 100 * tpsn1 / tps_pinned, cores, tps_pinned);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_cluster: {}\n", e.what());
     return 1;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gasloc against the same model in PyTorch eager (bench/torch_eager.py, Debian's python3-torch),
 # alternating runs in one session, with the same thread settings, then the in-process cluster of
-# 8 micro workers against one worker. Each gasloc round times the default step and the step with
-# train.streams = 2 (the batch's two halves on two threads, one BLAS thread each) in one process.
+# 8 micro workers against one worker. Each gasloc round times the step with train.streams = 1 and
+# with 2 (the batch's two halves on two threads, one BLAS thread each: what train.streams = 0
+# plans for one worker alone on 2 cores) in one process.
 # Prints a Markdown table (docs/performance.md shows it).
 #
 #   bench/side_by_side.sh [ROUNDS]        ROUNDS alternations per row (default 5; the best of each side is
@@ -59,7 +60,7 @@ row() {
 
 echo "side_by_side: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $rounds alternations per row, best of each side; torch threads ${threads/#0/default} on both sides"
 echo
-echo "| model, batch | gasloc tokens/s | PyTorch eager tokens/s | gasloc / PyTorch | gasloc, train.streams = 2, tokens/s | that / PyTorch | gasloc GFLOP/s (of GEMM roof) | gasloc, 2 streams, GFLOP/s (of roof) | PyTorch GFLOP/s (of GEMM roof) | GEMM roof GFLOP/s |"
+echo "| model, batch | gasloc, train.streams = 1, tokens/s | PyTorch eager tokens/s | gasloc / PyTorch | gasloc, train.streams = 2 (the default for one worker on 2 cores), tokens/s | that / PyTorch | gasloc GFLOP/s (of GEMM roof) | gasloc, 2 streams, GFLOP/s (of roof) | PyTorch GFLOP/s (of GEMM roof) | GEMM roof GFLOP/s |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 rounds_log=""
 row "tiny (7.34M), B=8 T=128" tiny 8 128 256 4 8 4 768 8192

@@ -10,7 +10,9 @@ cluster_only=0 data_only=0
 if [ "${1:-}" = "--cluster-only" ]; then cluster_only=1; shift; fi
 if [ "${1:-}" = "--data-only" ]; then data_only=1; shift; fi
 steps=${1:-300}
-[ -f data/default/dataset.json ] || { echo "run scripts/demo.sh once first (it prepares data/default)" >&2; exit 1; }
+# shellcheck source=lib/results.sh
+source scripts/lib/results.sh
+results_prereqs  # data/default, for --loss-steps
 replace_section() {  # replace_section TITLE TEXT: swap the section in docs/performance.md, or append it
   python3 - "$1" "$2" <<'PY'
 import re, sys, pathlib

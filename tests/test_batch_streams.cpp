@@ -6,12 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/train/batch_streams.hpp"
 #include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/job_config.hpp"
 #include "gasloc/train/trainer.hpp"
 #include "test_util.hpp"
 
@@ -125,7 +130,7 @@ TEST(BatchStreams, AnErrorInAStreamIsRethrownAndTheStreamsGoOn) {
 
 TEST(BatchStreams, TheJobRefusesAStreamCountThatDoesNotFit) {
   for (const auto& [bad, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"train.streams=3", "data.batch_size (4)"}, {"train.streams=0", "[1, 64]"}}) {
+           {"train.streams=3", "data.batch_size (4)"}, {"train.streams=-1", "[0, 64]"}, {"train.streams=65", "[0, 64]"}}) {
     try {
       train::load_job("", {"data.batch_size=4", bad});
       ADD_FAILURE() << bad << " must be refused";
@@ -142,6 +147,43 @@ TEST(BatchStreams, TheJobRefusesAStreamCountThatDoesNotFit) {
   }
 }
 
+TEST(BatchStreams, EvaluationOverStreamsHasTheBitsOfOneThread) {
+  // Whole batches spread over the streams, summed in batch order: the same bits as one thread,
+  // for batch counts below, at and above the stream count.
+  auto m = small_model(true);
+  for (int streams : {2, 3})
+    for (int n : {1, 3, 5}) {
+      std::vector<data::Batch> batches;
+      for (int i = 0; i < n; ++i) {
+        torch::manual_seed(10 * n + i);
+        batches.push_back({torch::randint(0, 97, {2, 16}, torch::kInt64), torch::randint(0, 97, {2, 16}, torch::kInt64)});
+      }
+      double serial = 0;
+      {
+        torch::NoGradGuard no_grad;
+        for (const auto& b : batches) serial += m->loss(b.inputs, b.targets).item<double>();
+      }
+      serial /= n;
+      train::BatchStreams bs(streams);
+      EXPECT_EQ(bs.mean_loss(m, batches, torch::kCPU), serial) << streams << " streams, " << n << " batches";
+    }
+}
+
+TEST(BatchStreams, AutoPlansOneStreamPerCoreForAWorkerAlone) {
+  // (setting, device, batch, world, cores) -> streams
+  EXPECT_EQ(train::planned_streams(3, "cpu", 6, 1, 2), 3);   // a setting is kept
+  EXPECT_EQ(train::planned_streams(1, "cpu", 8, 1, 16), 1);
+  EXPECT_EQ(train::planned_streams(0, "cpu", 8, 1, 2), 2);   // one per core
+  EXPECT_EQ(train::planned_streams(0, "cpu", 8, 1, 16), 8);  // no more than the batch's rows
+  EXPECT_EQ(train::planned_streams(0, "cpu", 6, 1, 4), 3);   // the largest count dividing the batch
+  EXPECT_EQ(train::planned_streams(0, "cpu", 7, 1, 2), 1);
+  EXPECT_EQ(train::planned_streams(0, "cpu", 8, 1, 1), 1);   // one core
+  EXPECT_EQ(train::planned_streams(0, "cpu", 256, 1, 128), 64);
+  EXPECT_EQ(train::planned_streams(0, "cpu", 8, 8, 2), 1);   // in-process workers are the threads
+  EXPECT_EQ(train::planned_streams(0, "cuda", 8, 1, 2), 1);  // a GPU parallelizes each operation
+  EXPECT_EQ(train::load_job("", {}).train.streams, 0);        // auto is the default
+}
+
 // In the trainer, on real data: two streams follow one stream's loss curve (1e-4 relative at
 // every step over 50 steps) and resume bit for bit.
 class StreamsTrainer : public ::testing::Test {
@@ -156,7 +198,7 @@ class StreamsTrainer : public ::testing::Test {
 };
 
 TEST_F(StreamsTrainer, TwoStreamsFollowOneStreamsLossCurveAndResumeBitExactly) {
-  const auto one = train::run_training(request("one", {}));
+  const auto one = train::run_training(request("one", {"train.streams=1"}));
   const auto two = train::run_training(request("two", {"train.streams=2"}));
   ASSERT_EQ(one.train_losses.size(), 50u);
   ASSERT_EQ(two.train_losses.size(), 50u);
@@ -175,4 +217,27 @@ TEST_F(StreamsTrainer, TwoStreamsFollowOneStreamsLossCurveAndResumeBitExactly) {
   for (size_t i = 0; i < 17; ++i) EXPECT_EQ(first.train_losses[i], two.train_losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < 33; ++i) EXPECT_EQ(second.train_losses[i], two.train_losses[17 + i]) << "step " << 18 + i;
   EXPECT_EQ(second.final_val_loss, two.final_val_loss);
+}
+
+TEST_F(StreamsTrainer, TheDefaultRunsThePlannedStreamsAndRecordsThem) {
+  const int64_t planned = train::planned_streams(0, "cpu", 4, 1, std::thread::hardware_concurrency());
+  const auto by_default = train::run_training(request("auto", {"train.steps=12"}));
+  const auto told = train::run_training(request("told", {"train.steps=12", "train.streams=" + std::to_string(planned)}));
+  EXPECT_EQ(by_default.train_losses, told.train_losses);
+  EXPECT_EQ(by_default.final_val_loss, told.final_val_loss);
+  const auto info = nlohmann::json::parse(read_file(kRoot / "auto" / "run.json"));
+  EXPECT_EQ(info["config"]["train"]["streams"], planned);  // a resume keeps the run's count
+  // A run made before train.streams existed ran one stream, and resumes with one.
+  train::run_training(request("legacy", {"train.steps=12", "train.stop_at=6"}));
+  auto doc = nlohmann::json::parse(read_file(kRoot / "legacy" / "run.json"));
+  doc["config"]["train"].erase("streams");
+  write_file_atomic(kRoot / "legacy" / "run.json", doc.dump());
+  train::TrainRequest resume;
+  resume.quiet = true;
+  resume.resume_dir = (kRoot / "legacy").string();
+  EXPECT_EQ(train::run_training(resume).steps_done, 12);
+  EXPECT_EQ(nlohmann::json::parse(read_file(kRoot / "legacy" / "run.json"))["config"]["train"]["streams"], 1);
+  // Two in-process workers are the threads themselves: one stream each.
+  train::run_training(request("pair", {"train.steps=2", "cluster.workers=2", "algo.name=diloco", "algo.H=2"}));
+  EXPECT_EQ(nlohmann::json::parse(read_file(kRoot / "pair" / "run.json"))["config"]["train"]["streams"], 1);
 }

@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <thread>
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -217,20 +218,20 @@ TEST_F(Sweep, ARunDirectoryOfAnotherConfigurationIsRefused) {
     EXPECT_NE(std::string(e.what()).find("optim.lr"), std::string::npos) << e.what();
   }
   EXPECT_EQ(read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl"), before);
-  // A run made before a setting existed (its run.json lacks train.streams) ran at the default:
-  // it is reused at the default and refused at another value.
+  // A run records the streams it planned (train.streams = 0, auto), and a run made before the
+  // setting existed (its run.json lacks it) ran one stream: it is reused at 1 and refused at 2.
   const fs::path info = kRoot / "runs" / "mix" / "v" / "run.json";
   auto doc = nlohmann::json::parse(read_file(info));
-  ASSERT_TRUE(doc["config"]["train"].contains("streams"));
+  ASSERT_EQ(doc["config"]["train"]["streams"], train::planned_streams(0, "cpu", 2, 1, std::thread::hardware_concurrency()));
   doc["config"]["train"].erase("streams");
   write_file_atomic(info, doc.dump());
-  const auto plain = study::load_sweep(sweep_file("mix", "[[variant]]\nname = \"v\"\n"));
-  EXPECT_NO_THROW(study::run_sweep(plain, options("mix.md")));
+  const auto one = study::load_sweep(sweep_file("mix", "[set]\n\"train.streams\" = 1\n[[variant]]\nname = \"v\"\n"));
+  EXPECT_NO_THROW(study::run_sweep(one, options("mix.md")));
   EXPECT_EQ(read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl"), before);  // reused, not rerun
   const auto streams = study::load_sweep(sweep_file("mix", "[set]\n\"train.streams\" = 2\n[[variant]]\nname = \"v\"\n"));
   try {
     study::run_sweep(streams, options("mix.md"));
-    ADD_FAILURE() << "a run at the default must not be reused for train.streams = 2";
+    ADD_FAILURE() << "a run of one stream must not be reused for train.streams = 2";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("train.streams"), std::string::npos) << e.what();
   }

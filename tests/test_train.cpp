@@ -522,14 +522,14 @@ TEST_F(Trainer, ARunDirectoryThatHoldsAnotherRunIsRefused) {
   }
   EXPECT_EQ(read_file(kRoot / "taken" / "metrics.jsonl"), metrics);
   // The same job into a directory whose run died before its first checkpoint starts over, also
-  // when that run.json was written before a setting existed (it lacks train.streams: the default).
-  train::run_training(request("died", {"train.steps=4"}));
+  // when that run.json was written before a setting existed (it lacks train.streams: one stream).
+  train::run_training(request("died", {"train.steps=4", "train.streams=1"}));
   fs::remove_all(kRoot / "died" / "checkpoints");
   auto doc = nlohmann::json::parse(read_file(kRoot / "died" / "run.json"));
   ASSERT_TRUE(doc["config"]["train"].contains("streams"));
   doc["config"]["train"].erase("streams");
   write_file_atomic(kRoot / "died" / "run.json", doc.dump());
-  EXPECT_EQ(train::run_training(request("died", {"train.steps=4"})).steps_done, 4);
+  EXPECT_EQ(train::run_training(request("died", {"train.steps=4", "train.streams=1"})).steps_done, 4);
   fs::remove_all(kRoot / "died" / "checkpoints");
   EXPECT_THROW(train::run_training(request("died", {"train.steps=4", "train.streams=2"})), CheckpointError);
 }

@@ -101,4 +101,16 @@ double BatchStreams::loss_backward(model::Llama& m, const torch::Tensor& inputs,
   return total;
 }
 
+double BatchStreams::mean_loss(model::Llama& m, const std::vector<data::Batch>& batches, const torch::Device& device) {
+  std::vector<double> losses(batches.size(), 0.0);
+  run_all([&](int s) {
+    torch::NoGradGuard no_grad;  // per thread, like autocast
+    for (size_t i = static_cast<size_t>(s); i < batches.size(); i += static_cast<size_t>(streams_))
+      losses[i] = m->loss(batches[i].inputs.to(device), batches[i].targets.to(device)).item<double>();
+  });
+  double total = 0.0;
+  for (double l : losses) total += l;
+  return batches.empty() ? 0.0 : total / static_cast<double>(batches.size());
+}
+
 }  // namespace gasloc::train

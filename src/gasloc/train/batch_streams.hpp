@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "gasloc/data/sampler.hpp"
 #include "gasloc/model/llama.hpp"
 
 namespace gasloc::train {
@@ -43,6 +44,10 @@ class BatchStreams {
   // after every stream has finished.
   double loss_backward(model::Llama& m, const torch::Tensor& inputs, const torch::Tensor& targets,
                        const torch::Device& device, const std::string& dtype);
+  // Mean loss over whole batches, without gradients, in fp32 (evaluation): stream s computes
+  // batches s, s + streams(), ... and the losses are summed in batch order, so the result has the
+  // same bits as computing the batches one after another on one thread.
+  double mean_loss(model::Llama& m, const std::vector<data::Batch>& batches, const torch::Device& device);
 
  private:
   void helper_main(int index);

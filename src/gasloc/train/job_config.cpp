@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gasloc/core/config.hpp"
@@ -212,10 +213,10 @@ void JobConfig::validate() const {
   require(train.log_every > 0, "train.log_every", "must be positive");
   require(train.threads >= 0, "train.threads", "must be >= 0");
   require(train.blas_threads >= 0, "train.blas_threads", "must be >= 0");
-  require(train.streams >= 1 && train.streams <= 64, "train.streams", "must be in [1, 64]");
-  require(data.batch_size % train.streams == 0, "train.streams",
+  require(train.streams >= 0 && train.streams <= 64, "train.streams", "must be in [0, 64] (0 = auto)");
+  require(train.streams == 0 || data.batch_size % train.streams == 0, "train.streams",
           fmt::format("must divide data.batch_size ({}) into equal row groups", data.batch_size));
-  require(train.streams == 1 || train.device == "cpu", "train.streams",
+  require(train.streams <= 1 || train.device == "cpu", "train.streams",
           "splits a batch over CPU threads: keep it 1 on a GPU, which parallelizes each operation itself");
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
   require(train.divergence_factor == 0 || train.divergence_factor > 1, "train.divergence_factor",
@@ -278,6 +279,14 @@ JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string
 
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides) {
   return job_from_json(path.empty() ? nlohmann::json::object() : config::parse_toml_file(path), overrides);
+}
+
+int64_t planned_streams(int64_t setting, const std::string& device, int64_t batch_size, int world, unsigned cores) {
+  if (setting > 0) return setting;
+  if (world != 1 || device != "cpu") return 1;
+  for (int64_t n = std::min<int64_t>({static_cast<int64_t>(cores), batch_size, 64}); n > 1; --n)
+    if (batch_size % n == 0) return n;
+  return 1;
 }
 
 std::string describe_job() {

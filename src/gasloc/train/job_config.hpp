@@ -154,7 +154,7 @@ struct TrainSection {
   config::Choice dtype{dtype_choices(), "fp32"};
   int64_t threads = 0;
   int64_t blas_threads = 0;
-  int64_t streams = 1;
+  int64_t streams = 0;
   std::string run_dir = "runs/default";
   double divergence_factor = 2.0;
 
@@ -171,8 +171,9 @@ struct TrainSection {
     v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
     v("blas_threads", blas_threads, "OpenBLAS threads per product (0 = 1 when workers are threads of one process, else its default)");
     v("streams", streams,
-      "split each worker's batch into this many row groups computed on threads of their own, one BLAS thread each: for one "
-      "worker with spare cores (CPU; must divide data.batch_size; other last bits than 1, deterministic)");
+      "split each worker's batch into this many row groups computed on threads of their own, one BLAS thread each (CPU; "
+      "must divide data.batch_size; other last bits than 1, deterministic); 0 = auto: one per core for a single worker "
+      "training alone on a CPU, else 1");
     v("run_dir", run_dir, "where run.json, metrics.jsonl and checkpoints go");
     v("divergence_factor", divergence_factor,
       "stop the run when a worker's training loss exceeds this many times ln(vocab), the loss of a uniform guess (0 = never)");
@@ -276,5 +277,13 @@ JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides);
 // A table of every key, its type, default and doc.
 std::string describe_job();
+
+// train.streams as a job runs it (its thread plan). A setting > 0 is kept. Auto (0) gives a
+// single worker training alone (world 1) on a CPU one stream per core, the largest count <= cores
+// that divides the batch: alone, OpenBLAS splitting each small product over the cores leaves them
+// mostly waiting (docs/performance.md), while row groups keep every core on its own products and
+// element-wise passes. Every other job gets 1: in-process workers are the threads, and processes
+// sharing a host would oversubscribe it.
+int64_t planned_streams(int64_t setting, const std::string& device, int64_t batch_size, int world, unsigned cores);
 
 }  // namespace gasloc::train

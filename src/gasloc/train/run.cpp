@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -28,6 +29,9 @@ JobConfig resolve_job(const TrainRequest& req) {
                           "pass the run_dir of an earlier `gasloc train`");
   auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
   if (doc.is_discarded() || !doc.contains("config")) throw CheckpointError("corrupt '" + run_json.string() + "'");
+  // A run made before train.streams existed ran one stream; auto might plan more on resume.
+  if (doc["config"].contains("train") && doc["config"]["train"].is_object() && !doc["config"]["train"].contains("streams"))
+    doc["config"]["train"]["streams"] = 1;
   // A resumed run goes on to train.steps unless told again; the user's --set come last and win.
   std::vector<std::string> overrides = {"train.run_dir=" + req.resume_dir, "train.stop_at=0"};
   overrides.insert(overrides.end(), req.overrides.begin(), req.overrides.end());
@@ -92,8 +96,27 @@ Checkpoint Run::load(const RunCheckpoints& ckpts, int64_t step, int rank, const 
   return c;
 }
 
-std::string config_difference(const nlohmann::json& expected, const nlohmann::json& stored) {
+namespace {
+// train.streams as the job ran or will run it: auto (0) planned for this machine's cores, and the
+// one stream of every run made before the setting existed (not today's default, auto).
+nlohmann::json with_planned_streams(nlohmann::json config) {
+  if (!config.is_object() || !config.contains("train") || !config["train"].is_object()) return config;
+  auto& train = config["train"];
+  if (!train.contains("streams")) {
+    train["streams"] = 1;
+    return config;
+  }
+  const auto data = config.value("data", nlohmann::json::object()), cluster = config.value("cluster", nlohmann::json::object());
+  if (train["streams"].is_number_integer() && train["streams"].get<int64_t>() == 0)
+    train["streams"] = planned_streams(0, train.value("device", std::string("cpu")), data.value("batch_size", int64_t{1}),
+                                       cluster.value("workers", 1), std::thread::hardware_concurrency());
+  return config;
+}
+}  // namespace
+
+std::string config_difference(const nlohmann::json& expected_as_given, const nlohmann::json& stored_as_given) {
   static const nlohmann::json defaults = JobConfig{}.to_json();
+  const nlohmann::json expected = with_planned_streams(expected_as_given), stored = with_planned_streams(stored_as_given);
   for (auto it = expected.begin(); it != expected.end(); ++it) {
     if (!stored.contains(it.key())) return it.key();
     for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) {

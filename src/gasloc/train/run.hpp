@@ -74,7 +74,8 @@ class Run {
 // The first key ("section.key") at which a resolved job differs from a stored run's (run.json's
 // "config"), "" if none, ignoring where the run lives and where it was told to stop. A setting
 // the stored run lacks, made before the setting existed, ran at its default: it differs only if
-// `expected` holds another value.
+// `expected` holds another value. train.streams is compared as planned (planned_streams on this
+// machine; a run without it ran one stream).
 std::string config_difference(const nlohmann::json& expected, const nlohmann::json& stored);
 
 // Every rank of a process group must train the same job: ranks with different optim.lr used to

@@ -263,7 +263,7 @@ std::unique_ptr<MetricsLog> open_metrics(const Run& run, bool leader, bool resum
 TrainSummary run_training(const TrainRequest& req) {
   // From the start: a Ctrl+C during set-up must stop the run cleanly too, not kill it.
   SignalScope signals;
-  const JobConfig job = resolve_job(req);
+  JobConfig job = resolve_job(req);
   if (job.train.threads > 0) torch::set_num_threads(static_cast<int>(job.train.threads));
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
@@ -277,6 +277,10 @@ TrainSummary run_training(const TrainRequest& req) {
                                            job.network.throttle_gloo});
   const int world = cluster->world();
   job.algo.validate(world);
+  // The thread plan: run.json records the stream count the run used (a resume keeps it).
+  const bool auto_streams = job.train.streams == 0;
+  job.train.streams = planned_streams(job.train.streams, job.train.device, job.data.batch_size, world,
+                                      std::thread::hardware_concurrency());
   const Run run(job, mc, world);
   comm::Communicator* processes = cluster->processes();
   if (processes) agree_on_config(*processes, run.resolved());
@@ -322,14 +326,10 @@ TrainSummary run_training(const TrainRequest& req) {
   const BlasThreads blas(job.train.blas_threads > 0 ? static_cast<int>(job.train.blas_threads) : threaded ? 1 : 0);
   if (blas.active() && !req.quiet)
     fmt::print("{} worker thread(s) in this process{}, {} BLAS thread(s) per product (train.blas_threads)\n", ranks.size(),
-               job.train.streams > 1 ? fmt::format(" with {} batch streams each (train.streams)", job.train.streams) : "",
+               job.train.streams > 1 ? fmt::format(" with {} batch streams each (train.streams{})", job.train.streams,
+                                                   auto_streams ? " = 0: one per core for a worker alone" : "")
+                                     : "",
                job.train.blas_threads > 0 ? job.train.blas_threads : 1);
-  // One worker alone on a CPU with cores to spare: say what splitting its batch would gain.
-  if (leader && !req.quiet && ranks.size() == 1 && world == 1 && job.train.streams == 1 && job.train.device == "cpu" &&
-      std::thread::hardware_concurrency() >= 2 && job.data.batch_size % 2 == 0)
-    fmt::print("hint: one worker on {} cores: train.streams = 2 splits each batch over two threads (1.15x to 1.3x the "
-               "tokens/s at the tiny and micro presets on 2 cores, docs/performance.md; other last bits than 1)\n",
-               std::thread::hardware_concurrency());
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),

@@ -123,6 +123,7 @@ double Worker::evaluate(const std::vector<data::Batch>& batches) {
     throw Error("evaluation requested while worker " + std::to_string(comm_.rank()) + " is in a training step",
                 "evaluate between steps (the trainer does); a training step must finish first");
   optim::EvalScope at_x(optimizer_.get());
+  if (streams_) return streams_->mean_loss(model_, batches, device_);  // the same bits, the batches spread over the streams
   torch::NoGradGuard no_grad;
   double total = 0.0;
   for (const auto& b : batches) total += model_->loss(b.inputs.to(device_), b.targets.to(device_)).item<double>();
