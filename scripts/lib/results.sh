@@ -18,25 +18,23 @@ write_results_section() {
   echo "wrote the '$name' section of $doc"
 }
 
-# Builds gasloc if needed and prepares data/default (the default corpus, 8192-token tokenizer:
-# configs/tiny.toml and the tiny-regime scripts read it), once.
-results_prereqs() {
-  [ -x build/gasloc ] || scripts/setup.sh
-  [ -f data/default/dataset.json ] && return 0
+# prepare_corpus DIR VOCAB: the default corpus tokenized into DIR with a VOCAB-token tokenizer,
+# once (a prepared DIR is kept).
+prepare_corpus() {
+  local dir=$1 vocab=$2 inputs
+  [ -f "$dir/dataset.json" ] && return 0
   scripts/default_corpus.sh >/dev/null  # stops here with a hint if the corpus is missing
-  local inputs
   mapfile -t inputs < <(scripts/default_corpus.sh)
-  echo "preparing data/default (the default corpus, 8192-token tokenizer; once)" >&2
-  build/gasloc prepare --input "${inputs[@]}" --out data/default --vocab-size 8192 >/dev/null
+  echo "preparing $dir (the default corpus, $vocab-token tokenizer; once)" >&2
+  build/gasloc prepare --input "${inputs[@]}" --out "$dir" --vocab-size "$vocab" >/dev/null
 }
 
-# The research regime's data (configs/research.toml): the default corpus with a 1024-token
-# tokenizer, in data/micro1024, prepared once.
-research_data() {
-  [ -f data/micro1024/dataset.json ] && return 0
-  scripts/default_corpus.sh >/dev/null  # stops here with a hint if the corpus is missing
-  local inputs
-  mapfile -t inputs < <(scripts/default_corpus.sh)
-  echo "preparing data/micro1024 (the default corpus, 1024-token tokenizer; once)" >&2
-  build/gasloc prepare --input "${inputs[@]}" --out data/micro1024 --vocab-size 1024 >/dev/null
+# Builds gasloc if needed and prepares data/default (configs/tiny.toml and the tiny-regime
+# scripts read it).
+results_prereqs() {
+  [ -x build/gasloc ] || scripts/setup.sh
+  prepare_corpus data/default 8192
 }
+
+# The research regime's data (configs/research.toml): a 1024-token tokenizer, in data/micro1024.
+research_data() { prepare_corpus data/micro1024 1024; }

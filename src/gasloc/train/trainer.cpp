@@ -330,6 +330,12 @@ TrainSummary run_training(const TrainRequest& req) {
                                                    auto_streams ? " = 0: one per core for a worker alone" : "")
                                      : "",
                job.train.blas_threads > 0 ? job.train.blas_threads : 1);
+  // LibTorch's OpenMP threads spin between operations on the cores OpenBLAS's own threads need.
+  if (leader && !req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active())
+    fmt::print("warning: train.threads = {} beside OpenBLAS's own threads: the two pools compete for the cores (3x to 5x "
+               "fewer tokens/s measured at the tiny and micro presets on 2 cores, docs/performance.md); leave "
+               "train.threads at 0, or set train.blas_threads = 1\n",
+               job.train.threads);
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),
