@@ -15,8 +15,10 @@ steps=${1:-1500}
 results_prereqs
 research_data
 out="runs/results/gpa-micro-$steps"
+# One stream (train.streams = 1): these runs were made before one worker alone planned a stream per
+# core, and one stream keeps their bits on every machine.
 common=(--config configs/research.toml --set cluster.workers=1 --set algo.name=none --set train.steps="$steps"
-        --set train.eval_every=50 --set train.checkpoint_every=250 --set train.log_every=50)
+        --set train.eval_every=50 --set train.checkpoint_every=250 --set train.log_every=50 --set train.streams=1)
 mu_x=$(awk 'BEGIN { printf "%.10f", 0.9 ^ (1 / 32) }')
 declare -A extra=(
   [adamw]="--set optim.name=adamw"
