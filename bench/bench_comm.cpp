@@ -228,7 +228,7 @@ int worker(const Args& a) {
 
 // Runs n rank processes of this binary; returns rank 0's results.
 nlohmann::json run_ranks(const Args& a, int n) {
-  comm::StoreHost host("127.0.0.1", 0, 300);
+  comm::StoreHost host("127.0.0.1", 0, 300, {}, /*c10d_protocol=*/true);  // its ranks connect as to an agent store
   const std::string out = fmt::format("/tmp/bench_comm_{}_{}.json", ::getpid(), n);
   std::vector<std::string> sizes;
   for (double s : a.sizes_mb) sizes.push_back(fmt::format("{}", s));

@@ -155,4 +155,30 @@ expect_error "optim.mu_y" "$G" train "${common[@]}" --set optim.name=gpa --set o
 expect_error "missing.txt" "$G" prepare --input missing.txt --out d2
 printf '{"text": "ok"}\nnot json\n' > bad.jsonl
 expect_error "line 2" "$G" prepare --input bad.jsonl --out d3
+
+# Input that used to be ignored or misread: each is refused before any work, naming the fix.
+expect_error "is a directory" "$G" train --config data
+expect_error "larger than" "$G" train --config /dev/zero
+expect_error "--timeout -5 must be a positive" "$G" launch -n 2 --timeout -5 -- "$G" comm-check
+expect_error "--timeout 0 must be a positive" "$G" launch -n 2 --timeout 0 -- "$G" comm-check
+expect_error "--master-port 70000 is outside 0..65535" "$G" launch -n 2 --master-port 70000 -- "$G" comm-check
+expect_error "more than this machine's" "$G" train "${common[@]}" --set model.n_layers=100000 --set train.run_dir=huge
+[ ! -e huge ] || fail "a refused model left a run directory"
+cp -r data vocab2048 && sed -i -E 's/"vocab_size": [0-9]+/"vocab_size": 2048/' vocab2048/dataset.json
+expect_error "records a vocabulary of 2048 tokens but its tokenizer (byte-level) has 257" \
+  "$G" train "${common[@]}" --set data.dir=vocab2048 --set train.run_dir=v
+sed -i -E 's/"vocab_size": [0-9]+/"vocab_size": 0/' vocab2048/dataset.json
+expect_error "records a vocabulary of 0 tokens" "$G" train "${common[@]}" --set data.dir=vocab2048 --set train.run_dir=v
+# A run resumed with another world is told so, not that its checkpoints are from mixed steps.
+expect_error "was saved by 2 workers but this job has 3" "$G" train --resume "it's 2w" --set cluster.workers=3
+# A run that died during its first checkpoint (files written, nothing committed) starts over;
+# --resume says so.
+"$G" train "${common[@]}" --set train.steps=10 --set train.checkpoint_every=5 --set train.run_dir=first > /dev/null
+rm first/checkpoints/rank0.committed
+expect_error "without --resume (it starts over" "$G" train --resume first
+"$G" train "${common[@]}" --set train.steps=10 --set train.checkpoint_every=5 --set train.run_dir=first > first.log
+grep -q "holds no committed checkpoint (its run stopped during its first one): starting over" first.log ||
+  fail "no start-over message: $(head -5 first.log)"
+grep -q "done after 10 steps" first.log || fail "the run that started over did not finish: $(tail -3 first.log)"
+[ -f first/checkpoints/rank0.committed ] || fail "the run that started over committed nothing"
 echo "cli_smoke: all checks passed"

@@ -583,7 +583,7 @@ TEST(GlooThreads, PortInUseIsReported) {
     err = std::string(e.what()) + " | " + e.hint();
   }
   ::close(fd);
-  EXPECT_NE(err.find(fmt::format("port {}: the port is already in use", port)), std::string::npos) << err;
+  EXPECT_NE(err.find(fmt::format(":{}: the port is already in use", port)), std::string::npos) << err;
   EXPECT_NE(err.find("--master-port"), std::string::npos) << err;
 }
 
@@ -728,8 +728,10 @@ TEST(GlooProcesses, LaunchReportsTheRankThatDied) {
 TEST(GlooProcesses, PeersOfAKilledRankFailWithinTheTimeout) {
   // Three comm-check processes started directly (no launcher to stop them): rank 2 exits
   // abruptly before its exchange; ranks 0 and 1 must exit on their own with an error naming it.
+  // The store speaks c10d's protocol, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE
+  // without a job token): that path keeps working beside gasloc's own store.
   const auto dir = temp_dir("peers");
-  StoreHost host("127.0.0.1", 0, 30);  // a free port, held by this test: no race
+  StoreHost host("127.0.0.1", 0, 30, {}, /*c10d_protocol=*/true);  // a free port, held by this test: no race
   std::vector<Proc> ps;
   const auto t0 = Clock::now();
   for (int r = 0; r < 3; ++r)

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "gasloc/core/error.hpp"
@@ -13,6 +17,7 @@
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/inference.hpp"
 #include "gasloc/train/run_files.hpp"
+#include "gasloc/train/run_lock.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/runs_csv.hpp"
 #include "gasloc/train/trainer.hpp"
@@ -192,4 +197,38 @@ TEST_F(RunFiles, LabelsAreUniqueAndCsvIsTidy) {
   EXPECT_EQ(eval_rows, 2);
   EXPECT_EQ(worker_rows, 4);
   EXPECT_NE(csv.find("\"r,1\",eval,,10,,"), std::string::npos) << csv;  // the average model's row at step 10
+}
+
+// One run directory, one job (train/run_lock.hpp): another process holding a rank's byte is
+// named by pid; ranks of the same job (other bytes) do not refuse each other; the lock goes with
+// its holder, killed or not.
+TEST(RunDirLock, AnotherProcessIsRefusedWithItsPidAndItsLockDiesWithIt) {
+  const fs::path dir = kRoot / "locked";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      train::RunDirLock held(dir, {0, 1});
+      [[maybe_unused]] auto n = ::write(ready[1], "x", 1);
+      ::pause();
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  try {
+    train::RunDirLock second(dir, {1});
+    FAIL() << "a second process locked rank 1's part";
+  } catch (const CheckpointError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("is in use: rank 1's part is held by process " + std::to_string(child)), std::string::npos) << m;
+  }
+  { train::RunDirLock other_rank(dir, {2}); }  // a rank the holder does not own
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  train::RunDirLock after(dir, {0, 1});  // the kernel released the dead holder's lock
+  ::close(ready[0]);
+  ::close(ready[1]);
 }

@@ -66,9 +66,10 @@ Action add_comm_check(CLI::App& app) {
     int64_t numel = 100000;
     int rounds = 2;
     int die_rank = -1, mismatch_rank = -1, stall_rank = -1;
+    std::string stall_at = "exchange";
     double measure_mb = 0;
     double timeout = 0;
-    std::string bandwidth;
+    std::string bandwidth, job_id;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--backend", o->backend, "gloo or nccl")->capture_default_str();
@@ -83,10 +84,21 @@ Action add_comm_check(CLI::App& app) {
                  "then measure each rank's real exchange rate: rank r swaps MB megabytes with rank 0, one rank at a time");
   app.add_option("--stall-rank", o->stall_rank, "fault injection: this rank stops itself (SIGSTOP) before its first exchange");
   app.add_option("--mismatch-rank", o->mismatch_rank, "fault injection: this rank exchanges one element more than the others");
+  app.add_option("--stall-at", o->stall_at, "with --stall-rank: stop before the first all_reduce or the first exchange")
+      ->check(CLI::IsMember({"all_reduce", "exchange"}))
+      ->capture_default_str();
+  app.add_option("--job-id", o->job_id, "the job token gasloc launch hands its ranks (by hand: every comm-check is one job)");
   return [o]() {
     comm::check_process_backend(o->backend);  // before the launcher's variables
     auto opts = comm::gloo_options_from_env();
+    if (o->timeout < 0) throw Error(fmt::format("comm-check: --timeout {} must be positive", o->timeout));
     if (o->timeout > 0) opts.timeout_s = o->timeout;
+    if (!o->job_id.empty()) {
+      opts.job = {o->job_id, "gasloc launch job " + o->job_id};
+      opts.agent_store = false;  // gasloc launch hosts gasloc's store
+    } else {
+      opts.job = {comm::derive_job_token("gasloc comm-check"), "gasloc comm-check"};
+    }
     if (!o->bandwidth.empty()) opts.bandwidth_limit_Bps = comm::parse_bandwidth_limit(o->bandwidth, opts.rank);
     auto comm = comm::make_process_group(o->backend, opts);
     const int r = comm->rank(), n = comm->world();
@@ -105,7 +117,14 @@ Action add_comm_check(CLI::App& app) {
     };
     auto sum = [](const torch::Tensor& a) { return a.to(torch::kDouble).sum().item<double>(); };
 
+    auto stall_if_asked = [&](const char* where) {
+      if (r != o->stall_rank || o->stall_at != where) return;
+      fmt::print("comm-check rank {}: stopping itself before the {} (--stall-rank {})\n", r, where, r);
+      std::fflush(stdout);
+      ::raise(SIGSTOP);  // alive, connections open, silent: its peers must time out naming it
+    };
     // 1. all_reduce_mean on integer-valued data: exact.
+    stall_if_asked("all_reduce");
     torch::Tensor t = integer_input(r, N);
     comm->all_reduce_mean(t);
     torch::Tensor ref = rank_order_mean(n, [&](int q) { return integer_input(q, N); });
@@ -122,11 +141,7 @@ Action add_comm_check(CLI::App& app) {
       std::fflush(stdout);
       ::_exit(3);  // no destructors: the sockets close as if the process had crashed
     }
-    if (r == o->stall_rank) {
-      fmt::print("comm-check rank {}: stopping itself before the exchange (--stall-rank {})\n", r, r);
-      std::fflush(stdout);
-      ::raise(SIGSTOP);  // alive, connections open, silent: its peers must time out naming it
-    }
+    stall_if_asked("exchange");
     std::vector<torch::Tensor> recv;
     for (int round = 0; round < o->rounds; ++round) {
       for (const char* kind : {"pairs", "ring"}) {

@@ -15,7 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -142,7 +144,8 @@ struct Opts {
   int n = 0;
   int port = 0;
   std::string addr = "127.0.0.1";
-  double timeout = 0, grace = 10;  // timeout 0: the command's own (gasloc train: cluster.timeout_s)
+  std::optional<double> timeout;  // unset: the command's own (gasloc train: cluster.timeout_s)
+  double grace = 10;
   std::string bandwidth;
   bool netns = false, keep = false, cleanup = false;
   std::string netns_config;               // links of the test bed for a command that is not gasloc train
@@ -180,71 +183,93 @@ std::vector<double> testbed_links(const Opts& o, bool self_train) {
   return bw;
 }
 
-int run_launch(const Opts& o) {
-  if (o.cleanup) {
-    const int removed = NetnsTestbed::cleanup_leftovers();
-    fmt::print("launch --cleanup: removed {} namespace(s), bridge(s) and cable(s) of earlier test beds\n", removed);
-    return 0;
-  }
-  if (o.n < 1) throw Error("launch: -n must be at least 1");
-  if (o.cmd.empty()) throw Error("launch: no command given", "usage: gasloc launch -n N -- COMMAND ARGS...");
-  const std::string exe = resolve(o.cmd[0]);
-  // The launcher hosts the rendezvous store (ranks connect as to torchrun's agent store), so it
-  // outlives any rank: survivors can still read there which rank failed first, and the launcher
-  // records the ranks it sees exit. Port 0 lets the OS choose a free port, with no race.
-  std::error_code ec;
-  const bool self_cmd = o.cmd.size() >= 2 && std::filesystem::equivalent(exe, resolve("gasloc"), ec);
-  // --netns: every rank its own host on a private bridge with shaped links; the launcher, on the
-  // bridge's address, hosts the store.
-  std::unique_ptr<NetnsTestbed> testbed;
-  if (o.netns) {
-    testbed = std::make_unique<NetnsTestbed>(testbed_links(o, self_cmd && o.cmd[1] == "train"), o.keep);
-    write_all(1, testbed->describe());
-  }
-  const std::string master_addr = testbed ? testbed->bridge_address() : o.addr;
-  comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout));
-  const int port = store_host.port();
-  // --timeout and --bandwidth-limit reach gasloc's own commands as their arguments (gasloc reads
-  // no variable of its own); another command gets its settings from the user.
+// Every option checked before anything starts: a bad one used to be ignored (--timeout 0 or -5)
+// or wrapped around (--master-port 70000 gave the ranks port 4464).
+void validate(const Opts& o) {
+  if (o.n < 1 || o.n > 4096) throw Error(fmt::format("launch: -n {} is outside 1..4096", o.n));
+  if (o.port < 0 || o.port > 65535)
+    throw Error(fmt::format("launch: --master-port {} is outside 0..65535", o.port), "0 (the default) picks a free port");
+  if (o.timeout && !(*o.timeout > 0 && std::isfinite(*o.timeout)))
+    throw Error(fmt::format("launch: --timeout {} must be a positive number of seconds", *o.timeout),
+                "leave it out to use the command's own (gasloc train: cluster.timeout_s, 300 s)");
+  if (!(o.grace >= 0 && std::isfinite(o.grace)))
+    throw Error(fmt::format("launch: --grace {} must be a number of seconds >= 0", o.grace));
+  if (o.addr.empty()) throw Error("launch: --master-addr is empty", "the default 127.0.0.1 serves ranks on this host");
+}
+
+// The ranks' command line: gasloc's own commands get the job's token and --timeout /
+// --bandwidth-limit as their arguments (gasloc reads no variable of its own); another command
+// gets its settings from the user.
+std::vector<std::string> rank_args(const Opts& o, bool self_cmd, bool gasloc_ranks, const std::string& job_token) {
   std::vector<std::string> args = o.cmd;
+  if (gasloc_ranks) args.insert(args.begin() + 2, {"--job-id", job_token});
   if (self_cmd && args[1] == "train") {
-    if (o.timeout > 0) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", o.timeout)});
+    if (o.timeout) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", *o.timeout)});
     if (!o.bandwidth.empty())
       throw Error("launch: --bandwidth-limit does not apply to gasloc train",
                   "describe the links in the job's [network] section and set network.throttle_gloo = true");
   } else if (self_cmd && args[1] == "comm-check") {
-    if (o.timeout > 0) args.insert(args.begin() + 2, {"--timeout", fmt::format("{}", o.timeout)});
+    if (o.timeout) args.insert(args.begin() + 2, {"--timeout", fmt::format("{}", *o.timeout)});
     if (!o.bandwidth.empty()) args.insert(args.begin() + 2, {"--bandwidth-limit", o.bandwidth});
-  } else if (o.timeout > 0 || !o.bandwidth.empty()) {
+  } else if (o.timeout || !o.bandwidth.empty()) {
     throw Error("launch: --timeout and --bandwidth-limit apply to gasloc train and gasloc comm-check only",
                 "give the command its own timeout setting");
   }
+  return args;
+}
 
-  // Everything the children need is prepared before fork(): between fork and exec only
-  // async-signal-safe calls are allowed.
-  std::vector<std::string> base_env;
-  auto overridden = [](const std::string& kv) {
+// Each rank's environment: the launcher's, with the torchrun variables set for that rank.
+std::vector<std::vector<std::string>> rank_envs(int n, const std::string& master_addr, int port, bool testbed) {
+  std::vector<std::string> base;
+  auto overridden = [testbed](const std::string& kv) {
     for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
                           "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_RESTART_COUNT="})
       if (kv.rfind(k, 0) == 0) return true;
-    return false;
+    return testbed && kv.rfind("GLOO_SOCKET_IFNAME=", 0) == 0;
   };
   for (char** e = environ; *e != nullptr; ++e)
-    if (!overridden(*e)) base_env.emplace_back(*e);
-  base_env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
-  if (testbed) {  // Gloo's data connections on the host's own interface
-    base_env.erase(std::remove_if(base_env.begin(), base_env.end(),
-                                  [](const std::string& kv) { return kv.rfind("GLOO_SOCKET_IFNAME=", 0) == 0; }),
-                   base_env.end());
-    base_env.push_back("GLOO_SOCKET_IFNAME=eth0");
-  }
-  std::vector<std::vector<std::string>> envs(o.n, base_env);
-  for (int i = 0; i < o.n; ++i)
-    for (auto kv : {fmt::format("RANK={}", i), fmt::format("WORLD_SIZE={}", o.n), fmt::format("LOCAL_RANK={}", i),
-                    fmt::format("LOCAL_WORLD_SIZE={}", o.n), "MASTER_ADDR=" + master_addr, fmt::format("MASTER_PORT={}", port)})
+    if (!overridden(*e)) base.emplace_back(*e);
+  base.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
+  if (testbed) base.push_back("GLOO_SOCKET_IFNAME=eth0");  // Gloo's data connections on the host's own interface
+  std::vector<std::vector<std::string>> envs(n, base);
+  for (int i = 0; i < n; ++i)
+    for (auto kv : {fmt::format("RANK={}", i), fmt::format("WORLD_SIZE={}", n), fmt::format("LOCAL_RANK={}", i),
+                    fmt::format("LOCAL_WORLD_SIZE={}", n), "MASTER_ADDR=" + master_addr, fmt::format("MASTER_PORT={}", port)})
       envs[i].push_back(kv);
-  std::vector<std::vector<char*>> envps(o.n);
-  for (int i = 0; i < o.n; ++i) {
+  return envs;
+}
+
+// Signals reach the supervision loop through the self-pipe for as long as this lives.
+class SignalCapture {
+ public:
+  SignalCapture() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("launch: pipe failed");
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (size_t k = 0; k < kSignals.size(); ++k) ::sigaction(kSignals[k], &sa, &old_[k]);  // SIGCHLD wakes poll()
+  }
+  ~SignalCapture() {
+    for (size_t k = 0; k < kSignals.size(); ++k) ::sigaction(kSignals[k], &old_[k], nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+  }
+  SignalCapture(const SignalCapture&) = delete;
+  SignalCapture& operator=(const SignalCapture&) = delete;
+
+ private:
+  static constexpr std::array<int, 4> kSignals{SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  std::array<struct sigaction, 4> old_{};
+};
+
+// Starts the ranks. Everything the children need is prepared before fork(): between fork and
+// exec only async-signal-safe calls are allowed.
+std::vector<Rank> spawn_ranks(const std::string& exe, std::vector<std::string>& args,
+                              std::vector<std::vector<std::string>>& envs, NetnsTestbed* testbed) {
+  const int n = static_cast<int>(envs.size());
+  std::vector<std::vector<char*>> envps(n);
+  for (int i = 0; i < n; ++i) {
     for (auto& kv : envs[i]) envps[i].push_back(kv.data());
     envps[i].push_back(nullptr);
   }
@@ -252,22 +277,9 @@ int run_launch(const Opts& o) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string exec_error = fmt::format("launch: cannot run {}: ", exe);
-
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("launch: pipe failed");
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  struct sigaction old_int {}, old_term {}, old_hup {}, old_chld {};
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
-  ::sigaction(SIGHUP, &sa, &old_hup);
-  ::sigaction(SIGCHLD, &sa, &old_chld);  // wakes poll() when a rank exits
-
   const pid_t launcher = ::getpid();
-  const auto t_start = Clock::now();
-  std::vector<Rank> ranks(o.n);
-  for (int i = 0; i < o.n; ++i) {
+  std::vector<Rank> ranks(n);
+  for (int i = 0; i < n; ++i) {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw Error("launch: pipe failed");
     // Signals stay blocked across fork() until the child has reset its handlers: a signal that
@@ -312,15 +324,45 @@ int run_launch(const Opts& o) {
     ::close(err[1]);
     ranks[i] = Rank{i, pid, out[0], err[0], {}, {}, {}, true, 0};
   }
+  return ranks;
+}
 
-  int first_failed = -1;   // the rank whose failure stopped the job
+Clock::time_point after_seconds(double s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Watches the ranks until all have exited and their output is read: forwards signals, stops
+// every rank when one fails, and records each failure in the store.
+class Supervisor {
+ public:
+  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, double grace)
+      : ranks_(ranks), store_(store), grace_(grace), t_start_(Clock::now()) {}
+  int first_failed = -1;  // the rank whose failure stopped the job
   bool interrupted = false;
-  std::optional<Clock::time_point> kill_at;  // SIGKILL whoever is left at this time
-  std::optional<Clock::time_point> drain_until;
-  for (;;) {
+
+  void run() {
+    for (;;) {
+      pump_output();
+      handle_signals();
+      reap();
+      if (kill_at_ && Clock::now() >= *kill_at_) {
+        if (any_running()) write_all(2, fmt::format("launch: ranks still running {:g} s after SIGTERM; killing them\n", grace_));
+        signal_all(ranks_, SIGKILL);
+        kill_at_.reset();
+      }
+      if (finished()) return;
+    }
+  }
+
+ private:
+  bool any_running() const {
+    return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+  }
+
+  void pump_output() {
     std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
     std::vector<std::pair<Rank*, int>> owner{{nullptr, 0}};
-    for (auto& r : ranks) {
+    for (auto& r : ranks_) {
       if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0}), owner.emplace_back(&r, 1);
       if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0}), owner.emplace_back(&r, 2);
     }
@@ -331,106 +373,140 @@ int run_launch(const Opts& o) {
       if (owner[k].second == 1) drain(r, r.out_fd, r.out_partial, 1);
       else drain(r, r.err_fd, r.err_partial, 2);
     }
-    // Signals to the launcher.
+  }
+
+  void handle_signals() {
     char sig = 0;
     while (::read(g_signal_pipe[0], &sig, 1) == 1) {
       if (sig == SIGCHLD) continue;
       if (sig == SIGINT && interrupted) {
         write_all(2, "launch: second interrupt: killing every rank\n");
-        signal_all(ranks, SIGKILL);
+        signal_all(ranks_, SIGKILL);
         continue;
       }
       interrupted = true;
       write_all(2, fmt::format("launch: got {}; forwarding it to every rank\n", ::strsignal(sig)));
-      signal_all(ranks, sig == SIGHUP ? SIGTERM : sig);
+      signal_all(ranks_, sig == SIGHUP ? SIGTERM : sig);
       // Ctrl+C lets the ranks checkpoint for as long as they need (a second Ctrl+C kills);
       // SIGTERM (e.g. from a scheduler) gets the grace period.
-      if (sig != SIGINT && !kill_at) kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace));
+      if (sig != SIGINT && !kill_at_) kill_at_ = after_seconds(grace_);
     }
-    // Exited ranks.
+  }
+
+  void reap() {
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      for (auto& r : ranks) {
+      if (pid <= 0) return;
+      for (auto& r : ranks_) {
         if (r.pid != pid || !r.running) continue;
         r.running = false;
         r.status = status;
-        if (failed(status) && !interrupted)  // a rank's own record, written before it exited, wins
-          comm::publish_failure(store_host.store(), r.index,
-                                {r.index, fmt::format("rank {} exited with {} (seen by gasloc launch)", r.index,
-                                                      describe_status(status))});
-        if (failed(status) && first_failed < 0 && !interrupted) {
-          first_failed = r.index;
-          const double t = std::chrono::duration<double>(Clock::now() - t_start).count();
-          write_all(2, fmt::format("launch: rank {} failed with {} after {:.1f} s; stopping the other ranks\n", r.index,
-                                   describe_status(status), t));
-          signal_all(ranks, SIGTERM);
-          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace));
-        }
-      }
-    }
-    if (kill_at && Clock::now() >= *kill_at) {
-      bool any = false;
-      for (auto& r : ranks) any = any || r.running;
-      if (any) write_all(2, fmt::format("launch: ranks still running {:g} s after SIGTERM; killing them\n", o.grace));
-      signal_all(ranks, SIGKILL);
-      kill_at.reset();
-    }
-    bool running = false, open = false;
-    for (auto& r : ranks) {
-      running = running || r.running;
-      open = open || r.out_fd >= 0 || r.err_fd >= 0;
-    }
-    if (!running && !open) break;
-    if (!running) {
-      // Every rank exited but a pipe is still open (a process a rank started keeps it): read
-      // what is there for a moment, then stop listening.
-      if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(1);
-      if (Clock::now() >= *drain_until) {
-        for (auto& r : ranks) {
-          for (int* fd : {&r.out_fd, &r.err_fd})
-            if (*fd >= 0) ::close(*fd), *fd = -1;
-          emit_lines(r, r.out_partial, 1, true);
-          emit_lines(r, r.err_partial, 2, true);
-        }
-        break;
+        if (!failed(status) || interrupted) continue;
+        // A rank's own record, written before it exited, wins over this one.
+        comm::publish_failure(store_, r.index,
+                              {r.index, fmt::format("rank {} exited with {} (seen by gasloc launch)", r.index,
+                                                    describe_status(status))});
+        if (first_failed >= 0) continue;
+        first_failed = r.index;
+        const double t = std::chrono::duration<double>(Clock::now() - t_start_).count();
+        write_all(2, fmt::format("launch: rank {} failed with {} after {:.1f} s; stopping the other ranks\n", r.index,
+                                 describe_status(status), t));
+        signal_all(ranks_, SIGTERM);
+        kill_at_ = after_seconds(grace_);
       }
     }
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  ::sigaction(SIGHUP, &old_hup, nullptr);
-  ::sigaction(SIGCHLD, &old_chld, nullptr);
-  ::close(g_signal_pipe[0]);
-  ::close(g_signal_pipe[1]);
 
-  if (first_failed >= 0) {
-    const Rank& f = ranks[first_failed];
-    std::string msg = fmt::format("launch: rank {} of {} failed with {}. {}\n", f.index, o.n, describe_status(f.status),
-                                  f.tail.empty() ? "It printed nothing." : fmt::format("Its last {} lines:", f.tail.size()));
-    for (const auto& line : f.tail) msg += "  | " + line + "\n";
-    // The others: one line each, plus the last lines of those that exited on their own (not
-    // by our signal): their errors say what they saw, and when two ranks failed at the same
-    // moment the launcher cannot tell which came first.
-    for (const auto& r : ranks) {
-      if (r.index == f.index || !failed(r.status)) continue;
-      msg += fmt::format("launch: rank {} ended with {}{}\n", r.index, describe_status(r.status),
-                         WIFEXITED(r.status) && !r.tail.empty() ? "; its last lines:" : "");
-      if (!WIFEXITED(r.status)) continue;
-      for (size_t k = r.tail.size() > 5 ? r.tail.size() - 5 : 0; k < r.tail.size(); ++k) msg += "  | " + r.tail[k] + "\n";
+  // True when every rank has exited and its output is read. A process a rank started may keep a
+  // pipe open after every rank exited: read what is there for a moment, then stop listening.
+  bool finished() {
+    const bool open = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.out_fd >= 0 || r.err_fd >= 0; });
+    if (any_running()) return false;
+    if (!open) return true;
+    if (!drain_until_) drain_until_ = Clock::now() + std::chrono::seconds(1);
+    if (Clock::now() < *drain_until_) return false;
+    for (auto& r : ranks_) {
+      for (int* fd : {&r.out_fd, &r.err_fd})
+        if (*fd >= 0) ::close(*fd), *fd = -1;
+      emit_lines(r, r.out_partial, 1, true);
+      emit_lines(r, r.err_partial, 2, true);
     }
-    // The first rank to exit may have failed because of another one (a stuck rank makes its peers
-    // time out first): its record in the store names the rank that failed first.
-    if (const auto rec = comm::read_failure(store_host.store(), f.index); rec && rec->root >= 0 && rec->root != f.index)
-      msg += fmt::format("launch: rank {} reports that rank {} failed first: {}\n", f.index, rec->root, rec->what);
-    write_all(2, msg);
-    const int s = f.status;
-    return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+    return true;
   }
-  if (interrupted) {
+
+  std::vector<Rank>& ranks_;
+  c10d::Store& store_;
+  double grace_;
+  Clock::time_point t_start_;
+  std::optional<Clock::time_point> kill_at_;  // SIGKILL whoever is left at this time
+  std::optional<Clock::time_point> drain_until_;
+};
+
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+// The failed rank's last lines, the other ranks' ends, and the rank its record blames first.
+int report_failure(const std::vector<Rank>& ranks, int first_failed, c10d::Store& store) {
+  const Rank& f = ranks[first_failed];
+  std::string msg = fmt::format("launch: rank {} of {} failed with {}. {}\n", f.index, ranks.size(), describe_status(f.status),
+                                f.tail.empty() ? "It printed nothing." : fmt::format("Its last {} lines:", f.tail.size()));
+  for (const auto& line : f.tail) msg += "  | " + line + "\n";
+  // The others: one line each, plus the last lines of those that exited on their own (not
+  // by our signal): their errors say what they saw, and when two ranks failed at the same
+  // moment the launcher cannot tell which came first.
+  for (const auto& r : ranks) {
+    if (r.index == f.index || !failed(r.status)) continue;
+    msg += fmt::format("launch: rank {} ended with {}{}\n", r.index, describe_status(r.status),
+                       WIFEXITED(r.status) && !r.tail.empty() ? "; its last lines:" : "");
+    if (!WIFEXITED(r.status)) continue;
+    for (size_t k = r.tail.size() > 5 ? r.tail.size() - 5 : 0; k < r.tail.size(); ++k) msg += "  | " + r.tail[k] + "\n";
+  }
+  // The first rank to exit may have failed because of another one (a stuck rank makes its peers
+  // time out first): its record in the store names the rank that failed first.
+  if (const auto rec = comm::read_failure(store, f.index); rec && rec->root >= 0 && rec->root != f.index)
+    msg += fmt::format("launch: rank {} reports that rank {} failed first: {}\n", f.index, rec->root, rec->what);
+  write_all(2, msg);
+  return exit_code(f.status);
+}
+
+int run_launch(const Opts& o) {
+  if (o.cleanup) {
+    const int removed = NetnsTestbed::cleanup_leftovers();
+    fmt::print("launch --cleanup: removed {} namespace(s), bridge(s) and cable(s) of earlier test beds\n", removed);
+    return 0;
+  }
+  validate(o);
+  if (o.cmd.empty()) throw Error("launch: no command given", "usage: gasloc launch -n N -- COMMAND ARGS...");
+  const std::string exe = resolve(o.cmd[0]);
+  std::error_code ec;
+  const bool self_cmd = o.cmd.size() >= 2 && std::filesystem::equivalent(exe, resolve("gasloc"), ec);
+  // --netns: every rank its own host on a private bridge with shaped links; the launcher, on the
+  // bridge's address, hosts the store.
+  std::unique_ptr<NetnsTestbed> testbed;
+  if (o.netns) {
+    testbed = std::make_unique<NetnsTestbed>(testbed_links(o, self_cmd && o.cmd[1] == "train"), o.keep);
+    write_all(1, testbed->describe());
+  }
+  const std::string master_addr = testbed ? testbed->bridge_address() : o.addr;
+  // The launcher hosts the rendezvous store, so it outlives any rank: survivors can still read
+  // there which rank failed first, and the launcher records the ranks it sees exit (without a
+  // socket: nothing here waits on it). Port 0 lets the OS choose a free port, with no race.
+  // gasloc's own commands meet at gasloc's store (bounded calls, one job per store) with the
+  // job's token; another command (a torchrun-style script) gets c10d's TCPStore.
+  const bool gasloc_ranks = self_cmd && (o.cmd[1] == "train" || o.cmd[1] == "comm-check");
+  const comm::JobIdentity job{comm::random_job_token(), fmt::format("gasloc launch pid {}", ::getpid())};
+  comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout.value_or(0)), job, !gasloc_ranks);
+  std::vector<std::string> args = rank_args(o, self_cmd, gasloc_ranks, job.token);
+  auto envs = rank_envs(o.n, master_addr, store_host.port(), testbed != nullptr);
+
+  const SignalCapture signals;
+  std::vector<Rank> ranks = spawn_ranks(exe, args, envs, testbed.get());
+  Supervisor supervisor(ranks, store_host.store(), o.grace);
+  supervisor.run();
+  if (supervisor.first_failed >= 0) return report_failure(ranks, supervisor.first_failed, store_host.store());
+  if (supervisor.interrupted) {
     for (const auto& r : ranks)
-      if (failed(r.status)) return WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
+      if (failed(r.status)) return exit_code(r.status);
     return 130;
   }
   return 0;

@@ -108,6 +108,7 @@ class ProcessCluster final : public Cluster {
       : pg_(std::move(pg)), ranks_{pg_->rank()}, counted_(*pg_, control_used_), control_(*pg_, control_used_) {}
   int world() const override { return pg_->world(); }
   const std::vector<int>& local_ranks() const override { return ranks_; }
+  int host_processes() const override { return pg_->options().local_world; }
   Communicator& comm(int rank) override { return check(rank), counted_; }
   Communicator& control(int rank) override { return check(rank), control_; }
   Communicator* processes() override { return &control_; }
@@ -159,6 +160,9 @@ std::unique_ptr<Cluster> make_cluster(const ClusterOptions& o) {
   check_process_backend(o.backend);  // before the launcher's variables: a missing backend is the first thing to say
   GlooOptions po = gloo_options_from_env();
   po.timeout_s = o.timeout_s;
+  po.job = o.job;
+  po.store_all_interfaces = o.store_all_interfaces;
+  if (o.handed_in) po.agent_store = false;  // gasloc launch hosts gasloc's store, not torchrun's
   if (o.throttle) po.bandwidth_limit_Bps = o.network(po.world).bandwidth(po.rank);
   return process_cluster(make_process_group(o.backend, po));
 }

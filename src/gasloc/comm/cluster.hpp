@@ -14,6 +14,7 @@
 
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/comm/network_model.hpp"
+#include "gasloc/comm/store.hpp"
 
 namespace gasloc::comm {
 
@@ -26,6 +27,9 @@ class Cluster {
   virtual int world() const = 0;
   // The ranks this process hosts, ascending.
   virtual const std::vector<int>& local_ranks() const = 0;
+  // The processes of this job on this host (LOCAL_WORLD_SIZE under a launcher), which share its
+  // cores: 1 for the in-process cluster.
+  virtual int host_processes() const { return 1; }
   virtual Communicator& comm(int rank) = 0;
   virtual Communicator& control(int rank) = 0;
   // For set-up between processes before the ranks run (agreeing on the job, sharing checkpoint
@@ -52,6 +56,11 @@ struct ClusterOptions {
   std::function<NetworkModel(int world)> network;
   // Process backends: hold each rank's real link to network(world).bandwidth(rank).
   bool throttle = false;
+  // Process backends: the job presented to the rendezvous store. handed_in: the token came from
+  // gasloc launch (--job-id), which hosts gasloc's store; otherwise it was derived by the rank.
+  JobIdentity job;
+  bool handed_in = false;
+  bool store_all_interfaces = false;  // rank 0 hosting the store: every interface
 };
 
 // Throws ConfigError for a backend this build lacks (nccl without a CUDA LibTorch) or does not

@@ -69,6 +69,8 @@ struct ProcessGroupComm::Impl {
   CommStats stats;
   std::string broken;  // the first error; the group is unusable after it
   Clock::time_point t0;
+  Arrivals arrivals;    // store-side records of the collectives each rank entered
+  int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
 
   C10dBackend& pg() { return *built.backend; }
   const torch::Device& dev() const { return built.devices.device; }
@@ -107,6 +109,8 @@ struct ProcessGroupComm::Impl {
     std::string text = msg;
     int root = peer;
     if (store) {
+      // The reports below must not wait a whole timeout each on a store that hangs too.
+      store->setTimeout(std::min(timeout, std::chrono::milliseconds(3000)));
       // A peer that timed out at the same moment as this rank publishes its record a moment later.
       const double wait_s = timed_out ? std::min(2.0, o.timeout_s / 2) : 0.0;
       const FailureRecord rec = root_failure(*store, o.rank, o.world, peer, msg, wait_s);
@@ -155,7 +159,15 @@ struct ProcessGroupComm::Impl {
     }
     // The margin covers the backend's own clock, started a moment before ours.
     f.timed_out = f.timed_out || Clock::now() + std::chrono::milliseconds(50) >= deadline;
-    fail(describe(f.timed_out, f.detail), peer, f.timed_out);
+    std::string msg = describe(f.timed_out, f.detail);
+    if (f.timed_out && peer < 0) {
+      // A collective: the store knows who never entered it.
+      std::vector<int> late;
+      const std::string who = arrivals.behind(collective_seq, &late);
+      if (!who.empty()) msg += fmt::format("; never arrived at this collective (#{}): {}", collective_seq, who);
+      if (late.size() == 1) peer = late[0];
+    }
+    fail(msg, peer, f.timed_out);
   }
 
   // The wording of a collective's failure.
@@ -167,6 +179,52 @@ struct ProcessGroupComm::Impl {
     };
   }
 
+  // Peers are other ranks of the group, each listed once.
+  void check_peers(const std::vector<int>& peers) const {
+    for (size_t k = 0; k < peers.size(); ++k) {
+      const int p = peers[k];
+      if (p < 0 || p >= o.world || p == o.rank)
+        throw CommError(fmt::format("rank {}: exchange with rank {}: peers must be other ranks in 0..{}", o.rank, p, o.world - 1));
+      if (std::find(peers.begin(), peers.begin() + static_cast<long>(k), p) != peers.begin() + static_cast<long>(k))
+        throw CommError(fmt::format("rank {}: exchange lists rank {} twice", o.rank, p));
+    }
+  }
+
+  // The headers received from `peers` must be ours and announce the buffer this rank sends: both
+  // ends of a link exchange the same size and dtype, or both fail naming both ranks.
+  void check_headers(const std::vector<int>& peers, const std::vector<torch::Tensor>& headers, const torch::Tensor& send) {
+    const int me = o.rank;
+    for (size_t k = 0; k < peers.size(); ++k) {
+      const auto h = headers[k].cpu();
+      const auto hv = h.accessor<int64_t, 1>();
+      const auto dt = static_cast<c10::ScalarType>(hv[2]);
+      if (hv[0] != kMagic)
+        fail(fmt::format("rank {}: exchange with rank {}: received a malformed header (is rank {} running another "
+                         "program or version?)",
+                         me, peers[k], peers[k]),
+             peers[k]);
+      if (hv[1] == send.numel() && dt == send.scalar_type()) continue;
+      // Lower rank first, so both ends print the same sentence.
+      std::string a = fmt::format("rank {} sends {} {} elements", me, send.numel(), dtype_name(send.scalar_type()));
+      std::string b = fmt::format("rank {} sends {} {} elements", peers[k], hv[1], dtype_name(dt));
+      if (peers[k] < me) std::swap(a, b);
+      fail(fmt::format("rank {}: exchange with rank {}: {} but {}; both ends of a link must exchange buffers of the same "
+                       "size and dtype",
+                       me, peers[k], a, b),
+           peers[k]);
+    }
+  }
+
+  // Where a payload from a peer lands: the caller's tensor when it fits and nothing else refers
+  // to it or its storage (the in-process backend hands out fresh tensors, and a caller keeping
+  // last round's must not see them overwritten), else a fresh one.
+  static torch::Tensor receive_buffer(const torch::Tensor& r, const torch::Tensor& send) {
+    const bool reusable = r.defined() && r.scalar_type() == send.scalar_type() && r.sizes() == send.sizes() &&
+                          r.is_contiguous() && r.device() == send.device() && r.use_count() == 1 &&
+                          r.storage().use_count() == 1 && r.storage_offset() == 0;
+    return reusable ? r : torch::empty_like(send, torch::MemoryFormat::Contiguous);
+  }
+
   void sleep_for_bandwidth(double send_bytes, double recv_bytes) {
     const double d = std::max(send_bucket.take(send_bytes), recv_bucket.take(recv_bytes));
     if (d > 0) std::this_thread::sleep_for(std::chrono::duration<double>(d));
@@ -176,6 +234,7 @@ struct ProcessGroupComm::Impl {
   // ranks first (a few bytes) and name the disagreeing ranks, instead of letting the backend read
   // or write past a buffer.
   void check_same_buffer(const char* op, const torch::Tensor& t) {
+    collective_seq = arrivals.arrive(op);
     auto mine = torch::tensor({t.numel(), static_cast<int64_t>(t.scalar_type())}, torch::kInt64).to(dev());
     std::vector<at::Tensor> in{mine};
     std::vector<std::vector<at::Tensor>> out(1);
@@ -219,6 +278,7 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
   I.send_bucket = TokenBucket(o.bandwidth_limit_Bps);
   I.recv_bucket = TokenBucket(o.bandwidth_limit_Bps);
   I.store = join_store(o);
+  I.arrivals = Arrivals(I.store, o.rank, o.world);
   I.built = build(o, I.store);
   // Everyone has finished connecting before anyone returns, so that rank 0 (which hosts the
   // store) cannot exit while a peer still reads the addresses it needs from the store. For NCCL
@@ -282,13 +342,7 @@ void ProcessGroupComm::exchange(const std::vector<int>& peers, const torch::Tens
   auto& I = *impl_;
   const int me = I.o.rank;
   I.ensure_usable("exchange");
-  for (size_t k = 0; k < peers.size(); ++k) {
-    const int p = peers[k];
-    if (p < 0 || p >= I.o.world || p == me)
-      throw CommError(fmt::format("rank {}: exchange with rank {}: peers must be other ranks in 0..{}", me, p, I.o.world - 1));
-    if (std::find(peers.begin(), peers.begin() + static_cast<long>(k), p) != peers.begin() + static_cast<long>(k))
-      throw CommError(fmt::format("rank {}: exchange lists rank {} twice", me, p));
-  }
+  I.check_peers(peers);
   I.check_device("exchange", send_in);
   recv.resize(peers.size());
   if (peers.empty()) return;
@@ -355,41 +409,14 @@ void ProcessGroupComm::exchange(const std::vector<int>& peers, const torch::Tens
   std::vector<torch::Tensor> headers(peers.size());
   for (auto& h : headers) h = torch::zeros({3}, i64);
   wait_sends(post_all(my_header, headers, kHeader));
-  for (size_t k = 0; k < peers.size(); ++k) {
-    const auto h = headers[k].cpu();
-    const auto hv = h.accessor<int64_t, 1>();
-    const auto dt = static_cast<c10::ScalarType>(hv[2]);
-    if (hv[0] != kMagic)
-      I.fail(fmt::format("rank {}: exchange with rank {}: received a malformed header (is rank {} running another "
-                         "program or version?)",
-                         me, peers[k], peers[k]),
-             peers[k]);
-    if (hv[1] != send.numel() || dt != send.scalar_type()) {
-      // Lower rank first, so both ends print the same sentence.
-      std::string a = fmt::format("rank {} sends {} {} elements", me, send.numel(), dtype_name(send.scalar_type()));
-      std::string b = fmt::format("rank {} sends {} {} elements", peers[k], hv[1], dtype_name(dt));
-      if (peers[k] < me) std::swap(a, b);
-      I.fail(fmt::format("rank {}: exchange with rank {}: {} but {}; both ends of a link must exchange buffers of the same "
-                         "size and dtype",
-                         me, peers[k], a, b),
-             peers[k]);
-    }
-  }
+  I.check_headers(peers, headers, send);
 
   // 2. Payload. A rank with a bandwidth limit starts it late, as its slow link would finish late.
   const double nbytes = static_cast<double>(send.numel() * send.element_size());
   I.sleep_for_bandwidth(n * nbytes, n * nbytes);
   std::vector<torch::Tensor> got(peers.size());
-  for (size_t k = 0; k < peers.size(); ++k) {
-    const auto& r = recv[k];
-    // Reuse the caller's tensor only when nothing else refers to it or its storage: the
-    // in-process backend hands out fresh tensors, and a caller keeping last round's must not
-    // see them overwritten.
-    const bool reusable = !staged && r.defined() && r.scalar_type() == send.scalar_type() && r.sizes() == send.sizes() &&
-                          r.is_contiguous() && r.device() == I.dev() && r.use_count() == 1 &&
-                          r.storage().use_count() == 1 && r.storage_offset() == 0;
-    got[k] = reusable ? r : torch::empty_like(send, torch::MemoryFormat::Contiguous);
-  }
+  for (size_t k = 0; k < peers.size(); ++k) got[k] = staged ? torch::empty_like(send, torch::MemoryFormat::Contiguous)
+                                                            : Impl::receive_buffer(recv[k], send);
   if (send.numel() > 0) wait_sends(post_all(send, got, kPayload));
   // A staged send gets its tensors back where it was (fresh ones, like the in-process backend).
   for (size_t k = 0; k < peers.size(); ++k) recv[k] = staged ? got[k].to(send_in.device()) : got[k];
@@ -434,6 +461,7 @@ void ProcessGroupComm::barrier() {
   Impl::Idle idle{I};
   c10d::BarrierOptions bo;
   if (!I.dev().is_cpu()) bo.device_ids = {I.dev().index()};  // otherwise c10d guesses the GPU from the rank, and warns
+  I.collective_seq = I.arrivals.arrive("barrier");
   const auto describe = I.collective_failure("barrier", "reached the barrier");
   auto w = I.post([&] { return I.pg().barrier(bo); }, [&](const std::string& d) { return describe(false, d); });
   I.wait(w, Clock::now() + I.timeout, describe);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/interrupt.hpp"
 
 namespace gasloc::comm {
 
@@ -139,7 +140,8 @@ GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>&
   const long long world = require_int(lookup, "WORLD_SIZE");
   const long long rank = require_int(lookup, "RANK");
   const long long port = require_int(lookup, "MASTER_PORT");
-  if (world < 1 || world > (1 << 20)) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", world), kLaunchHint);
+  if (world < 1) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", world), kLaunchHint);
+  if (world > (1 << 20)) throw CommError(fmt::format("WORLD_SIZE={} is above {}", world, 1 << 20), kLaunchHint);
   // RANK >= WORLD_SIZE is checked at the store (join_store), where every rank hears of it.
   if (rank < 0) throw CommError(fmt::format("RANK={} must not be negative", rank), kLaunchHint);
   if (port < 1 || port > 65535) throw CommError(fmt::format("MASTER_PORT={} is outside 1..65535", port), kLaunchHint);
@@ -152,8 +154,16 @@ GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>&
     if (!parse_int(v, lr) || lr < 0) throw CommError(fmt::format("LOCAL_RANK='{}' is not a non-negative integer", v));
     o.local_rank = static_cast<int>(lr);
   }
+  if (const char* v = lookup("LOCAL_WORLD_SIZE")) {
+    long long lw = 0;
+    if (!parse_int(v, lw) || lw < 1 || lw > (1 << 20))
+      throw CommError(fmt::format("LOCAL_WORLD_SIZE='{}' is not a positive integer", v), kLaunchHint);
+    o.local_world = static_cast<int>(lw);
+  }
   if (const char* v = lookup("GLOO_SOCKET_IFNAME")) o.interface = trim(v);
-  if (const char* v = lookup("TORCHELASTIC_USE_AGENT_STORE")) o.connect_only = trim(v) == "True" || trim(v) == "1";
+  // An agent hosts the store: torchrun's (c10d's protocol) unless gasloc launch hands the rank a
+  // job token (make_cluster clears agent_store then).
+  if (const char* v = lookup("TORCHELASTIC_USE_AGENT_STORE")) o.connect_only = o.agent_store = trim(v) == "True" || trim(v) == "1";
   validate(o, /*check_rank=*/false);
   return o;
 }
@@ -162,35 +172,119 @@ GlooOptions gloo_options_from_env() {
   return gloo_options_from_env([](const char* name) { return std::getenv(name); });
 }
 
+namespace {
+
+// A store that rank 0 hosts for its job: its own view of the keys, and the server kept alive
+// with it (the store must outlive the process group, which holds this).
+class HostedStore final : public c10d::Store {
+ public:
+  HostedStore(std::unique_ptr<StoreServer> server, std::chrono::milliseconds timeout)
+      : c10d::Store(timeout), server_(std::move(server)), keys_(server_->local()) {
+    keys_->setTimeout(timeout);
+  }
+  void set(const std::string& k, const std::vector<uint8_t>& v) override { keys_->set(k, v); }
+  std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& e, const std::vector<uint8_t>& d) override {
+    return keys_->compareSet(k, e, d);
+  }
+  std::vector<uint8_t> get(const std::string& k) override { return keys_->get(k); }
+  int64_t add(const std::string& k, int64_t v) override { return keys_->add(k, v); }
+  bool deleteKey(const std::string& k) override { return keys_->deleteKey(k); }
+  bool check(const std::vector<std::string>& k) override { return keys_->check(k); }
+  int64_t getNumKeys() override { return keys_->getNumKeys(); }
+  void wait(const std::vector<std::string>& k) override { keys_->wait(k); }
+  void wait(const std::vector<std::string>& k, const std::chrono::milliseconds& t) override { keys_->wait(k, t); }
+  void setTimeout(const std::chrono::milliseconds& t) override {
+    c10d::Store::setTimeout(t);
+    keys_->setTimeout(t);
+  }
+
+ private:
+  std::unique_ptr<StoreServer> server_;
+  c10::intrusive_ptr<c10d::Store> keys_;
+};
+
+// The connection to the job's store, or the store itself for rank 0 when it hosts it.
+c10::intrusive_ptr<c10d::Store> open_store(const GlooOptions& o) {
+  const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  if (o.agent_store) {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(o.master_port);
+    so.isServer = false;
+    so.numWorkers = c10::nullopt;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      throw CommError(fmt::format("rank {} could not reach torchrun's agent store at {} within {} s: {}", o.rank, where,
+                                  o.timeout_s, msg.substr(0, msg.find('\n'))),
+                      "is the agent (torchrun) running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?");
+    }
+  }
+  if (o.rank == 0 && !o.connect_only) {
+    StoreServerOptions so;
+    so.addr = o.master_addr;
+    so.port = o.master_port;
+    so.all_interfaces = o.store_all_interfaces;
+    so.job = o.job;
+    try {
+      return c10::make_intrusive<HostedStore>(std::make_unique<StoreServer>(so), timeout);
+    } catch (const CommError& e) {
+      throw CommError(std::string("rank 0: ") + e.what(), e.hint());
+    }
+  }
+  try {
+    return c10::make_intrusive<StoreClient>(o.master_addr, o.master_port, timeout, o.job);
+  } catch (const CommError& e) {
+    throw CommError(fmt::format("rank {}: {}", o.rank, e.what()), e.hint());
+  }
+}
+
+// "1, 2, 5" for at most `limit` ranks, then "and N more": a world of 100000 with most ranks
+// missing must not print a line of 650 KB.
+std::string rank_list(const std::vector<int>& ranks, size_t total, size_t limit = 16) {
+  std::string out;
+  for (size_t k = 0; k < ranks.size() && k < limit; ++k) out += (k ? ", " : "") + std::to_string(ranks[k]);
+  if (total > std::min(ranks.size(), limit)) out += fmt::format(" and {} more", total - std::min(ranks.size(), limit));
+  return out;
+}
+
+// Fails at once when a rank published an abort or a failure while this one waits for the others.
+void check_rendezvous_news(c10d::Store& store, const GlooOptions& o) {
+  if (store.check({"abort"})) throw CommError(text(store.get("abort")), "every rank stopped because of it");
+  if (store.add("failures", 0) > 0)
+    for (int r = 0; r < o.world && r < 4096; ++r)
+      if (auto rec = read_failure(store, r); rec && r != o.rank)
+        throw CommError(fmt::format("rendezvous on rank {} stopped: rank {} failed before every rank joined: {}", o.rank, r,
+                                    rec->what),
+                        "fix what stopped that rank and start all ranks again", rec->root >= 0 ? rec->root : r);
+}
+
+// The ranks that never registered, named (a bounded scan), for the timeout's message.
+std::string missing_ranks(c10d::Store& store, const GlooOptions& o) {
+  const int64_t joined = store.add("joined", 0);
+  const auto missing_count = static_cast<size_t>(std::max<int64_t>(0, o.world - joined));
+  std::vector<int> missing;
+  for (int r = 0; r < o.world && missing.size() < 16 && r < 65536; ++r)
+    if (!store.check({key("rank", r)})) missing.push_back(r);
+  if (missing.empty()) return fmt::format("{} of {} ranks never joined", missing_count, o.world);
+  return fmt::format("rank{} {} of {} never joined", missing_count > 1 ? "s" : "", rank_list(missing, missing_count), o.world);
+}
+
+}  // namespace
+
+std::string store_host_name(const GlooOptions& o) {
+  if (o.agent_store) return "torchrun's agent";
+  if (o.connect_only) return "gasloc launch (or gasloc store)";
+  return "rank 0";
+}
+
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
   validate(o, /*check_rank=*/false);
   const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(o.master_port);
-  so.isServer = o.rank == 0 && !o.connect_only;
-  so.numWorkers = c10::nullopt;  // we wait for the ranks ourselves, to name the missing ones
-  so.waitWorkers = false;
-  so.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> tcp;
-  try {
-    tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
-  } catch (const std::exception& e) {
-    const std::string msg = e.what();
-    if (so.isServer && (msg.find("in use") != std::string::npos || msg.find("errno: 98") != std::string::npos))
-      throw CommError(fmt::format("rank 0 cannot host the rendezvous store on port {}: the port is already in use",
-                                  o.master_port),
-                      fmt::format("choose another port (gasloc launch --master-port P, or MASTER_PORT), or stop the "
-                                  "process that holds it (ss -ltnp | grep :{})",
-                                  o.master_port));
-    if (so.isServer)
-      throw CommError(fmt::format("rank 0 cannot host the rendezvous store on port {}: {}", o.master_port,
-                                  msg.substr(0, msg.find('\n'))));
-    throw CommError(fmt::format("rank {} could not reach the rendezvous store at {} within {} s: {}", o.rank, where,
-                                o.timeout_s, msg.substr(0, msg.find('\n'))),
-                    "is rank 0 running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?");
-  }
-  auto store = job_keys(tcp);
+  auto store = job_keys(open_store(o));
   // A mistake that one rank sees (another WORLD_SIZE, a RANK claimed twice or out of range) is
   // published as "abort", so every rank stops at once with the same message instead of waiting
   // for the timeout.
@@ -208,53 +302,83 @@ c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
     if (agreed != std::to_string(o.world))
       abort_all(fmt::format("rank {} has WORLD_SIZE={} but another rank joined the store at {} with WORLD_SIZE={}", o.rank,
                             o.world, where, agreed),
-                "every rank must get the same WORLD_SIZE");
+                "every rank must get the same WORLD_SIZE (resuming a run on another number of ranks is refused too)");
     if (store->add(key("rank", o.rank), 1) != 1)
       abort_all(fmt::format("two processes claim RANK={} at the store {}", o.rank, where),
                 "every rank needs a distinct RANK in 0..WORLD_SIZE-1");
     store->set(key("proc", o.rank), bytes(fmt::format("{} {}", this_host(), ::getpid())));
-    // Wait for everyone by polling check(): unlike a blocking wait() it tells us who is missing
-    // when the deadline passes. A published abort, or a rank recorded as failed (by itself or by
-    // the launcher that saw it exit), ends the wait at once.
-    std::vector<std::string> keys;
-    for (int r = 0; r < o.world; ++r) keys.push_back(key("rank", r));
+    store->add("joined", 1);
+    // Wait for everyone by polling the count: unlike a blocking wait() it tells us who is missing
+    // when the deadline passes. A published abort, a rank recorded as failed (by itself or by the
+    // launcher that saw it exit), or a stop request ends the wait at once.
     const double deadline = now_s() + o.timeout_s;
-    for (int sleep_ms = 1; !store->check(keys); sleep_ms = std::min(50, sleep_ms * 2)) {
-      if (store->check({"abort"})) throw CommError(text(store->get("abort")), "every rank stopped because of it");
-      if (store->add("failures", 0) > 0)
-        for (int r = 0; r < o.world; ++r)
-          if (auto rec = read_failure(*store, r); rec && r != o.rank)
-            throw CommError(fmt::format("rendezvous on rank {} stopped: rank {} failed before every rank joined: {}",
-                                        o.rank, r, rec->what),
-                            "fix what stopped that rank and start all ranks again", rec->root >= 0 ? rec->root : r);
-      if (now_s() > deadline) {
-        std::string missing;
-        int n = 0;
-        for (int r = 0; r < o.world; ++r)
-          if (!store->check({key("rank", r)})) missing += (n++ ? ", " : "") + std::to_string(r);
-        throw CommError(fmt::format("rendezvous timed out after {} s on rank {}: rank{} {} of {} never joined the store "
-                                    "at {}",
-                                    o.timeout_s, o.rank, n > 1 ? "s" : "", missing, o.world, where),
+    for (int sleep_ms = 1; store->add("joined", 0) < o.world; sleep_ms = std::min(50, sleep_ms * 2)) {
+      check_rendezvous_news(*store, o);
+      if (interrupt_requested())
+        throw CommError(fmt::format("rank {}: interrupted during the rendezvous at {}", o.rank, where),
+                        "nothing was trained yet; start the ranks again");
+      if (now_s() > deadline)
+        throw CommError(fmt::format("rendezvous timed out after {} s on rank {}: {} at {}", o.timeout_s, o.rank,
+                                    missing_ranks(*store, o), where),
                         "they may not have started, may have crashed, or were given another MASTER_PORT or WORLD_SIZE");
-      }
       std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     }
-  } catch (const CommError&) {
-    throw;
+  } catch (const CommError& e) {
+    throw CommError(e.what(), e.hint().empty() ? store_host_name(o) + " hosts the store; is it running?" : e.hint(),
+                    e.failed_rank());
   } catch (const std::exception& e) {
     const std::string msg = e.what();
     throw CommError(fmt::format("rank {}: rendezvous at {} failed: {}", o.rank, where, msg.substr(0, msg.find('\n'))),
-                    "rank 0 (which hosts the store) may have exited");
+                    store_host_name(o) + " hosts the store; it may have exited");
   }
   return store;
+}
+
+int64_t Arrivals::arrive(const std::string& op) noexcept {
+  ++seq_;
+  if (off_ || !store_ || world_ == 1) return seq_;
+  try {
+    store_->set(key("at", rank_), bytes(fmt::format("{} {}", seq_, op)));
+  } catch (const std::exception&) {
+    off_ = true;
+  }
+  return seq_;
+}
+
+std::string Arrivals::behind(int64_t seq, std::vector<int>* ranks, int limit) noexcept {
+  if (off_ || !store_) return "";
+  std::string out;
+  int named = 0, total = 0;
+  try {
+    for (int r = 0; r < world_ && r < 4096; ++r) {
+      if (r == rank_) continue;
+      std::string last = "none";
+      int64_t at = 0;
+      if (store_->check({key("at", r)})) {
+        last = text(store_->get(key("at", r)));
+        const auto sp = last.find(' ');
+        long long v = 0;
+        if (sp != std::string::npos && parse_int(last.substr(0, sp), v)) at = v;
+      }
+      if (at >= seq) continue;
+      ++total;
+      if (ranks) ranks->push_back(r);
+      if (named++ < limit)
+        out += fmt::format("{}rank {} (its last: {})", out.empty() ? "" : ", ", r, at == 0 ? "none" : "#" + last);
+    }
+  } catch (const std::exception&) {
+    return out;
+  }
+  if (total > limit) out += fmt::format(" and {} more", total - limit);
+  return out;
 }
 
 std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world) {
   const std::string host = this_host();
   std::string out;
   try {
-    for (int r = 0; r < world; ++r) {
-      if (r == self_rank) continue;
+    for (int r = 0; r < world && r < 256; ++r) {
+      if (r == self_rank || !store.check({key("proc", r)})) continue;
       const std::string v = text(store.get(key("proc", r)));
       const auto sp = v.rfind(' ');
       if (sp == std::string::npos || v.substr(0, sp) != host) continue;
@@ -264,7 +388,7 @@ std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world) {
         out += fmt::format("{}rank {} (pid {}) is no longer running", out.empty() ? "; confirmed: " : ", ", r, pid);
     }
   } catch (const std::exception&) {
-    return "; the rendezvous store is unreachable too (rank 0, which hosts it, may have died)";
+    return "; the rendezvous store is unreachable too (its host may have died or be stopped)";
   }
   return out;
 }
@@ -310,12 +434,22 @@ FailureRecord root_failure(c10d::Store& store, int self, int world, int peer, co
   }
 }
 
-StoreHost::StoreHost(const std::string& addr, int port, double timeout_s) {
+StoreHost::StoreHost(const std::string& addr, int port, double timeout_s, const JobIdentity& job, bool c10d_protocol,
+                     bool all_interfaces) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (!c10d_protocol) {
+    server_ = std::make_unique<StoreServer>(StoreServerOptions{addr, port, all_interfaces, job});
+    port_ = server_->port();
+    auto keys = server_->local();
+    keys->setTimeout(timeout);
+    store_ = job_keys(keys);
+    return;
+  }
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(port);
   so.isServer = true;
   so.waitWorkers = false;
-  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  so.timeout = timeout;
   try {
     auto s = c10::make_intrusive<c10d::TCPStore>(addr, so);
     port_ = s->getPort();

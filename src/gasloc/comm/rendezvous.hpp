@@ -2,10 +2,13 @@
 // TCPStore they meet at, and the choice of process backend (Gloo or NCCL).
 //
 // Every rank reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (set by `gasloc launch` or
-// torchrun). Rank 0 hosts a TCPStore on MASTER_PORT unless an agent already hosts one (torchrun
-// sets TORCHELASTIC_USE_AGENT_STORE=True); every rank then registers in it and waits, with the
-// timeout, until all WORLD_SIZE ranks have registered, so a rank that never starts is an error
-// naming it instead of a hang.
+// torchrun). The store is gasloc's own (store.hpp: every call bounded by cluster.timeout_s and
+// interruptible, one job per store): `gasloc launch` hosts it and hands its ranks the job token
+// (--job-id); ranks started by hand derive the token from their configuration and rank 0 hosts
+// the store on MASTER_ADDR:MASTER_PORT. Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True and no
+// job token) the ranks use the agent's c10d TCPStore, whose calls LibTorch 1.13 does not bound.
+// Every rank then registers and waits, with the timeout, until all WORLD_SIZE ranks have
+// registered, so a rank that never starts is an error naming it instead of a hang.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -15,6 +18,7 @@
 #include <string>
 
 #include "gasloc/comm/communicator.hpp"
+#include "gasloc/comm/store.hpp"
 
 namespace gasloc::comm {
 
@@ -28,13 +32,22 @@ struct GlooOptions {
   double bandwidth_limit_Bps = 0;   // 0 = unlimited; token bucket on this rank's sends and receives
   std::string interface;            // optional network interface for the data connections
   int local_rank = -1;              // rank on this host (LOCAL_RANK); picks the GPU for NCCL
-  // The store at master_addr:master_port is hosted by someone else (torchrun's agent, a test,
-  // a launcher), so rank 0 connects to it like every other rank instead of hosting it.
+  int local_world = 1;              // ranks of the job on this host (LOCAL_WORLD_SIZE): they share its cores
+  // The store at master_addr:master_port is hosted by someone else (gasloc launch, a test,
+  // torchrun's agent), so rank 0 connects to it like every other rank instead of hosting it.
   bool connect_only = false;
+  // That host is torchrun's agent: speak c10d's TCPStore protocol (no job token, no bounded
+  // calls). Set from TORCHELASTIC_USE_AGENT_STORE; a job token handed in by gasloc launch clears it.
+  bool agent_store = false;
+  JobIdentity job;                     // presented to the store (ranks of one job present the same token)
+  bool store_all_interfaces = false;   // rank 0 hosting: listen on every interface, not MASTER_ADDR's only
 };
 
+// Who hosts the store, for messages: "rank 0", "gasloc launch (or gasloc store)", "torchrun's agent".
+std::string store_host_name(const GlooOptions& o);
+
 // Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required),
-// LOCAL_RANK, GLOO_SOCKET_IFNAME and TORCHELASTIC_USE_AGENT_STORE. Everything else (timeout,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GLOO_SOCKET_IFNAME and TORCHELASTIC_USE_AGENT_STORE. Everything else (timeout,
 // bandwidth limit) comes from the job's configuration or the command line, never from gasloc's
 // own variables. Throws CommError naming the variable and saying how to launch.
 GlooOptions gloo_options_from_env();
@@ -54,6 +67,27 @@ void validate(const GlooOptions& o, bool check_rank = true);
 // ranks have registered. Throws CommError naming missing ranks, a port in use, or an
 // unreachable store.
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o);
+
+// Store-side arrival records of collectives: before its seq-th collective (counted from 1, the
+// same on every rank) a rank records (seq, op) under its key; a collective that times out reads
+// them and names the ranks that never arrived, instead of guessing. Never throws; a store that
+// fails once is not asked again.
+class Arrivals {
+ public:
+  Arrivals() = default;
+  Arrivals(c10::intrusive_ptr<c10d::Store> store, int rank, int world) : store_(std::move(store)), rank_(rank), world_(world) {}
+  // Records that this rank enters its next collective; returns its sequence number.
+  int64_t arrive(const std::string& op) noexcept;
+  // Ranks whose last recorded collective is before `seq` (at most `limit` are named), as text
+  // such as "rank 2 (its last: #56 barrier)"; "" when none is known to be behind.
+  std::string behind(int64_t seq, std::vector<int>* ranks = nullptr, int limit = 8) noexcept;
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_ = 0, world_ = 1;
+  int64_t seq_ = 0;
+  bool off_ = false;
+};
 
 // After a failed operation: the ranks that are known to be gone (same host, process no longer
 // running), as text such as "; confirmed: rank 2 (pid 4242) is no longer running"; empty if none
@@ -82,10 +116,12 @@ FailureRecord root_failure(c10d::Store& store, int self, int world, int peer, co
 // Hosts a rendezvous store outside any rank, so that every rank (rank 0 included) connects with
 // connect_only = true: `gasloc launch` (the store outlives every rank) and tests that run ranks
 // as threads of one process, with port 0 (the OS picks a free port; no race between choosing
-// and binding it).
+// and binding it). gasloc's store (ranks present `job`) unless c10d_protocol: c10d's TCPStore,
+// for commands that are not gasloc's (torchrun-style agent store).
 class StoreHost {
  public:
-  StoreHost(const std::string& addr, int port, double timeout_s);
+  StoreHost(const std::string& addr, int port, double timeout_s, const JobIdentity& job = {}, bool c10d_protocol = false,
+            bool all_interfaces = false);
   ~StoreHost();
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;
@@ -94,6 +130,7 @@ class StoreHost {
   c10d::Store& store();
 
  private:
+  std::unique_ptr<StoreServer> server_;
   c10::intrusive_ptr<c10d::Store> store_;
   int port_ = 0;
 };

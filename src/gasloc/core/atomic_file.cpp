@@ -1,6 +1,7 @@
 #include "gasloc/core/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -69,12 +70,29 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) {
 }
 
 std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error("'" + path.string() + "' is a directory, not a file", "give the path of a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path.string() + "'", "check that the file exists");
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) throw Error("cannot read '" + path.string() + "'");
   return ss.str();
+}
+
+std::string read_file(const fs::path& path, size_t max_bytes) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error("'" + path.string() + "' is a directory, not a file", "give the path of a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open '" + path.string() + "'", "check that the file exists");
+  std::string out(max_bytes + 1, '\0');
+  in.read(out.data(), static_cast<std::streamsize>(out.size()));
+  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
+  out.resize(static_cast<size_t>(in.gcount()));
+  if (out.size() > max_bytes)
+    throw Error(fmt::format("'{}' is larger than {} bytes: not a file of this kind", path.string(), max_bytes),
+                "check the path");
+  return out;
 }
 
 }  // namespace gasloc

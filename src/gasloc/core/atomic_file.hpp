@@ -11,7 +11,11 @@ namespace gasloc {
 // fsync or rename fails; the temporary file is removed and any previous `path` survives.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 
-// Reads a whole file. Throws gasloc::Error naming the path if it cannot be opened or read.
+// Reads a whole file. Throws gasloc::Error naming the path if it cannot be opened or read, or is
+// a directory.
 std::string read_file(const std::filesystem::path& path);
+// The same for a file that must be small (job files, JSON records): more than max_bytes is an
+// error, found after reading max_bytes + 1 at most (/dev/zero or a huge file never fills memory).
+std::string read_file(const std::filesystem::path& path, size_t max_bytes);
 
 }  // namespace gasloc

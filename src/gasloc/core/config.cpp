@@ -4,6 +4,10 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include <filesystem>
+
+#include "gasloc/core/atomic_file.hpp"
+
 namespace gasloc::config {
 namespace {
 
@@ -45,11 +49,19 @@ json parse_toml_text(std::string_view text, const std::string& source_name) {
 }
 
 json parse_toml_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot open config file '" + path + "'", "check the path given to --config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  // A job file is a few KB; the cap turns `--config /dev/zero` or a data file given by mistake
+  // into an error instead of a read that fills memory.
+  constexpr size_t kMaxJobFileBytes = 1 << 20;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError("config file '" + path + "' is a directory", "give --config the path of a TOML job file, e.g. configs/tiny.toml");
+  std::string text;
+  try {
+    text = read_file(path, kMaxJobFileBytes);
+  } catch (const Error& e) {
+    throw ConfigError(std::string("config file: ") + e.what(), "give --config the path of a TOML job file (at most 1 MiB)");
+  }
+  return parse(text, path);
 }
 
 }  // namespace gasloc::config

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/checksum.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::data {
@@ -40,6 +41,8 @@ bool has_part(const std::string& stem, const std::string& word) {
   return false;
 }
 
+std::string dataset_fingerprint(const fs::path& dir, const std::string& meta_text, const json& meta);
+
 Dataset open_llmc(const fs::path& dir, int64_t vocab_override) {
   std::vector<std::string> train, val;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -66,6 +69,7 @@ Dataset open_llmc(const fs::path& dir, int64_t vocab_override) {
   ds.bos_id = kGpt2Eot;
   ds.train = load(dir, train, ds.vocab_size);
   ds.val = load(dir, val, ds.vocab_size);
+  ds.fingerprint = dataset_fingerprint(dir, "llm.c shards", json{{"train_shards", train}, {"val_shards", val}});
   return ds;
 }
 
@@ -107,6 +111,78 @@ void check_shards(const fs::path& dir, const json& meta, const fs::path& meta_pa
 }
 }  // namespace
 
+namespace {
+// dataset.json's vocabulary is the model's output size: it must be positive and be the
+// tokenizer's (a larger one trains a bigger model silently; a smaller one fails on the first
+// token beyond it).
+void check_vocabulary(const Dataset& ds, const fs::path& meta_path) {
+  const char* fix = "dataset.json is damaged or was edited: re-run `gasloc prepare` (data.vocab_size pads a model's "
+                    "vocabulary without touching the dataset)";
+  if (ds.vocab_size <= 0)
+    throw DataError(fmt::format("'{}' records a vocabulary of {} tokens", meta_path.string(), ds.vocab_size), fix);
+  int64_t tokenizer_vocab = -1;
+  if (ds.tokenizer_kind == "byte") tokenizer_vocab = Tokenizer::byte_level().vocab_size();
+  else if (ds.tokenizer_kind == "sentencepiece" && !ds.tokenizer_model.empty() && fs::exists(ds.tokenizer_model))
+    tokenizer_vocab = sentencepiece_piece_count(ds.tokenizer_model);
+  if (tokenizer_vocab > 0 && tokenizer_vocab != ds.vocab_size)
+    throw DataError(fmt::format("'{}' records a vocabulary of {} tokens but its tokenizer ({}) has {}", meta_path.string(),
+                                ds.vocab_size, ds.tokenizer_kind == "byte" ? "byte-level" : ds.tokenizer_model.string(),
+                                tokenizer_vocab),
+                    fix);
+}
+
+// dataset.json's bytes and every shard's name and size, in file order.
+std::string dataset_fingerprint(const fs::path& dir, const std::string& meta_text, const json& meta) {
+  Checksum c;
+  c.update(meta_text.data(), meta_text.size());
+  for (const char* key : {"train_shards", "val_shards"})
+    for (const auto& name : meta.value(key, std::vector<std::string>{})) {
+      std::error_code ec;
+      const auto size = fs::file_size(dir / name, ec);
+      const std::string entry = fmt::format("{}:{}\n", name, ec ? -1 : static_cast<int64_t>(size));
+      c.update(entry.data(), entry.size());
+    }
+  return c.hex();
+}
+}  // namespace
+
+int64_t sentencepiece_piece_count(const fs::path& model) {
+  const std::string b = read_file(model);
+  auto bad = [&] {
+    return DataError("'" + model.string() + "' is not a SentencePiece model", "re-run `gasloc prepare`, or restore the file");
+  };
+  size_t at = 0;
+  auto varint = [&]() -> uint64_t {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (at >= b.size()) throw bad();
+      const auto byte = static_cast<uint8_t>(b[at++]);
+      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (!(byte & 0x80)) return v;
+    }
+    throw bad();
+  };
+  int64_t pieces = 0;
+  while (at < b.size()) {
+    const uint64_t tag = varint();
+    const uint64_t field = tag >> 3, wire = tag & 7;
+    if (wire == 0) varint();
+    else if (wire == 1) at += 8;
+    else if (wire == 5) at += 4;
+    else if (wire == 2) {
+      const uint64_t len = varint();
+      if (len > b.size() - at) throw bad();
+      at += len;
+      if (field == 1) ++pieces;
+    } else {
+      throw bad();
+    }
+    if (at > b.size()) throw bad();
+  }
+  if (pieces == 0) throw bad();
+  return pieces;
+}
+
 Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override, bool verify_hashes) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -135,8 +211,10 @@ Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override, bool ver
   } catch (const json::exception& e) {
     throw DataError("'" + meta_path.string() + "': bad \"tokenizer\" entry: " + e.what(), "re-run `gasloc prepare`");
   }
+  check_vocabulary(ds, meta_path);
   if (vocab_size_override > 0) ds.vocab_size = vocab_size_override;
   check_shards(dir, meta, meta_path, verify_hashes);
+  ds.fingerprint = dataset_fingerprint(dir, read_file(meta_path), meta);
   ds.train = load(dir, shard_list(meta, "train_shards", meta_path), ds.vocab_size);
   ds.val = load(dir, shard_list(meta, "val_shards", meta_path), ds.vocab_size);
   // Older datasets record no shard sizes; their token counts still catch a shortened shard.

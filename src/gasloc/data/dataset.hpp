@@ -32,12 +32,16 @@ struct Dataset {
   int bos_id = -1;                          // document separator id
   std::filesystem::path tokenizer_model;    // dir/tokenizer.model, or empty when there is none
   double unigram_val_loss = -1;             // dataset.json's unigram baseline (nats/token); < 0: not recorded
+  // What the ranks of one job must agree on: a checksum of dataset.json and of every shard's name
+  // and size (16 hex digits). Two datasets with the same vocabulary differ here.
+  std::string fingerprint;
 
   // vocab_size_override > 0 replaces the dataset's vocab size (for example a model's padded
   // vocab); tokens are validated against the resulting size. Throws DataError with a hint.
   // Checks every shard against dataset.json before mapping it: its size (and the token counts
   // of the splits), and with verify_hashes its sha256 too (reads every byte: slow on large data).
-  // A shard that was cut short, grew, or (with verify_hashes) changed is a DataError naming it.
+  // A shard that was cut short, grew, or (with verify_hashes) changed is a DataError naming it;
+  // so is a vocabulary that is not positive or does not match the dataset's tokenizer.
   static Dataset open(const std::filesystem::path& dir, int64_t vocab_size_override = 0, bool verify_hashes = false);
 };
 
@@ -45,6 +49,11 @@ struct Dataset {
 // opened): byte-level or its SentencePiece model. Nothing for an llm.c directory (GPT-2 tokens;
 // gasloc has no GPT-2 tokenizer). DataError if dataset.json or the model file is unreadable.
 std::optional<Tokenizer> dataset_tokenizer(const std::filesystem::path& dir);
+
+// The number of pieces in a SentencePiece .model file, read from its protobuf without loading
+// SentencePiece (top-level field 1 of ModelProto, one per piece). Throws DataError when the file
+// is not a model.
+int64_t sentencepiece_piece_count(const std::filesystem::path& model);
 
 // The unigram baseline: the cross-entropy (nats per token) of `val` under the token frequencies
 // of `train`, add-one smoothed over the vocabulary so that a token unseen in training costs

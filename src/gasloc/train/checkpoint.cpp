@@ -144,7 +144,8 @@ int64_t RunCheckpoints::resume_step(const std::vector<std::vector<int64_t>>& com
     if (!steps.empty()) step = std::max(step, steps.front());
   if (step < 0)
     throw CheckpointError("'" + run_dir_.string() + "' holds no committed checkpoint",
-                          "the run stopped before its first checkpoint; start it again without --resume");
+                          "the run stopped before its first checkpoint committed: run the same command without --resume "
+                          "(it starts over in this directory)");
   std::string missing;
   for (const int r : local_ranks) {
     const auto& steps = committed_by_rank.at(static_cast<size_t>(r));
@@ -158,6 +159,25 @@ int64_t RunCheckpoints::resume_step(const std::vector<std::vector<int64_t>>& com
                                       run_dir_.string(), step, missing, missing.find(',') == std::string::npos ? "has" : "have"),
                           "restore the missing files, or resume an earlier step with --resume-step");
   return step;
+}
+
+void RunCheckpoints::discard_uncommitted(int rank) const {
+  const std::vector<int64_t> kept = committed(rank);
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(dir_, ec)) {
+    const std::string name = d.path().filename().string();
+    if (!d.is_directory() || name.rfind("step-", 0) != 0) continue;
+    int64_t s = -1;
+    try {
+      s = std::stoll(name.substr(5));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (std::find(kept.begin(), kept.end(), s) != kept.end()) continue;
+    for (const char* suffix : {".pt", ".pt.tmp"}) fs::remove(d.path() / fmt::format("rank{}{}", rank, suffix), ec);
+    if (fs::is_empty(d.path(), ec)) fs::remove(d.path(), ec);
+  }
+  if (fs::is_empty(dir_, ec)) fs::remove(dir_, ec);
 }
 
 bool RunCheckpoints::any() const {

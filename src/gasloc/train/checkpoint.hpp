@@ -55,6 +55,9 @@ class RunCheckpoints {
   int64_t resume_step(const std::vector<std::vector<int64_t>>& committed_by_rank, const std::vector<int>& local_ranks) const;
   // Anything checkpoint-like in the directory (this layout or an older gasloc's checkpoint*.pt).
   bool any() const;
+  // Removes this rank's files of steps it never committed (a run that died during its first
+  // checkpoint), and the step directories that leaves empty.
+  void discard_uncommitted(int rank) const;
 
   const std::filesystem::path& dir() const { return dir_; }
 

@@ -169,7 +169,9 @@ struct TrainSection {
     v("device", device, "where the workers compute");
     v("dtype", dtype, "compute dtype");
     v("threads", threads, "LibTorch intra-op threads (0 = its default; OpenBLAS threads its matmuls itself)");
-    v("blas_threads", blas_threads, "OpenBLAS threads per product (0 = 1 when workers are threads of one process, else its default)");
+    v("blas_threads", blas_threads,
+      "OpenBLAS threads per product (0 = 1 when workers are threads of one process, cores / LOCAL_WORLD_SIZE when "
+      "processes of the job share a host, else its default)");
     v("streams", streams,
       "split each worker's batch into this many row groups computed on threads of their own, one BLAS thread each (CPU; "
       "must divide data.batch_size; other last bits than 1, deterministic); 0 = auto: one per core for a single worker "
@@ -185,12 +187,16 @@ struct ClusterSection {
   int64_t workers = 1;
   config::Choice backend{backend_choices(), "inproc"};
   double timeout_s = 300.0;
+  bool store_all_interfaces = false;
 
   template <class V>
   void visit(V&& v) {
     v("workers", workers, "workers of the in-process cluster (gloo, nccl: the world size comes from WORLD_SIZE)");
     v("backend", backend, "how the workers talk");
-    v("timeout_s", timeout_s, "seconds a collective waits for a peer before failing with an error naming it");
+    v("timeout_s", timeout_s,
+      "seconds any rendezvous-store call or collective waits for a peer before failing with an error naming it");
+    v("store_all_interfaces", store_all_interfaces,
+      "ranks started by hand: rank 0's rendezvous store listens on every interface, not only MASTER_ADDR's");
   }
 };
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <unistd.h>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -52,8 +53,9 @@ Counters Counters::from_json(const nlohmann::json& j) {
           j.value("idle_s", 0.0)};
 }
 
-Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world)
-    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()) {
+Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world, std::string data_fingerprint)
+    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()),
+      data_fingerprint_(std::move(data_fingerprint)) {
   resolved_["cluster"]["workers"] = world;
 }
 
@@ -150,13 +152,40 @@ void Run::check_fresh(const RunCheckpoints& ckpts) const {
   }
 }
 
+void Run::check_resume_world() const {
+  const fs::path run_json = dir_ / "run.json";
+  auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
+  if (doc.is_discarded() || !doc.contains("world") || !doc["world"].is_number_integer()) return;  // load() checks each file
+  const int saved = doc["world"].get<int>();
+  if (saved != world_)
+    throw CheckpointError(fmt::format("run '{}' was saved by {} worker{} but this job has {}", dir_.string(), saved,
+                                      saved == 1 ? "" : "s", world_),
+                          job_.cluster.backend == "inproc"
+                              ? fmt::format("resume it with cluster.workers = {} (the default)", saved)
+                              : fmt::format("resume it on {} ranks (gasloc launch -n {})", saved, saved));
+}
+
+void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device) {
+  if (device != "cpu") return;
+  const double needed = 16.0 * static_cast<double>(mc.num_params()) * local_workers;
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (have <= 0 || needed <= have) return;
+  throw ConfigError(fmt::format("the model has {:.3g}M parameters: its weights, gradients and Adam moments alone take "
+                                "{:.1f} GB for {} worker{} in this process, more than this machine's {:.1f} GB of memory",
+                                static_cast<double>(mc.num_params()) / 1e6, needed / 1e9, local_workers,
+                                local_workers == 1 ? "" : "s", have / 1e9),
+                    "choose a smaller model (model.preset, model.n_layers, model.dim), or fewer in-process workers "
+                    "(`gasloc model-info` prints a model's size)");
+}
+
 void Run::write_info(const data::Dataset& dataset) const {
   nlohmann::json info = {{"config", resolved_},
                          {"model", model_json()},
                          {"world", world_},
                          {"seed", job_.train.seed},
                          {"dataset", {{"dir", dataset.dir.string()}, {"tokenizer", dataset.tokenizer_kind},
-                                      {"train_tokens", dataset.train->size()}, {"val_tokens", dataset.val->size()}}},
+                                      {"train_tokens", dataset.train->size()}, {"val_tokens", dataset.val->size()},
+                                      {"fingerprint", dataset.fingerprint}}},
                          {"versions", {{"gasloc", "0.1.0"}, {"torch", TORCH_VERSION}}}};
   write_file_atomic(dir_ / "run.json", info.dump(2) + "\n");
 }
@@ -186,13 +215,19 @@ namespace {
 // Keys that may differ between ranks (paths and thread counts of each host).
 const std::vector<std::pair<std::string, std::string>> kRankLocal = {
     {"train", "run_dir"}, {"train", "threads"}, {"train", "blas_threads"}, {"data", "dir"}, {"cluster", "timeout_s"},
-    {"cluster", "workers"}};
+    {"cluster", "workers"}, {"cluster", "store_all_interfaces"}};
 }  // namespace
 
-void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved) {
+nlohmann::json shared_settings(const nlohmann::json& resolved) {
   nlohmann::json mine = resolved;
   for (const auto& [sec, key] : kRankLocal)
     if (mine.contains(sec)) mine[sec].erase(key);
+  return mine;
+}
+
+void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved, const std::string& data_fingerprint) {
+  nlohmann::json mine = shared_settings(resolved);
+  mine["data"]["fingerprint"] = data_fingerprint;
   const std::string text = mine.dump();
   std::vector<nlohmann::json> all(static_cast<size_t>(c.world()));
   for (int root = 0; root < c.world(); ++root) {
@@ -212,7 +247,10 @@ void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved) {
       }
   if (!diffs.empty())
     throw ConfigError("the ranks were started with different configurations: " + diffs,
-                      "start every rank with the same job file and --set options");
+                      diffs.find("data.fingerprint") != std::string::npos
+                          ? "data.fingerprint is dataset.json's and the shard sizes' checksum: give every rank the same "
+                            "prepared dataset (copy the directory), and the same job file and --set options"
+                          : "start every rank with the same job file and --set options");
 }
 
 std::vector<std::vector<int64_t>> committed_by_rank(const RunCheckpoints& ckpts, int world, const std::vector<int>& local,

@@ -42,7 +42,7 @@ struct Counters {
 
 class Run {
  public:
-  Run(const JobConfig& job, const model::LlamaConfig& mc, int world);
+  Run(const JobConfig& job, const model::LlamaConfig& mc, int world, std::string data_fingerprint = {});
   const JobConfig& job() const { return job_; }
   const model::LlamaConfig& model() const { return mc_; }
   int world() const { return world_; }
@@ -58,6 +58,9 @@ class Run {
   // A new run may not land in a directory that holds another one: its checkpoints would be
   // refused at best, its metrics mixed with the new run's at worst. Throws CheckpointError.
   void check_fresh(const RunCheckpoints& ckpts) const;
+  // A resumed run keeps its world: a CheckpointError naming both sizes otherwise (before any
+  // rank looks for checkpoints it never had).
+  void check_resume_world() const;
   // run.json: the resolved job, the model, the dataset and versions.
   void write_info(const data::Dataset& dataset) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.
@@ -69,7 +72,18 @@ class Run {
   int world_;
   std::filesystem::path dir_;
   nlohmann::json resolved_;
+  std::string data_fingerprint_;
 };
+
+// Refuses, before anything is allocated, a model whose parameters, gradients and Adam moments
+// alone (16 bytes per parameter per worker, a lower bound) exceed this machine's memory
+// (`local_workers` workers in this process; not checked on a GPU). Throws ConfigError with the
+// estimate.
+void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device);
+
+// The settings every rank of a job shares: the resolved job without the keys that may differ
+// between ranks (paths and thread counts of each host, the timeout, the world).
+nlohmann::json shared_settings(const nlohmann::json& resolved);
 
 // The first key ("section.key") at which a resolved job differs from a stored run's (run.json's
 // "config"), "" if none, ignoring where the run lives and where it was told to stop. A setting
@@ -82,7 +96,9 @@ std::string config_difference(const nlohmann::json& expected, const nlohmann::js
 // train together silently. Each rank broadcasts its resolved job in turn (paths and thread counts
 // may differ), so that every rank computes the same list of differences and stops with the same
 // ConfigError.
-void agree_on_config(comm::Communicator& processes, const nlohmann::json& resolved);
+// The data is part of it: data.dir may differ between hosts, but the dataset's fingerprint
+// (dataset.json and shard sizes) must not.
+void agree_on_config(comm::Communicator& processes, const nlohmann::json& resolved, const std::string& data_fingerprint);
 
 // Every rank's committed checkpoint steps, wherever its files are: ranks of other processes
 // (or hosts) tell theirs through `processes` (null: every rank is in this process).

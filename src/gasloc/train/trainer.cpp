@@ -14,9 +14,11 @@
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/interrupt.hpp"
 #include "gasloc/train/meeting.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/run.hpp"
+#include "gasloc/train/run_lock.hpp"
 #include "gasloc/train/worker.hpp"
 
 namespace gasloc::train {
@@ -26,6 +28,7 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 extern "C" void on_signal(int) {
+  request_interrupt();  // a rendezvous or store call blocked on others gives way too
   if (g_stop.exchange(true)) {
     // A second Ctrl+C: say why the process ends without its checkpoint, then end it.
     static const char msg[] = "\ngasloc train: second interrupt: exiting now without a checkpoint\n";
@@ -42,6 +45,7 @@ struct SignalScope {
   void (*prev_term)(int);
   SignalScope() {
     g_stop.store(false);
+    clear_interrupt();
     prev_int = std::signal(SIGINT, on_signal);
     prev_term = std::signal(SIGTERM, on_signal);
   }
@@ -260,6 +264,104 @@ std::unique_ptr<MetricsLog> open_metrics(const Run& run, bool leader, bool resum
 
 }  // namespace
 
+namespace {
+
+// The job this process presents to the rendezvous store: gasloc launch's token, or, for ranks
+// started by hand, one derived from train.run_dir as given (the one thing every rank of a job
+// shares that two jobs on one host cannot). Not from every setting: ranks of one job whose
+// settings differ must meet, so that agree_on_config names the key that differs.
+comm::JobIdentity job_identity(const TrainRequest& req, const JobConfig& job) {
+  if (!req.job_id.empty()) return {req.job_id, "gasloc launch job " + req.job_id};
+  return {comm::derive_job_token("gasloc train run_dir=" + job.train.run_dir), "gasloc train run_dir=" + job.train.run_dir};
+}
+
+std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobConfig& job) {
+  // cluster.timeout_s governs the rendezvous and every operation (gasloc launch --timeout sets
+  // it); with network.throttle_gloo a process rank's real link is held to the scenario's.
+  comm::ClusterOptions o{job.cluster.backend, static_cast<int>(job.cluster.workers), job.cluster.timeout_s,
+                         [&job](int w) { return job.network.model(w); }, job.network.throttle_gloo};
+  o.job = job_identity(req, job);
+  o.handed_in = !req.job_id.empty();
+  o.store_all_interfaces = job.cluster.store_all_interfaces;
+  return comm::make_cluster(o);
+}
+
+// Where a new run starts, or a resumed one continues, and what it loads. A directory whose run
+// died during its first checkpoint (files written, nothing committed) starts over.
+int64_t prepare_start(const TrainRequest& req, const Run& run, const RunCheckpoints& ckpts, const std::vector<int>& ranks,
+                      const std::vector<std::vector<int64_t>>& committed, comm::Communicator* processes,
+                      std::map<int, Checkpoint>& loaded) {
+  if (!req.resume_dir.empty()) {
+    const int64_t step = req.resume_step >= 0 ? req.resume_step : ckpts.resume_step(committed, ranks);
+    for (int r : ranks) loaded.emplace(r, run.load(ckpts, step, r, committed[r]));
+    return step;
+  }
+  const bool nothing_committed = std::all_of(committed.begin(), committed.end(), [](const auto& c) { return c.empty(); });
+  if (nothing_committed && ckpts.any()) {
+    for (int r : ranks) ckpts.discard_uncommitted(r);
+    if (processes) processes->barrier();  // every rank's files are gone before anyone looks
+    if (ranks.front() == 0 && !req.quiet)
+      fmt::print("'{}' holds no committed checkpoint (its run stopped during its first one): starting over\n",
+                 run.dir().string());
+  }
+  run.check_fresh(ckpts);
+  return 0;
+}
+
+// The BLAS threads of one product (train.blas_threads when set). Workers that are threads of
+// this process keep the cores busy themselves: one each (core/blas_threads.hpp explains the spin
+// this avoids); batch streams are such threads too. Processes of one job on one host share its
+// cores: each takes its share, instead of OpenBLAS's default of every core (4 Gloo ranks on 2
+// cores ran 1.2x slower so). 0: OpenBLAS's own count.
+int planned_blas_threads(const JobConfig& job, int local_workers, int host_processes) {
+  if (job.train.blas_threads > 0) return static_cast<int>(job.train.blas_threads);
+  if (local_workers > 1 || job.train.streams > 1) return 1;
+  if (host_processes > 1) return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / host_processes);
+  return 0;
+}
+
+void print_thread_plan(const JobConfig& job, int local_workers, int host_processes, bool auto_streams) {
+  const std::string blas = job.train.blas_threads > 0 ? fmt::format("{} BLAS thread(s) per product (train.blas_threads)",
+                                                                    job.train.blas_threads)
+                                                      : fmt::format("{} BLAS thread(s) per product",
+                                                                    planned_blas_threads(job, local_workers, host_processes));
+  if (host_processes > 1 && local_workers == 1 && job.train.streams == 1) {
+    fmt::print("{} processes of this job on this host (LOCAL_WORLD_SIZE) share its {} cores: {} each{}\n", host_processes,
+               std::thread::hardware_concurrency(), blas, job.train.blas_threads > 0 ? "" : " (train.blas_threads overrides)");
+    return;
+  }
+  fmt::print("{} worker thread(s) in this process{}, {}\n", local_workers,
+             job.train.streams > 1 ? fmt::format(" with {} batch streams each (train.streams{})", job.train.streams,
+                                                 auto_streams ? " = 0: one per core for a worker alone" : "")
+                                   : "",
+             blas);
+}
+
+// LibTorch's OpenMP threads spin between operations on the cores OpenBLAS's own threads need.
+void warn_two_pools(const JobConfig& job) {
+  fmt::print("warning: train.threads = {} beside OpenBLAS's own threads: the two pools compete for the cores (3x to 5x "
+             "fewer tokens/s measured at the tiny and micro presets on 2 cores, docs/performance.md); leave "
+             "train.threads at 0, or set train.blas_threads = 1\n",
+             job.train.threads);
+}
+
+// What one worker keeps in memory besides the model, from the tensors it holds: in metrics once
+// per run (not again on resume), and on the terminal.
+void report_worker_memory(const Worker& w, const JobConfig& job, MetricsLog& metrics, int rank, int64_t step, bool resumed,
+                          bool quiet) {
+  const int64_t pbytes = w.numel() * 4;
+  if (!resumed)
+    metrics.write({{"event", "memory"}, {"step", step}, {"worker", rank}, {"optim", job.optim.name},
+                   {"algo", job.algo.name}, {"params", w.numel()}, {"param_bytes", pbytes},
+                   {"optimizer_state_bytes", w.optimizer_state_bytes()}, {"sync_state_bytes", w.sync_state_bytes()}});
+  if (!quiet)
+    fmt::print("state per worker: optimizer {:.1f} B/param, algorithm {:.1f} B/param (parameters {:.1f} MB fp32)\n",
+               static_cast<double>(w.optimizer_state_bytes()) / static_cast<double>(w.numel()),
+               static_cast<double>(w.sync_state_bytes()) / static_cast<double>(w.numel()), static_cast<double>(pbytes) / 1e6);
+}
+
+}  // namespace
+
 TrainSummary run_training(const TrainRequest& req) {
   // From the start: a Ctrl+C during set-up must stop the run cleanly too, not kill it.
   SignalScope signals;
@@ -268,43 +370,35 @@ TrainSummary run_training(const TrainRequest& req) {
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
   const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);  // data.seq_len fits: JobConfig::validate
+  check_memory(mc, job.cluster.backend == "inproc" ? static_cast<int>(job.cluster.workers) : 1, job.train.device);
 
   // Which ranks live in this process: all of them in-process, one per process otherwise.
-  // cluster.timeout_s governs the rendezvous and every operation (gasloc launch --timeout sets
-  // it); with network.throttle_gloo a process rank's real link is held to the scenario's.
-  const auto cluster = comm::make_cluster({job.cluster.backend, static_cast<int>(job.cluster.workers),
-                                           job.cluster.timeout_s, [&](int w) { return job.network.model(w); },
-                                           job.network.throttle_gloo});
+  const auto cluster = open_cluster(req, job);
   const int world = cluster->world();
   job.algo.validate(world);
   // The thread plan: run.json records the stream count the run used (a resume keeps it).
   const bool auto_streams = job.train.streams == 0;
   job.train.streams = planned_streams(job.train.streams, job.train.device, job.data.batch_size, world,
                                       std::thread::hardware_concurrency());
-  const Run run(job, mc, world);
+  const Run run(job, mc, world, dataset.fingerprint);
   comm::Communicator* processes = cluster->processes();
-  if (processes) agree_on_config(*processes, run.resolved());
+  if (processes) agree_on_config(*processes, run.resolved(), dataset.fingerprint);
   const comm::NetworkModel network = job.network.model(world);
   const std::vector<int>& ranks = cluster->local_ranks();
   const bool leader = ranks.front() == 0;
 
-  // Load checkpoints before touching the run directory, so a bad resume changes nothing.
+  // One job per run directory, for the run's whole life; then the checkpoints, before anything
+  // in the directory changes, so that a bad resume changes nothing.
+  const RunDirLock lock(run.dir(), ranks);
+  if (!req.resume_dir.empty()) run.check_resume_world();
   RunCheckpoints ckpts(run.dir(), world);
   std::map<int, Checkpoint> loaded;
-  int64_t start_step = 0;
   const auto committed = committed_by_rank(ckpts, world, ranks, processes);
-  if (!req.resume_dir.empty()) {
-    start_step = req.resume_step >= 0 ? req.resume_step : ckpts.resume_step(committed, ranks);
-    for (int r : ranks) loaded.emplace(r, run.load(ckpts, start_step, r, committed[r]));
-  } else {
-    run.check_fresh(ckpts);
-  }
+  const int64_t start_step = prepare_start(req, run, ckpts, ranks, committed, processes, loaded);
   if (leader) {
     run.write_info(dataset);
     if (!req.quiet) run.print();
   }
-  // Every rank's host needs the directory (under Gloo over several hosts each writes its own).
-  fs::create_directories(run.dir());
   const auto metrics = open_metrics(run, leader, !loaded.empty(), start_step, processes);
   const auto val_batches = data::validation_batches(*dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
 
@@ -319,23 +413,9 @@ TrainSummary run_training(const TrainRequest& req) {
     if (kept[r]) k = {0, 0, k.wall_time_s, 0};
     base[r] = k;
   }
-  // Workers that are threads of this process keep the cores busy themselves: by default one BLAS
-  // thread each (core/blas_threads.hpp explains the spin this avoids).
-  // Batch streams (train.streams) are such threads too.
-  const bool threaded = ranks.size() > 1 || job.train.streams > 1;
-  const BlasThreads blas(job.train.blas_threads > 0 ? static_cast<int>(job.train.blas_threads) : threaded ? 1 : 0);
-  if (blas.active() && !req.quiet)
-    fmt::print("{} worker thread(s) in this process{}, {} BLAS thread(s) per product (train.blas_threads)\n", ranks.size(),
-               job.train.streams > 1 ? fmt::format(" with {} batch streams each (train.streams{})", job.train.streams,
-                                                   auto_streams ? " = 0: one per core for a worker alone" : "")
-                                     : "",
-               job.train.blas_threads > 0 ? job.train.blas_threads : 1);
-  // LibTorch's OpenMP threads spin between operations on the cores OpenBLAS's own threads need.
-  if (leader && !req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active())
-    fmt::print("warning: train.threads = {} beside OpenBLAS's own threads: the two pools compete for the cores (3x to 5x "
-               "fewer tokens/s measured at the tiny and micro presets on 2 cores, docs/performance.md); leave "
-               "train.threads at 0, or set train.blas_threads = 1\n",
-               job.train.threads);
+  const BlasThreads blas(planned_blas_threads(job, static_cast<int>(ranks.size()), cluster->host_processes()));
+  if (blas.active() && !req.quiet) print_thread_plan(job, static_cast<int>(ranks.size()), cluster->host_processes(), auto_streams);
+  if (leader && !req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active()) warn_two_pools(job);
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),
@@ -343,18 +423,7 @@ TrainSummary run_training(const TrainRequest& req) {
     if (!loaded.empty()) workers.back()->load_state(loaded.at(ranks[i]).tensors);
   }
   if (!loaded.empty() && leader && !req.quiet) fmt::print("resumed '{}' at step {}\n", run.dir().string(), start_step);
-  if (leader) {  // what one worker keeps in memory besides the model, from the tensors it holds
-    const Worker& w = *workers.front();
-    const int64_t pbytes = w.numel() * 4;
-    if (loaded.empty())  // once per run, not again on resume
-      metrics->write({{"event", "memory"}, {"step", start_step}, {"worker", ranks.front()}, {"optim", job.optim.name},
-                    {"algo", job.algo.name}, {"params", w.numel()}, {"param_bytes", pbytes},
-                    {"optimizer_state_bytes", w.optimizer_state_bytes()}, {"sync_state_bytes", w.sync_state_bytes()}});
-    if (!req.quiet)
-      fmt::print("state per worker: optimizer {:.1f} B/param, algorithm {:.1f} B/param (parameters {:.1f} MB fp32)\n",
-                 static_cast<double>(w.optimizer_state_bytes()) / static_cast<double>(w.numel()),
-                 static_cast<double>(w.sync_state_bytes()) / static_cast<double>(w.numel()), static_cast<double>(pbytes) / 1e6);
-  }
+  if (leader) report_worker_memory(*workers.front(), job, *metrics, ranks.front(), start_step, !loaded.empty(), req.quiet);
 
   Meeting meeting(&val_batches, static_cast<int>(ranks.size()), world, job.train.log_every);
   Progress progress(job.train.steps);

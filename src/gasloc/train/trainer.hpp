@@ -15,6 +15,7 @@ struct TrainRequest {
   std::string resume_dir;              // continue this run from its checkpoint
   int64_t resume_step = -1;            // with resume_dir: this committed step (-1 = the newest)
   bool quiet = false;                  // no progress lines (tests)
+  std::string job_id;                  // process backends: the job token gasloc launch hands its ranks
 };
 
 struct TrainSummary {

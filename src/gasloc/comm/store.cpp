@@ -1,0 +1,621 @@
+#include "gasloc/comm/store.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "gasloc/core/checksum.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/core/interrupt.hpp"
+
+namespace gasloc::comm {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A call blocked this long gives way to a stop request; shorter ones (every normal call) finish,
+// so that a graceful stop's own store calls are not cut.
+constexpr auto kInterruptAfter = std::chrono::milliseconds(500);
+constexpr int kSliceMs = 100;
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t get_u32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+// Parses a payload (the bytes after the length); false when it is not one of ours.
+bool parse_payload(const std::string& p, uint8_t& code, std::vector<std::string>& fields) {
+  if (p.size() < 5) return false;
+  code = static_cast<uint8_t>(p[0]);
+  const uint32_t n = get_u32(p.data() + 1);
+  size_t at = 5;
+  fields.clear();
+  for (uint32_t k = 0; k < n; ++k) {
+    if (p.size() - at < 4) return false;
+    const uint32_t len = get_u32(p.data() + at);
+    at += 4;
+    if (p.size() - at < len) return false;
+    fields.emplace_back(p.data() + at, len);
+    at += len;
+  }
+  return at == p.size();
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+bool parse_i64(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  out = v;
+  return true;
+}
+
+struct Reply {
+  StoreStatus status = StoreStatus::kOk;
+  std::vector<std::string> fields;
+};
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+std::string describe_job(const JobIdentity& j) {
+  return fmt::format("job {}{}", j.token, j.label.empty() ? "" : " (" + j.label + ")");
+}
+
+}  // namespace
+
+std::string encode_frame(uint8_t code, const std::vector<std::string>& fields) {
+  std::string payload(1, static_cast<char>(code));
+  put_u32(payload, static_cast<uint32_t>(fields.size()));
+  for (const auto& f : fields) {
+    put_u32(payload, static_cast<uint32_t>(f.size()));
+    payload += f;
+  }
+  std::string out;
+  put_u32(out, static_cast<uint32_t>(payload.size()));
+  return out + payload;
+}
+
+std::string derive_job_token(const std::string& shared_text) {
+  Checksum c;
+  c.update(shared_text.data(), shared_text.size());
+  return c.hex();
+}
+
+std::string random_job_token() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return fmt::format("{:016x}", v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The keys and the one function that applies a request to them (the server and local() share it).
+
+struct StoreServer::State {
+  mutable std::mutex m;
+  std::condition_variable changed;
+  std::map<std::string, std::string> kv;
+  JobIdentity job;
+
+  Reply apply(StoreOp op, const std::vector<std::string>& f) {
+    std::lock_guard<std::mutex> lock(m);
+    auto need = [&](size_t n) {
+      if (f.size() != n) throw Error(fmt::format("malformed request: {} fields where {} belong", f.size(), n));
+    };
+    switch (op) {
+      case StoreOp::kSet:
+        need(2);
+        kv[f[0]] = f[1];
+        changed.notify_all();
+        return {};
+      case StoreOp::kGet: {
+        need(1);
+        const auto it = kv.find(f[0]);
+        if (it == kv.end()) return {StoreStatus::kNotFound, {}};
+        return {StoreStatus::kOk, {it->second}};
+      }
+      case StoreOp::kAdd: {
+        need(2);
+        int64_t delta = 0, now = 0;
+        if (!parse_i64(f[1], delta)) throw Error("add: the increment is not an integer");
+        const auto it = kv.find(f[0]);
+        if (it != kv.end() && !parse_i64(it->second, now))
+          throw Error(fmt::format("add: key '{}' holds a value that is not an integer", f[0]));
+        kv[f[0]] = std::to_string(now + delta);
+        changed.notify_all();
+        return {StoreStatus::kOk, {std::to_string(now + delta)}};
+      }
+      case StoreOp::kCompareSet: {
+        // c10d's semantics: a missing key is set when the expected value is empty; the answer is
+        // the value the key holds afterwards (or the expected value, for a missing key not set).
+        need(3);
+        const auto it = kv.find(f[0]);
+        if (it == kv.end()) {
+          if (!f[1].empty()) return {StoreStatus::kOk, {f[1]}};
+          kv[f[0]] = f[2];
+          changed.notify_all();
+          return {StoreStatus::kOk, {f[2]}};
+        }
+        if (it->second == f[1]) {
+          it->second = f[2];
+          changed.notify_all();
+        }
+        return {StoreStatus::kOk, {it->second}};
+      }
+      case StoreOp::kDelete:
+        need(1);
+        return {StoreStatus::kOk, {kv.erase(f[0]) > 0 ? "1" : "0"}};
+      case StoreOp::kCheck:
+        for (const auto& k : f)
+          if (kv.find(k) == kv.end()) return {StoreStatus::kOk, {"0"}};
+        return {StoreStatus::kOk, {"1"}};
+      case StoreOp::kNumKeys:
+        return {StoreStatus::kOk, {std::to_string(kv.size())}};
+      default:
+        throw Error(fmt::format("unknown request code {}", static_cast<int>(op)));
+    }
+  }
+
+  // The first token presented pins the job when the host gave none.
+  Reply hello(const std::vector<std::string>& f) {
+    if (f.size() != 2) throw Error("malformed hello");
+    std::lock_guard<std::mutex> lock(m);
+    if (job.token.empty()) job = {f[0], f[1]};
+    if (f[0] == job.token) return {};
+    return {StoreStatus::kError,
+            {fmt::format("this store serves {}, not {}", describe_job(job), describe_job({f[0], f[1]}))}};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The server: one thread, poll() over the listening socket, a wake pipe and the clients.
+
+struct ServerLoop {
+  struct Client {
+    int fd = -1;
+    std::string in, out;
+    bool greeted = false;
+  };
+  std::shared_ptr<StoreServer::State> state;
+  int listen_fd = -1, port = 0;
+  std::string address;
+  int wake[2] = {-1, -1};
+  std::thread thread;
+
+  ~ServerLoop() {
+    if (thread.joinable()) {
+      const char c = 1;
+      [[maybe_unused]] auto n = ::write(wake[1], &c, 1);
+      thread.join();
+    }
+    for (int fd : {listen_fd, wake[0], wake[1]})
+      if (fd >= 0) ::close(fd);
+  }
+
+  Reply serve(Client& c, uint8_t code, const std::vector<std::string>& fields) {
+    try {
+      const auto op = static_cast<StoreOp>(code);
+      if (op == StoreOp::kHello) {
+        Reply r = state->hello(fields);
+        c.greeted = r.status == StoreStatus::kOk;
+        return r;
+      }
+      if (!c.greeted) return {StoreStatus::kError, {"say hello first (another program speaking to a gasloc store?)"}};
+      return state->apply(op, fields);
+    } catch (const std::exception& e) {
+      return {StoreStatus::kError, {e.what()}};
+    }
+  }
+
+  // Handles every complete frame in c.in; false when the client sent garbage (drop it).
+  bool handle_input(Client& c) {
+    for (;;) {
+      if (c.in.size() < 4) return true;
+      const uint32_t len = get_u32(c.in.data());
+      if (len > kMaxFrameBytes) return false;
+      if (c.in.size() < 4 + static_cast<size_t>(len)) return true;
+      uint8_t code = 0;
+      std::vector<std::string> fields;
+      if (!parse_payload(c.in.substr(4, len), code, fields)) return false;
+      c.in.erase(0, 4 + static_cast<size_t>(len));
+      const Reply r = serve(c, code, fields);
+      c.out += encode_frame(static_cast<uint8_t>(r.status), r.fields);
+    }
+  }
+
+  void run() {
+    std::map<int, Client> clients;
+    for (;;) {
+      std::vector<pollfd> fds{{wake[0], POLLIN, 0}, {listen_fd, POLLIN, 0}};
+      for (auto& [fd, c] : clients) fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) break;
+      if (fds[0].revents) break;
+      if (fds[1].revents & POLLIN) {
+        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+          const int one = 1;
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          clients[fd].fd = fd;
+        }
+      }
+      for (size_t k = 2; k < fds.size(); ++k) {
+        Client& c = clients[fds[k].fd];
+        bool drop = (fds[k].revents & (POLLERR | POLLNVAL)) != 0;
+        if (!drop && (fds[k].revents & (POLLIN | POLLHUP))) {
+          char buf[65536];
+          const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+          if (n > 0) {
+            c.in.append(buf, static_cast<size_t>(n));
+            drop = !handle_input(c);
+          } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            drop = true;
+          }
+        }
+        if (!drop && !c.out.empty()) {
+          const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+          if (n > 0) c.out.erase(0, static_cast<size_t>(n));
+          else if (n < 0 && errno != EAGAIN && errno != EINTR) drop = true;
+        }
+        if (drop) {
+          ::close(c.fd);
+          clients.erase(fds[k].fd);
+        }
+      }
+    }
+    for (auto& [fd, c] : clients) ::close(fd);
+  }
+};
+
+namespace {
+
+// The host process's own view of the keys: no socket, so it never waits on itself.
+class LocalStore final : public c10d::Store {
+ public:
+  explicit LocalStore(std::shared_ptr<StoreServer::State> s) : s_(std::move(s)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    s_->apply(StoreOp::kSet, {key, to_text(value)});
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return to_bytes(s_->apply(StoreOp::kCompareSet, {key, to_text(expected), to_text(desired)}).fields.at(0));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    wait({key});
+    return to_bytes(s_->apply(StoreOp::kGet, {key}).fields.at(0));
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return std::stoll(s_->apply(StoreOp::kAdd, {key, std::to_string(value)}).fields.at(0));
+  }
+  bool deleteKey(const std::string& key) override { return s_->apply(StoreOp::kDelete, {key}).fields.at(0) == "1"; }
+  bool check(const std::vector<std::string>& keys) override {
+    return s_->apply(StoreOp::kCheck, keys).fields.at(0) == "1";
+  }
+  int64_t getNumKeys() override { return std::stoll(s_->apply(StoreOp::kNumKeys, {}).fields.at(0)); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    std::unique_lock<std::mutex> lock(s_->m);
+    auto all = [&] {
+      for (const auto& k : keys)
+        if (s_->kv.find(k) == s_->kv.end()) return false;
+      return true;
+    };
+    while (!all()) {
+      if (Clock::now() >= deadline)
+        throw CommError(fmt::format("waited {} ms for key '{}' in the store", timeout.count(), keys.empty() ? "" : keys[0]));
+      s_->changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(kSliceMs)));
+    }
+  }
+
+ private:
+  std::shared_ptr<StoreServer::State> s_;
+};
+
+}  // namespace
+
+StoreServer::StoreServer(const StoreServerOptions& o)
+    : state_(std::make_shared<State>()), loop_(std::make_unique<ServerLoop>()) {
+  state_->job = o.job;
+  loop_->state = state_;
+  const bool any = o.all_interfaces || o.addr.empty();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(o.port);
+  if (const int rc = ::getaddrinfo(any ? nullptr : o.addr.c_str(), port.c_str(), &hints, &res); rc != 0)
+    throw CommError(fmt::format("cannot host the rendezvous store on {}:{}: {}", o.addr, o.port, ::gai_strerror(rc)),
+                    "give an address of this host (MASTER_ADDR, gasloc launch --master-addr)");
+  int err = 0;
+  for (addrinfo* a = res; a != nullptr && loop_->listen_fd < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
+      loop_->listen_fd = fd;
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      loop_->port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                   : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      char host[NI_MAXHOST] = {0};
+      if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) == 0)
+        loop_->address = host;
+    } else {
+      err = errno;
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  const std::string where = fmt::format("{}:{}", any ? "*" : o.addr, o.port);
+  if (loop_->listen_fd < 0) {
+    if (err == EADDRINUSE)
+      throw CommError(fmt::format("cannot host the rendezvous store on {}: the port is already in use", where),
+                      fmt::format("choose another port (gasloc launch --master-port P, or MASTER_PORT), or stop the "
+                                  "process that holds it (ss -ltnp | grep :{})",
+                                  o.port));
+    if (err == EADDRNOTAVAIL)
+      throw CommError(fmt::format("cannot host the rendezvous store on {}: {} is not an address of this host", where, o.addr),
+                      "MASTER_ADDR must name the store's host as the other ranks reach it");
+    throw CommError(fmt::format("cannot host the rendezvous store on {}: {}", where, errno_text(err)));
+  }
+  set_nonblocking(loop_->listen_fd);
+  if (::pipe2(loop_->wake, O_CLOEXEC) != 0) throw CommError("cannot host the rendezvous store: pipe failed");
+  loop_->thread = std::thread([l = loop_.get()] { l->run(); });
+}
+
+StoreServer::~StoreServer() = default;
+int StoreServer::port() const { return loop_->port; }
+std::string StoreServer::address() const { return loop_->address; }
+c10::intrusive_ptr<c10d::Store> StoreServer::local() { return c10::make_intrusive<LocalStore>(state_); }
+JobIdentity StoreServer::job() const {
+  std::lock_guard<std::mutex> lock(state_->m);
+  return state_->job;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client: one request at a time, every byte waited for with poll() in slices, against the
+// call's deadline and a stop request.
+
+struct StoreClient::Conn {
+  std::string addr;
+  int port = 0;
+  int fd = -1;
+  std::string broken;  // the first failure; the connection is unusable after it
+
+  ~Conn() {
+    if (fd >= 0) ::close(fd);
+  }
+  std::string where() const { return fmt::format("{}:{}", addr, port); }
+
+  [[noreturn]] void fail(const std::string& what, const std::string& hint) {
+    broken = what;
+    if (fd >= 0) ::close(fd), fd = -1;
+    throw CommError(what, hint);
+  }
+
+  // Waits until fd is ready for `events`; throws at the deadline or on a stop request.
+  void await(short events, Clock::time_point start, Clock::time_point deadline, const std::string& what,
+             std::chrono::milliseconds timeout) {
+    for (;;) {
+      pollfd p{fd, events, 0};
+      const int rc = ::poll(&p, 1, kSliceMs);
+      if (rc > 0) return;
+      if (rc < 0 && errno != EINTR) fail(fmt::format("the rendezvous store at {}: poll failed during {}", where(), what), "");
+      const auto now = Clock::now();
+      if (interrupt_requested() && now - start >= kInterruptAfter)
+        fail(fmt::format("interrupted while waiting for the rendezvous store at {} ({})", where(), what),
+             "the run stops as asked; nothing was lost that a checkpoint had committed");
+      if (now >= deadline)
+        fail(fmt::format("the rendezvous store at {} did not answer {} within {:g} s", where(), what,
+                         static_cast<double>(timeout.count()) / 1000),
+             "its host (gasloc launch, gasloc store or rank 0) may be stopped (SIGSTOP), overloaded or gone, or another "
+             "program listens on that port; cluster.timeout_s bounds every store call");
+    }
+  }
+
+  Reply request(StoreOp op, const std::vector<std::string>& fields, const std::string& what,
+                std::chrono::milliseconds timeout) {
+    if (!broken.empty())
+      throw CommError(fmt::format("{} on a store connection that already failed: {}", what, broken),
+                      "the rendezvous store cannot be used after a failure; restart the run");
+    const auto start = Clock::now(), deadline = start + timeout;
+    const std::string frame = encode_frame(static_cast<uint8_t>(op), fields);
+    for (size_t done = 0; done < frame.size();) {
+      await(POLLOUT, start, deadline, what, timeout);
+      const ssize_t n = ::send(fd, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+      if (n > 0) done += static_cast<size_t>(n);
+      else if (n < 0 && errno != EAGAIN && errno != EINTR)
+        fail(fmt::format("lost the connection to the rendezvous store at {} during {}: {}", where(), what, errno_text(errno)),
+             "the process hosting it (gasloc launch, gasloc store or rank 0) may have exited");
+    }
+    std::string in;
+    auto read_until = [&](size_t size) {
+      while (in.size() < size) {
+        await(POLLIN, start, deadline, what, timeout);
+        char buf[65536];
+        const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, size - in.size()), 0);
+        if (n > 0) in.append(buf, static_cast<size_t>(n));
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+          fail(fmt::format("the rendezvous store at {} closed the connection during {}", where(), what),
+               "the process hosting it (gasloc launch, gasloc store or rank 0) may have exited, or the port belongs to "
+               "another program");
+      }
+    };
+    read_until(4);
+    const uint32_t len = get_u32(in.data());
+    if (len > kMaxFrameBytes)
+      fail(fmt::format("the rendezvous store at {} answered {} with garbage", where(), what),
+           "is another program listening on that port?");
+    read_until(4 + static_cast<size_t>(len));
+    uint8_t code = 0;
+    Reply r;
+    if (!parse_payload(in.substr(4), code, r.fields) || code > static_cast<uint8_t>(StoreStatus::kError))
+      fail(fmt::format("the rendezvous store at {} answered {} with garbage", where(), what),
+           "is another program listening on that port?");
+    r.status = static_cast<StoreStatus>(code);
+    return r;
+  }
+
+  // Connects, retrying refused connections until the deadline (the host may not be up yet).
+  void connect(std::chrono::milliseconds timeout) {
+    const auto start = Clock::now(), deadline = start + timeout;
+    std::string last = "no address";
+    for (;;) {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      const std::string p = std::to_string(port);
+      if (const int rc = ::getaddrinfo(addr.c_str(), p.c_str(), &hints, &res); rc != 0) {
+        last = ::gai_strerror(rc);
+      } else {
+        for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+          const int s = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+          if (s < 0) continue;
+          if (::connect(s, a->ai_addr, a->ai_addrlen) == 0 || errno == EINPROGRESS) {
+            pollfd pf{s, POLLOUT, 0};
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+            int soerr = ETIMEDOUT;
+            socklen_t sl = sizeof soerr;
+            if (::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 1000))) > 0)
+              ::getsockopt(s, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            if (soerr == 0) {
+              fd = s;
+              break;
+            }
+            last = errno_text(soerr);
+          } else {
+            last = errno_text(errno);
+          }
+          ::close(s);
+        }
+        ::freeaddrinfo(res);
+      }
+      if (fd >= 0) break;
+      if (interrupt_requested() && Clock::now() - start >= kInterruptAfter)
+        throw CommError(fmt::format("interrupted while connecting to the rendezvous store at {}", where()));
+      if (Clock::now() >= deadline)
+        throw CommError(fmt::format("could not reach the rendezvous store at {} within {:g} s: {}", where(),
+                                    static_cast<double>(timeout.count()) / 1000, last),
+                        "is its host (gasloc launch, gasloc store or rank 0) running, and do all ranks use the same "
+                        "MASTER_ADDR and MASTER_PORT?");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+};
+
+StoreClient::StoreClient(const std::string& addr, int port, std::chrono::milliseconds timeout, const JobIdentity& job)
+    : c10d::Store(timeout), conn_(std::make_unique<Conn>()) {
+  conn_->addr = addr;
+  conn_->port = port;
+  conn_->connect(timeout);
+  const Reply r = conn_->request(StoreOp::kHello, {job.token, job.label}, "the greeting", timeout);
+  if (r.status != StoreStatus::kOk)
+    conn_->fail(fmt::format("refused by the rendezvous store at {}: {}", where(), r.fields.empty() ? "" : r.fields[0]),
+                "two jobs meet on one port: give each its own MASTER_PORT (gasloc launch picks a free one), or start "
+                "every rank of a job with the same configuration and train.run_dir");
+}
+
+StoreClient::~StoreClient() = default;
+std::string StoreClient::where() const { return conn_->where(); }
+
+namespace {
+// The answer's one field, or a CommError for a refused request.
+std::string answer(const Reply& r, const std::string& what) {
+  if (r.status == StoreStatus::kError || r.fields.size() != 1)
+    throw CommError(fmt::format("the rendezvous store refused {}: {}", what, r.fields.empty() ? "no reason" : r.fields[0]));
+  return r.fields[0];
+}
+}  // namespace
+
+void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+  const Reply r = conn_->request(StoreOp::kSet, {key, to_text(value)}, "set " + key, timeout_);
+  if (r.status != StoreStatus::kOk) answer(r, "set " + key);
+}
+
+std::vector<uint8_t> StoreClient::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                             const std::vector<uint8_t>& desired) {
+  const std::string what = "compare_set " + key;
+  return to_bytes(answer(conn_->request(StoreOp::kCompareSet, {key, to_text(expected), to_text(desired)}, what, timeout_), what));
+}
+
+std::vector<uint8_t> StoreClient::get(const std::string& key) {
+  wait({key});
+  const std::string what = "get " + key;
+  return to_bytes(answer(conn_->request(StoreOp::kGet, {key}, what, timeout_), what));
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t value) {
+  const std::string what = "add " + key;
+  int64_t v = 0;
+  if (!parse_i64(answer(conn_->request(StoreOp::kAdd, {key, std::to_string(value)}, what, timeout_), what), v))
+    throw CommError("the rendezvous store answered " + what + " with a non-integer");
+  return v;
+}
+
+bool StoreClient::deleteKey(const std::string& key) {
+  const std::string what = "delete " + key;
+  return answer(conn_->request(StoreOp::kDelete, {key}, what, timeout_), what) == "1";
+}
+
+bool StoreClient::check(const std::vector<std::string>& keys) {
+  const std::string what = "check " + (keys.empty() ? std::string() : keys[0]);
+  return answer(conn_->request(StoreOp::kCheck, keys, what, timeout_), what) == "1";
+}
+
+int64_t StoreClient::getNumKeys() {
+  int64_t v = 0;
+  parse_i64(answer(conn_->request(StoreOp::kNumKeys, {}, "num_keys", timeout_), "num_keys"), v);
+  return v;
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+void StoreClient::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  // Polls check(), each poll bounded by what is left of the wait.
+  const auto start = Clock::now(), deadline = start + timeout;
+  for (int sleep_ms = 1;; sleep_ms = std::min(20, sleep_ms * 2)) {
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    const std::string what = "wait " + (keys.empty() ? std::string() : keys[0]);
+    if (answer(conn_->request(StoreOp::kCheck, keys, what, std::min(left, timeout_)), what) == "1") return;
+    if (interrupt_requested() && Clock::now() - start >= kInterruptAfter)
+      throw CommError(fmt::format("interrupted while waiting for key '{}' in the rendezvous store at {}", keys[0], where()));
+    if (Clock::now() >= deadline)
+      throw CommError(fmt::format("waited {:g} s for key '{}' in the rendezvous store at {}; nobody set it",
+                                  static_cast<double>(timeout.count()) / 1000, keys.empty() ? "" : keys[0], where()),
+                      "a rank may have died or be stuck before it published it");
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  }
+}
+
+}  // namespace gasloc::comm

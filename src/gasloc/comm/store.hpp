@@ -1,0 +1,104 @@
+// gasloc's rendezvous store: a small key-value server and its client, both c10d::Store, so that
+// ProcessGroupGloo meets its peers through it like through c10d's TCPStore.
+//
+// Why not c10d's TCPStore (LibTorch 1.13): its client blocks in recv() without a deadline when
+// the server accepts connections but never answers (a SIGSTOPped store host, a foreign program
+// on the port), ignoring cluster.timeout_s and SIGTERM; its server listens on every interface;
+// and it cannot tell two jobs on one port apart. Here:
+// - every client call ends within the client's timeout (getTimeout(); c10d's setTimeout changes
+//   it) and, after it has waited a moment, when the user asks to stop (core/interrupt.hpp): it
+//   then throws CommError naming the call and the store's address;
+// - the server binds to the address it is given (every interface only when asked);
+// - a job token: each client presents one when it connects; the server serves one job (the
+//   token it was made with, or the first one presented) and refuses another, naming both jobs.
+// get() waits for its key like TCPStore's; wait() polls check().
+//
+// Wire format (both directions): u32 payload length, then the payload: u8 code, u32 field
+// count, then each field as u32 length + bytes. Integers travel as decimal text. A frame over
+// kMaxFrameBytes or that does not parse closes that client's connection; the server goes on.
+#pragma once
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gasloc::comm {
+
+// Who may use a store: a job's token and, for messages, what the job is ("gasloc launch pid 42",
+// "train run_dir=runs/a").
+struct JobIdentity {
+  std::string token;
+  std::string label;
+};
+
+// Derives a job token from text that every rank of one job shares (its resolved configuration
+// and run directory, for ranks started by hand): 16 hex digits of its 64-bit checksum.
+std::string derive_job_token(const std::string& shared_text);
+// A fresh random token (gasloc launch draws one per job).
+std::string random_job_token();
+
+struct StoreServerOptions {
+  std::string addr = "127.0.0.1";  // bound; "" or all_interfaces: every interface
+  int port = 0;                    // 0: the OS picks a free one (port() says which)
+  bool all_interfaces = false;     // listen on 0.0.0.0 / :: whatever addr says
+  JobIdentity job;                 // empty token: the first client's token pins the job
+};
+
+class StoreServer {
+ public:
+  // Binds and starts serving on a thread of its own. Throws CommError (port in use, an address
+  // of no local interface).
+  explicit StoreServer(const StoreServerOptions& o);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const;
+  // The numeric address it listens on ("127.0.0.1", "0.0.0.0", "::").
+  std::string address() const;
+  // The server's keys without a socket (the host process's own view: it never waits on itself).
+  c10::intrusive_ptr<c10d::Store> local();
+  // The job the store serves ("" until a client presented a token, when none was given).
+  JobIdentity job() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  std::unique_ptr<struct ServerLoop> loop_;
+};
+
+class StoreClient final : public c10d::Store {
+ public:
+  // Connects to addr:port, retrying until `timeout` (the host may start after this process), and
+  // presents `job`. Throws CommError: unreachable, no answer, another job's store.
+  StoreClient(const std::string& addr, int port, std::chrono::milliseconds timeout, const JobIdentity& job);
+  ~StoreClient() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t value) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t getNumKeys() override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  std::string where() const;
+
+  struct Conn;
+
+ private:
+  std::unique_ptr<Conn> conn_;
+};
+
+// Codes of the wire format (exposed for tests that speak it by hand).
+enum class StoreOp : uint8_t { kHello = 1, kSet, kGet, kAdd, kCompareSet, kDelete, kCheck, kNumKeys };
+enum class StoreStatus : uint8_t { kOk = 0, kNotFound = 1, kError = 2 };
+constexpr uint32_t kMaxFrameBytes = 1u << 30;
+// One frame of the wire format.
+std::string encode_frame(uint8_t code, const std::vector<std::string>& fields);
+
+}  // namespace gasloc::comm

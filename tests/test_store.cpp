@@ -1,0 +1,239 @@
+// gasloc's rendezvous store (src/gasloc/comm/store.hpp): c10d's Store semantics over its wire
+// format, every client call bounded by its timeout and by a stop request, one job per store, a
+// server that survives garbage, and the arrival records that name ranks that never came.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/comm/store.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/core/interrupt.hpp"
+
+using namespace gasloc;
+using namespace gasloc::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<uint8_t> b(const std::string& s) { return {s.begin(), s.end()}; }
+std::string s(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A TCP listener on 127.0.0.1 that never accepts or answers (a SIGSTOPped store host, or another
+// program on the port): the kernel completes connections into its backlog.
+struct SilentListener {
+  int fd = -1, port = 0;
+  SilentListener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd, 16), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~SilentListener() { ::close(fd); }
+};
+
+// A raw connection to a store, for speaking its wire format by hand.
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
+}  // namespace
+
+TEST(Store, ClientAndHostSeeTheSameKeys) {
+  StoreServer server({"127.0.0.1", 0, false, {"tok", "test"}});
+  StoreClient client("127.0.0.1", server.port(), 5s, {"tok", "test"});
+  auto host = server.local();
+  client.set("a", b("hello"));
+  EXPECT_EQ(s(host->get("a")), "hello");
+  host->set("big", std::vector<uint8_t>(3 << 20, 7));  // larger than one socket read
+  EXPECT_EQ(client.get("big").size(), size_t{3 << 20});
+  EXPECT_EQ(client.add("n", 5), 5);
+  EXPECT_EQ(host->add("n", -2), 3);
+  EXPECT_EQ(client.add("n", 0), 3);
+  EXPECT_TRUE(client.check({"a", "n"}));
+  EXPECT_FALSE(client.check({"a", "missing"}));
+  EXPECT_EQ(client.getNumKeys(), 3);
+  EXPECT_TRUE(client.deleteKey("a"));
+  EXPECT_FALSE(client.deleteKey("a"));
+  EXPECT_FALSE(host->check({"a"}));
+}
+
+TEST(Store, CompareSetFollowsC10dSemantics) {
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  StoreClient c("127.0.0.1", server.port(), 5s, {});
+  EXPECT_EQ(s(c.compareSet("k", {}, b("first"))), "first");    // missing, expected empty: set
+  EXPECT_EQ(s(c.compareSet("k", {}, b("second"))), "first");   // present, expected differs: kept
+  EXPECT_EQ(s(c.compareSet("k", b("first"), b("third"))), "third");
+  EXPECT_EQ(s(c.compareSet("other", b("x"), b("y"))), "x");   // missing, expected not empty: not set
+  EXPECT_FALSE(c.check({"other"}));
+}
+
+TEST(Store, AddRefusesAKeyThatHoldsText) {
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  StoreClient c("127.0.0.1", server.port(), 5s, {});
+  c.set("k", b("text"));
+  EXPECT_THROW(c.add("k", 1), CommError);
+  EXPECT_EQ(c.add("n", 1), 1);  // the connection is still good
+}
+
+TEST(Store, GetAndWaitEndAtTheirTimeout) {
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  StoreClient c("127.0.0.1", server.port(), 300ms, {});
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(c.get("never"), CommError);
+  EXPECT_GE(seconds_since(t0), 0.29);
+  EXPECT_LT(seconds_since(t0), 5.0);
+  std::thread later([&] {
+    std::this_thread::sleep_for(50ms);
+    server.local()->set("soon", b("1"));
+  });
+  c.wait({"soon"}, 5000ms);  // returns once another client sets it
+  later.join();
+}
+
+TEST(Store, ASilentListenerIsAnErrorWithinTheTimeoutNotAHang) {
+  SilentListener silent;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    StoreClient c("127.0.0.1", silent.port, 1000ms, {"tok", "test"});
+    FAIL() << "connected to a store that never answers";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not answer"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("SIGSTOP"), std::string::npos) << e.hint();
+  }
+  EXPECT_LT(seconds_since(t0), 5.0);
+}
+
+TEST(Store, AStopRequestEndsAWaitOnASilentStore) {
+  SilentListener silent;
+  clear_interrupt();
+  std::thread ctrl_c([] {
+    std::this_thread::sleep_for(300ms);
+    request_interrupt();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    StoreClient c("127.0.0.1", silent.port, 60000ms, {});
+    FAIL() << "connected to a store that never answers";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted"), std::string::npos) << e.what();
+  }
+  ctrl_c.join();
+  clear_interrupt();
+  EXPECT_LT(seconds_since(t0), 10.0);  // not the 60 s timeout
+}
+
+TEST(Store, AnotherJobIsRefusedNamingBoth) {
+  StoreServer server({"127.0.0.1", 0, false, {"aaaa", "train run_dir=runs/a"}});
+  try {
+    StoreClient c("127.0.0.1", server.port(), 5s, {"bbbb", "train run_dir=runs/b"});
+    FAIL() << "a second job joined the store";
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("runs/a"), std::string::npos) << m;
+    EXPECT_NE(m.find("runs/b"), std::string::npos) << m;
+  }
+  StoreClient same("127.0.0.1", server.port(), 5s, {"aaaa", "train run_dir=runs/a"});
+  same.set("ok", b("1"));
+}
+
+TEST(Store, TheFirstTokenPinsTheJobWhenTheHostGaveNone) {
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  StoreClient first("127.0.0.1", server.port(), 5s, {"t1", "first"});
+  EXPECT_EQ(server.job().token, "t1");
+  EXPECT_THROW(StoreClient("127.0.0.1", server.port(), 5s, {"t2", "second"}), CommError);
+}
+
+TEST(Store, GarbageClosesThatClientOnlyAndRequestsNeedAGreeting) {
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  const int rogue = raw_connect(server.port());
+  const char junk[] = "\xff\xff\xff\xffGET / HTTP/1.1\r\n\r\n";
+  ASSERT_GT(::send(rogue, junk, sizeof junk - 1, MSG_NOSIGNAL), 0);
+  char buf[16];
+  EXPECT_EQ(::recv(rogue, buf, sizeof buf, 0), 0);  // the server hung up on it
+  ::close(rogue);
+  // A well-formed request before the greeting is refused, not served.
+  const int early = raw_connect(server.port());
+  const std::string frame = encode_frame(static_cast<uint8_t>(StoreOp::kSet), {"k", "v"});
+  ASSERT_EQ(::send(early, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+  char reply[256];
+  const ssize_t n = ::recv(early, reply, sizeof reply, 0);
+  ASSERT_GT(n, 4);
+  EXPECT_EQ(reply[4], static_cast<char>(StoreStatus::kError));
+  ::close(early);
+  StoreClient good("127.0.0.1", server.port(), 5s, {});
+  EXPECT_FALSE(good.check({"k"}));
+  good.set("k", b("v"));
+  EXPECT_TRUE(good.check({"k"}));
+}
+
+TEST(Store, ListensOnTheGivenAddressOnlyUnlessAsked) {
+  StoreServer loopback({"127.0.0.1", 0, false, {}});
+  EXPECT_EQ(loopback.address(), "127.0.0.1");
+  StoreServer every({"127.0.0.1", 0, true, {}});
+  EXPECT_TRUE(every.address() == "0.0.0.0" || every.address() == "::") << every.address();
+  EXPECT_THROW(StoreServer({"127.0.0.1", loopback.port(), false, {}}), CommError);  // the port is taken
+}
+
+TEST(Store, DerivedTokensAgreeForOneTextAndDifferForAnother) {
+  EXPECT_EQ(derive_job_token("run_dir=a"), derive_job_token("run_dir=a"));
+  EXPECT_NE(derive_job_token("run_dir=a"), derive_job_token("run_dir=b"));
+  EXPECT_EQ(derive_job_token("x").size(), 16u);
+  EXPECT_NE(random_job_token(), random_job_token());
+}
+
+TEST(Arrivals, NameTheRanksThatNeverReachedACollective) {
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  auto store = server.local();
+  Arrivals r0(store, 0, 4), r1(store, 1, 4), r2(store, 2, 4), r3(store, 3, 4);
+  for (auto* a : {&r0, &r1, &r2, &r3}) a->arrive("barrier");
+  for (auto* a : {&r0, &r1, &r3}) a->arrive("all_reduce_mean");
+  r0.arrive("broadcast");
+  r1.arrive("broadcast");
+  std::vector<int> late;
+  const std::string who = r0.behind(3, &late);
+  EXPECT_EQ(late, (std::vector<int>{2, 3}));
+  EXPECT_NE(who.find("rank 2 (its last: #1 barrier)"), std::string::npos) << who;
+  EXPECT_NE(who.find("rank 3 (its last: #2 all_reduce_mean)"), std::string::npos) << who;
+  late.clear();
+  EXPECT_EQ(r0.behind(1, &late), "");
+  EXPECT_TRUE(late.empty());
+}
+
+TEST(Rendezvous, AHugeWorldWithMissingRanksGivesAShortError) {
+  GlooOptions o;
+  o.rank = 0;
+  o.world = 100000;
+  o.master_addr = "127.0.0.1";
+  o.master_port = 0;
+  o.timeout_s = 0.5;
+  try {
+    join_store(o);
+    FAIL() << "rendezvous of 100000 ranks succeeded alone";
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    EXPECT_LT(m.size(), 600u) << m.size();
+    EXPECT_NE(m.find("ranks 1, 2, 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("and 99983 more"), std::string::npos) << m;
+  }
+}
