@@ -1,5 +1,5 @@
 // Synchronizers on the in-process cluster, each pinned to a simpler algorithm it must reduce
-// to (DESIGN.md section 3) or to hand-computed values. Tolerances are stated per test.
+// to (docs/design.md section 3) or to hand-computed values. Tolerances are stated per test.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -386,7 +386,7 @@ TEST_F(Algo, EvaluationDuringATrainingStepIsRefused) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GASLoC forms (algo.form), each pinned to its limits (DESIGN.md section 3).
+// GASLoC forms (algo.form), each pinned to its limits (docs/design.md section 3).
 
 TEST_F(Algo, MixAfterOnTheCompleteGraphIsDiLoCo) {
   // The Nesterov buffers are linear: mean_j (theta - eta N_j) is DiLoCo's step with the mean of

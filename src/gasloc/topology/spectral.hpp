@@ -1,6 +1,6 @@
 // How fast a topology mixes and what it costs per round. The spectral gap 1 - lambda_2(E[W^T W])
 // bounds the expected per-round contraction of the consensus distance:
-// E||x_{t+1} - xbar||^2 <= (1 - gap) ||x_t - xbar||^2 (DESIGN.md section 4).
+// E||x_{t+1} - xbar||^2 <= (1 - gap) ||x_t - xbar||^2 (docs/design.md section 4).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +27,7 @@ int max_degree(const Topology& topo);
 // (the busiest worker's count).
 double bytes_per_worker_per_round(const Topology& topo, int64_t message_bytes);
 
-// The GASLoC forms (algo.form, DESIGN.md section 3), as pure consensus sees them.
+// The GASLoC forms (algo.form, docs/design.md section 3), as pure consensus sees them.
 enum class Form { anchor, mix_after, accelerated };
 // The names of the forms, in the order of Form (algo.form, `gasloc topo --form`).
 const config::Choices& form_choices();

@@ -4,7 +4,7 @@
 // run that trains on garbage. Files are written atomically (a crash or a full disk leaves the
 // previous file).
 //
-// A run keeps its checkpoints in two phases (DESIGN.md section 9), so that a rank killed while
+// A run keeps its checkpoints in two phases (docs/design.md section 9), so that a rank killed while
 // saving never leaves the ranks at different steps:
 //   RUN/checkpoints/step-00000120/rank0.pt   phase 1: every rank writes its file for the step
 //   RUN/checkpoints/rank0.committed          phase 2: after a barrier (every rank has written the

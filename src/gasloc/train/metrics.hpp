@@ -1,4 +1,4 @@
-// RUN/metrics.jsonl: one JSON object per line and event (DESIGN.md section 7), flushed at every
+// RUN/metrics.jsonl: one JSON object per line and event (docs/design.md section 7), flushed at every
 // line so a crash loses nothing already reported.
 #pragma once
 #include <nlohmann/json.hpp>
