@@ -4,10 +4,10 @@
 #pragma once
 #include <memory>
 
+#include "gasloc/algo/consensus.hpp"
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/synchronizer.hpp"
-#include "gasloc/topology/spectral.hpp"
 #include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
@@ -86,7 +86,7 @@ class DiLoCoSync final : public OuterSync {
 // (accelerated; none of it when the momentum is 0). Nothing is modified before the exchange
 // succeeds.
 struct GossipForm {
-  topology::Form form = topology::Form::anchor;
+  Form form = Form::anchor;
   double gossip_step = 1.0;  // alpha (accelerated)
 };
 

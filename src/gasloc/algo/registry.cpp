@@ -37,7 +37,7 @@ const std::vector<AlgorithmEntry>& algorithms() {
        .needs_topology = true, .has_rounds = true, .has_outer = true, .has_forms = true,
        .make = [](const SyncContext& c) -> Made {
          return std::make_unique<GossipSync>(c.steps(), c.outer(), c.topology(),
-                                             GossipForm{topology::parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire());
+                                             GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire());
        }},
       {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire()); }},
