@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <thread>
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/algorithms.hpp"
 #include "gasloc/algo/consensus.hpp"
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/config.hpp"
 #include "gasloc/optim/adamw.hpp"
 #include "gasloc/optim/gpa.hpp"
@@ -251,6 +253,29 @@ TEST_F(Algo, NonFinitePeerIsRejectedWithoutCorruptingParameters) {
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
   EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
   EXPECT_TRUE(torch::equal(before, after));
+}
+
+// The study layer prices and labels runs from the registry, never by comparing names: each
+// entry says how many rounds it communicates and whether a round is an all-reduce. Hand-written
+// for every algorithm (a new one must be added here).
+TEST(Registry, WhatEachAlgorithmSendsAndWhen) {
+  struct Want {
+    int64_t rounds;                      // in 300 steps at H = 30
+    bool all_reduce_2peer, all_reduce_complete;
+  };
+  const std::map<std::string, Want> want = {{"none", {0, true, true}},         {"allreduce", {300, true, true}},
+                                            {"diloco", {10, true, true}},      {"gasloc", {10, false, true}},
+                                            {"dadam", {300, false, true}},     {"local_dadam", {10, false, true}}};
+  EXPECT_EQ(algo::algorithms().size(), want.size());
+  for (const auto& e : algo::algorithms()) {
+    SCOPED_TRACE(e.name);
+    ASSERT_EQ(want.count(e.name), 1u);
+    const Want& w = want.at(e.name);
+    EXPECT_EQ(e.rounds_in(300, 30), w.rounds);
+    EXPECT_EQ(e.all_reduces("2peer"), w.all_reduce_2peer);
+    EXPECT_EQ(e.all_reduces("1peer"), w.all_reduce_2peer);
+    EXPECT_EQ(e.all_reduces("complete"), w.all_reduce_complete);
+  }
 }
 
 TEST_F(Algo, BadSettingsNameTheKey) {

@@ -48,6 +48,15 @@ const std::vector<AlgorithmEntry>& algorithms() {
   return table;
 }
 
+int64_t AlgorithmEntry::rounds_in(int64_t steps, int64_t H) const {
+  if (single_worker) return 0;
+  return has_rounds ? steps / H : steps;
+}
+
+bool AlgorithmEntry::all_reduces(const std::string& topology) const {
+  return !needs_topology || topology::parse_kind(topology) == topology::Kind::complete;
+}
+
 const config::Choices& algorithm_choices() {
   static const config::Choices c = config::choices_of("algorithm", algorithms());
   return c;

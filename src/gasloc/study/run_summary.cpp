@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
@@ -31,14 +32,15 @@ RunSummary read_run_summary(const fs::path& dir) {
   if (!fs::exists(dir / "run.json")) throw DataError("no run.json in '" + r.dir + "'", "is it a gasloc run directory?");
   auto info = json::parse(read_file(dir / "run.json"), nullptr, false);
   if (info.is_discarded() || !info.contains("config")) throw DataError("corrupt run.json in '" + r.dir + "'");
-  const auto& algo = info["config"]["algo"];
-  const std::string name = algo.value("name", "none");
+  const auto& algo_cfg = info["config"]["algo"];
+  const std::string name = algo_cfg.value("name", "none");
   r.workers = info.value("world", int64_t{1});
   r.planned_steps = info["config"]["train"].value("steps", int64_t{0});
   r.label = name;
-  if (name == "gasloc" || name == "dadam" || name == "local_dadam") {
+  // Gossip algorithms are labelled with their graph; a name this build does not know, without.
+  if (algo::algorithm_choices().contains(name) && algo::algorithm(name).needs_topology) {
     r.label += '-';
-    r.label += algo.value("topology", std::string());
+    r.label += algo_cfg.value("topology", std::string());
   }
   r.optim = info["config"]["optim"].value("name", "adamw");
   r.unigram = unigram_baseline(info.value("dataset", json::object()).value("dir", std::string()));

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -55,6 +56,9 @@ class RunCheckpoints {
   int64_t resume_step(const std::vector<std::vector<int64_t>>& committed_by_rank, const std::vector<int>& local_ranks) const;
   // Anything checkpoint-like in the directory (this layout or an older gasloc's checkpoint*.pt).
   bool any() const;
+  // Removes all of them, with the temporary files of a failed write; returns the bytes freed.
+  // A finished run's results live in metrics.jsonl, so a sweep may reclaim the space.
+  uintmax_t remove_all() const;
 
   const std::filesystem::path& dir() const { return dir_; }
 
