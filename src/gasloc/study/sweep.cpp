@@ -251,7 +251,7 @@ void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   done += run_all(spec, finals, opts, spec.tuned ? "seeds" : "run");
   if (opts.dry_run) return;
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60.0;
-  fmt::print("sweep '{}': {} runs done in {:.1f} min\n", spec.name, done, minutes);
+  fmt::print("sweep '{}': {} run{} done in {:.1f} min\n", spec.name, done, done == 1 ? "" : "s", minutes);
   SweepOptions o = opts;
   if (o.command.empty()) o.command = fmt::format("gasloc sweep {}{}", spec.file.string(), opts.quick ? " --quick" : "");
   const fs::path own = sweep_dir(spec, opts.quick, opts.runs_root);
