@@ -19,7 +19,7 @@ for spec in diloco:complete gasloc:1peer gasloc:2peer; do
   name="$algo"; [ "$algo" = gasloc ] && name="gasloc-$topo"
   echo "== $name: 8 workers, micro preset, H = 30 =="
   build/gasloc train --config configs/research.toml --set algo.name="$algo" --set algo.topology="$topo" \
-    --set train.run_dir="$out/$name" "$@" | grep --line-buffered -v '^    '
+    --set train.run_dir="$out/$name" "$@" | grep --line-buffered -v -e '^    ' -e '^  \[[a-z_]*\]$'
   runs+=("$out/$name")
 done
 echo

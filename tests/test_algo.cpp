@@ -1,12 +1,15 @@
 // Synchronizers on the in-process cluster, each pinned to a simpler algorithm it must reduce
-// to (DESIGN.md section 3) or to hand-computed values. Tolerances are stated per test.
+// to (docs/design.md section 3) or to hand-computed values. Tolerances are stated per test.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <thread>
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/consensus.hpp"
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/config.hpp"
 #include "gasloc/optim/adamw.hpp"
 #include "gasloc/optim/gpa.hpp"
@@ -252,6 +255,29 @@ TEST_F(Algo, NonFinitePeerIsRejectedWithoutCorruptingParameters) {
   EXPECT_TRUE(torch::equal(before, after));
 }
 
+// The study layer prices and labels runs from the registry, never by comparing names: each
+// entry says how many rounds it communicates and whether a round is an all-reduce. Hand-written
+// for every algorithm (a new one must be added here).
+TEST(Registry, WhatEachAlgorithmSendsAndWhen) {
+  struct Want {
+    int64_t rounds;                      // in 300 steps at H = 30
+    bool all_reduce_2peer, all_reduce_complete;
+  };
+  const std::map<std::string, Want> want = {{"none", {0, true, true}},         {"allreduce", {300, true, true}},
+                                            {"diloco", {10, true, true}},      {"gasloc", {10, false, true}},
+                                            {"dadam", {300, false, true}},     {"local_dadam", {10, false, true}}};
+  EXPECT_EQ(algo::algorithms().size(), want.size());
+  for (const auto& e : algo::algorithms()) {
+    SCOPED_TRACE(e.name);
+    ASSERT_EQ(want.count(e.name), 1u);
+    const Want& w = want.at(e.name);
+    EXPECT_EQ(e.rounds_in(300, 30), w.rounds);
+    EXPECT_EQ(e.all_reduces("2peer"), w.all_reduce_2peer);
+    EXPECT_EQ(e.all_reduces("1peer"), w.all_reduce_2peer);
+    EXPECT_EQ(e.all_reduces("complete"), w.all_reduce_complete);
+  }
+}
+
 TEST_F(Algo, BadSettingsNameTheKey) {
   auto expect = [](algo::AlgoConfig a, int n, const std::string& needle) {
     try {
@@ -386,7 +412,7 @@ TEST_F(Algo, EvaluationDuringATrainingStepIsRefused) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GASLoC forms (algo.form), each pinned to its limits (DESIGN.md section 3).
+// GASLoC forms (algo.form), each pinned to its limits (docs/design.md section 3).
 
 TEST_F(Algo, MixAfterOnTheCompleteGraphIsDiLoCo) {
   // The Nesterov buffers are linear: mean_j (theta - eta N_j) is DiLoCo's step with the mean of
@@ -502,6 +528,53 @@ TEST_F(Algo, AcceleratedRoundsMatchTheDefinitionAndNesterovWithoutMixing) {
       EXPECT_EQ(got.state[r].count("momentum"), 0u);  // its momentum acts on u, not through b
       for (int k = 0; k < 3; ++k) EXPECT_NEAR(got.state[r].at("u_prev")[k].item<double>(), up[r][k], 1e-5);
     }
+  }
+}
+
+// Each GASLoC form is written twice: on tensors in GossipSync, on doubles in the consensus
+// simulation (algo/consensus.hpp, which `gasloc topo --consensus` and docs/topology.md measure).
+// With parameters no training moves (phi_i = theta_i), a GossipSync round is a simulation round:
+// both start from the simulation's start vectors and must agree on the consensus distance round by
+// round. float32 against doubles: relative 1e-4 (a form written differently is off by far more).
+TEST_F(Algo, GossipSyncWithFrozenParametersIsTheConsensusSimulation) {
+  const int n = 6;
+  const int64_t dim = 8, rounds = 8;
+  const uint64_t seed = 11;
+  const auto start = algo::consensus_start(n, dim, seed);
+  struct Case {
+    std::string form;
+    double eta, mu, alpha;
+  };
+  for (const Case& c : {Case{"anchor", 0.7, 0.9, 1.0}, Case{"mix_after", 0.7, 0.9, 1.0},
+                        Case{"accelerated", 0.7, 0.5, 0.6}, Case{"anchor", 1.0, 0.0, 1.0}}) {
+    SCOPED_TRACE(c.form + " eta " + std::to_string(c.eta) + " mu " + std::to_string(c.mu));
+    const auto a = form(c.form, c.eta, c.mu, "2peer", c.alpha, 1);
+    std::vector<std::vector<double>> x(rounds + 1, std::vector<double>(static_cast<size_t>(n * dim)));
+    comm::InProcCluster cluster(n);
+    cluster.run([&](int r, comm::Communicator& comm) {
+      const std::vector<float> mine(start.begin() + r * dim, start.begin() + (r + 1) * dim);
+      FlatParams fp({{"w", torch::tensor(mine)}});
+      auto sync = algo::make_synchronizer(a, n, seed);
+      sync->init(fp);
+      const auto record = [&](int64_t t) {
+        for (int64_t k = 0; k < dim; ++k) x[t][r * dim + k] = fp.data()[k].item<double>();
+      };
+      record(0);
+      for (int64_t t = 0; t < rounds; ++t) {
+        EXPECT_TRUE(sync->after_step(1, fp, comm));
+        record(t + 1);
+      }
+    });
+    const algo::OuterStep step{c.eta, c.mu, algo::parse_form(c.form), c.alpha};
+    const auto want =
+        algo::simulate_consensus(topology::Topology(topology::Kind::two_peer, n, seed), rounds, dim, seed, step);
+    ASSERT_EQ(want.size(), static_cast<size_t>(rounds + 1));
+    const double d0 = algo::consensus_distance(x[0], n, dim);
+    for (int64_t t = 1; t <= rounds; ++t) {
+      const double got = algo::consensus_distance(x[t], n, dim) / d0;
+      EXPECT_NEAR(got, want[t], 1e-4 * want[t] + 1e-7) << "round " << t;
+    }
+    EXPECT_LT(want[rounds], 0.5);  // the rounds did mix: a test of a no-op would pass trivially
   }
 }
 

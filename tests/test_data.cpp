@@ -247,7 +247,11 @@ TEST_F(DataTest, LlmcDirectoryOpensWithGpt2Vocab) {
   fs::remove(dir_ / "fineweb_val_000000.bin");
   fs::remove(dir_ / "tiny_shakespeare_val.bin");
   expect_data_error([&] { Dataset::open(dir_); }, {"no llm.c validation shards"});
-  expect_data_error([&] { Dataset::open(dir_ / "missing"); }, {"does not exist", "gasloc prepare"});
+  // The hint is the exact command that creates the directory, not a template of it.
+  const std::string missing = (dir_ / "missing").string();
+  expect_data_error([&] { Dataset::open(dir_ / "missing"); },
+                    {"does not exist", "gasloc prepare --input FILE... --out " + missing + "`",
+                     "scripts/prepare_data.sh " + missing + "`"});
 }
 
 // ---- corpus reading -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Heterogeneous clusters (DESIGN.md section 5): the time-budget local-step policy against
+// Heterogeneous clusters (docs/design.md section 5): the time-budget local-step policy against
 // hand-computed H_i, the virtual clock of a straggler's round with gossip and with an all-reduce,
 // determinism, and the [network] settings. Times are exact up to 1e-9 s (double arithmetic).
 #include <gtest/gtest.h>

@@ -84,7 +84,7 @@ TEST(ClipGradNorm, ScalesToMaxNorm) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPA and Schedule-Free (DESIGN.md section 3).
+// GPA and Schedule-Free (docs/design.md section 3).
 
 namespace {
 double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }

@@ -299,6 +299,10 @@ TEST_F(Sweep, ReportsIntoItsOwnDirectoryByDefault) {
   const std::string gp = read_file(dir / "results" / "own-step.gp");
   EXPECT_NE(gp.find("set title 'own'"), std::string::npos) << gp;
   EXPECT_NE(gp.find("title 'unigram baseline ("), std::string::npos) << gp;
+  // Its files are named relative to the script, so a shipped plot points into the repository.
+  EXPECT_NE(gp.find("set output 'own-step.png'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("plot 'own-step.dat' index 0"), std::string::npos) << gp;
+  EXPECT_EQ(gp.find(kRoot.string()), std::string::npos) << gp;
   EXPECT_FALSE(fs::exists(fs::path(GASLOC_SOURCE_DIR) / "docs" / "results" / "own-step.png"));
 }
 

@@ -6,6 +6,7 @@
 #include <numbers>
 #include <set>
 
+#include "gasloc/algo/consensus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/topology/spectral.hpp"
@@ -13,6 +14,7 @@
 
 using namespace gasloc;
 using namespace gasloc::topology;
+using namespace gasloc::algo;  // the forms and their consensus simulation
 
 namespace {
 

@@ -39,8 +39,8 @@ Action add_prepare(CLI::App& app) {
     auto r = data::prepare(*opt, [](const std::string& line) { std::cout << line << std::endl; });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cout << fmt::format(
-        "prepared {} documents in {:.1f} s: {} train tokens, {} val tokens (split by {}), vocab {}, in {}\n",
-        r.documents, secs, r.train_tokens, r.val_tokens, r.split, r.vocab_size, r.dir.string());
+        "prepared {} document{} in {:.1f} s: {} train tokens, {} val tokens (split by {}), vocab {}, in {}\n",
+        r.documents, r.documents == 1 ? "" : "s", secs, r.train_tokens, r.val_tokens, r.split, r.vocab_size, r.dir.string());
     std::cout << fmt::format("unigram baseline (validation loss of token frequencies alone): {:.4f}\n", r.unigram_val_loss);
     for (const auto& w : r.warnings) std::cerr << "warning: " << w << "\n";
     return 0;

@@ -85,7 +85,7 @@ Action add_topo(CLI::App& app) {
                  "momentum 0 is plain averaging)")->capture_default_str();
   app.add_option("--outer-momentum", o->outer_momentum, "with --consensus: GASLoC's outer momentum (mu; gamma for accelerated)")
       ->capture_default_str();
-  app.add_option("--form", o->form, "with --consensus: GASLoC form, " + topology::form_choices().names() + " (algo.form)")
+  app.add_option("--form", o->form, "with --consensus: GASLoC form, " + algo::form_choices().names() + " (algo.form)")
       ->capture_default_str();
   app.add_option("--gossip-step", o->gossip_step, "with --consensus: the accelerated form's alpha (algo.gossip_step)")
       ->capture_default_str();
@@ -101,7 +101,7 @@ Action add_topo(CLI::App& app) {
       throw ConfigError(fmt::format("--gossip-step {}: alpha must be in [0, 1]", o->gossip_step));
     const auto wire = algo::parse_wire_dtype(o->wire_dtype);
     if (o->dim < 0) throw ConfigError("--dim must be >= 1");
-    const auto form = topology::parse_form(o->form);
+    const auto form = algo::parse_form(o->form);
     if (o->optimize && o->consensus == 0) o->consensus = 2000;
     const topology::Topology t(topology::parse_kind(o->topology), o->n, o->seed);
     const int n = t.size();
@@ -142,31 +142,31 @@ Action add_topo(CLI::App& app) {
       fmt::print("note: exp's product over {} consecutive rounds is exactly 11^T/n (exact consensus), which the gap "
                  "of E[W^T W] does not show\n", t.period());
     if (o->consensus > 0) {
-      const topology::OuterStep step{o->outer_lr, o->outer_momentum, form, o->gossip_step};
-      const bool plain = form != topology::Form::accelerated && o->outer_lr == 1.0 && o->outer_momentum == 0.0;
+      const algo::OuterStep step{o->outer_lr, o->outer_momentum, form, o->gossip_step};
+      const bool plain = form != algo::Form::accelerated && o->outer_lr == 1.0 && o->outer_momentum == 0.0;
       const int64_t dim = o->dim > 0 ? o->dim : 4096;  // the per-round contraction concentrates around its expectation
       // The closed form: the estimate over sampled rounds is biased low (see spectral.hpp).
       const double rate = 1.0 - closed;
       if (o->consensus <= 200) {
-        const auto sim = topology::simulate_consensus(t, o->consensus, dim, o->seed, step);
+        const auto sim = algo::simulate_consensus(t, o->consensus, dim, o->seed, step);
         if (plain)
           fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
-        else if (form == topology::Form::accelerated)
+        else if (form == algo::Form::accelerated)
           fmt::print("gossip in the accelerated form (alpha {}, gamma {}), no training (consensus distance / initial; "
                      "(1-gap)^t of plain averaging, from the closed form):\n", o->gossip_step, o->outer_momentum);
         else
           fmt::print("gossip with GASLoC's outer step (lr {}, momentum {}{}), no training (consensus distance / initial; "
                      "(1-gap)^t of plain averaging, from the closed form):\n", o->outer_lr, o->outer_momentum,
-                     form == topology::Form::mix_after ? ", form mix_after" : "");
+                     form == algo::Form::mix_after ? ", form mix_after" : "");
         fmt::print("  {:>5} {:>12} {:>12} {:>8}\n", "round", "simulated", "(1-gap)^t", "ratio");
         for (size_t r = 0; r < sim.size(); ++r) {
           const double predicted = std::pow(rate, static_cast<double>(r));
           fmt::print("  {:>5} {:>12.4e} {:>12.4e} {:>8.3f}\n", r, sim[r], predicted, predicted > 0 ? sim[r] / predicted : 0.0);
         }
       }
-      const auto c = topology::consensus_contraction(t, o->consensus, dim, o->seed, step);
-      const auto c_plain = topology::consensus_contraction(t, o->consensus, dim, o->seed, {});
-      const std::string setting = form == topology::Form::accelerated
+      const auto c = algo::consensus_contraction(t, o->consensus, dim, o->seed, step);
+      const auto c_plain = algo::consensus_contraction(t, o->consensus, dim, o->seed, {});
+      const std::string setting = form == algo::Form::accelerated
                                       ? fmt::format("alpha {}, gamma {}", o->gossip_step, o->outer_momentum)
                                       : fmt::format("eta {}, mu {}", o->outer_lr, o->outer_momentum);
       fmt::print("per-round contraction of the consensus distance (geometric mean of d_t+1 / d_t over {} rounds, {} "
@@ -179,16 +179,16 @@ Action add_topo(CLI::App& app) {
         fmt::print("note: exact consensus was reached {} time(s) (plain gossip {}); each time the run restarted from fresh "
                    "vectors (that round counts as 0 in the mean and is left out of the geometric mean)\n",
                    c.restarts, c_plain.restarts);
-      if (form == topology::Form::mix_after)
+      if (form == algo::Form::mix_after)
         fmt::print("note: without training mix_after's pseudo-gradient theta - phi is 0, so its round is plain gossip\n");
     }
     if (o->optimize) {
       const int64_t dim = o->dim > 0 ? o->dim : 64;
       fmt::print("best per-round contraction (geometric mean of d_t+1 / d_t) over {} rounds ({} entries per worker; grid: eta or alpha 0.1..1.0 step "
                  "0.1, mu or gamma 0..0.95 step 0.05):\n", o->consensus, dim);
-      for (auto f : {topology::Form::anchor, topology::Form::accelerated}) {
-        const auto best = topology::optimize_consensus(t, f, o->consensus, dim, o->seed);
-        if (f == topology::Form::anchor)
+      for (auto f : {algo::Form::anchor, algo::Form::accelerated}) {
+        const auto best = algo::optimize_consensus(t, f, o->consensus, dim, o->seed);
+        if (f == algo::Form::anchor)
           fmt::print("  anchor: {:.4f} at (eta {:.2f}, mu {:.2f}), {} points\n", best.rate.geometric, best.best.lr,
                      best.best.momentum, best.points);
         else
@@ -196,7 +196,7 @@ Action add_topo(CLI::App& app) {
                      best.best.gossip_step, best.best.momentum, best.points);
       }
       fmt::print("  mix_after: plain gossip at every (eta, mu), {:.4f} (no pseudo-gradient without training)\n",
-                 topology::consensus_contraction(t, o->consensus, dim, o->seed, {}).geometric);
+                 algo::consensus_contraction(t, o->consensus, dim, o->seed, {}).geometric);
     }
     return 0;
   };

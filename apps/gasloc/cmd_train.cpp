@@ -43,10 +43,11 @@ Action add_train(CLI::App& app) {
     if (!o->dtype.empty()) req.overrides.push_back("train.dtype=" + o->dtype);
     const auto s = train::run_training(req);
     if (s.interrupted || !std::isfinite(s.final_val_loss))
-      fmt::print("stopped after {} steps; checkpoint committed (run: {}; continue with `gasloc train --resume {}`)\n",
-                 s.steps_done, s.run_dir, s.run_dir);
+      fmt::print("stopped after {} step{}; checkpoint committed (run: {}; continue with `gasloc train --resume {}`)\n",
+                 s.steps_done, s.steps_done == 1 ? "" : "s", s.run_dir, s.run_dir);
     else
-      fmt::print("done after {} steps: validation loss {:.4f} (run: {})\n", s.steps_done, s.final_val_loss, s.run_dir);
+      fmt::print("done after {} step{}: validation loss {:.4f} (run: {})\n", s.steps_done, s.steps_done == 1 ? "" : "s",
+                 s.final_val_loss, s.run_dir);
     return s.interrupted ? 130 : 0;
   };
 }

@@ -1,8 +1,8 @@
 set terminal pngcairo size 900,560 noenhanced
-set output '/work/main/docs/results/e3-quick-time.png'
+set output 'e3-quick-time.png'
 set title 'E3: a 10% straggler, time to target on the virtual clock (quick mode)'
 set xlabel 'virtual time (s)'
 set ylabel 'validation loss (nats per token, average model)'
 set grid
 set key top right
-plot '/work/main/docs/results/e3-quick-time.dat' index 0 with linespoints title 'diloco', '/work/main/docs/results/e3-quick-time.dat' index 1 with linespoints title 'gasloc-1peer-tb', '/work/main/docs/results/e3-quick-time.dat' index 2 with linespoints title 'gasloc-2peer-tb', 5.9302412078695514 with lines dashtype 2 linecolor 'gray40' title 'unigram baseline (5.930)'
+plot 'e3-quick-time.dat' index 0 with linespoints title 'diloco', 'e3-quick-time.dat' index 1 with linespoints title 'gasloc-1peer-tb', 'e3-quick-time.dat' index 2 with linespoints title 'gasloc-2peer-tb', 5.9302412078695514 with lines dashtype 2 linecolor 'gray40' title 'unigram baseline (5.930)'

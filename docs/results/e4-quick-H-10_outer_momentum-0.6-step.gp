@@ -1,8 +1,8 @@
 set terminal pngcairo size 900,560 noenhanced
-set output '/work/main/docs/results/e4-quick-H-10_outer_momentum-0.6-step.png'
+set output 'e4-quick-H-10_outer_momentum-0.6-step.png'
 set title 'E4: sensitivity to H, outer learning rate and momentum [H=10,outer_momentum=0.6] (quick mode)'
 set xlabel 'training step (inner steps)'
 set ylabel 'validation loss (nats per token, average model)'
 set grid
 set key top right
-plot '/work/main/docs/results/e4-quick-H-10_outer_momentum-0.6-step.dat' index 0 with linespoints title 'diloco', '/work/main/docs/results/e4-quick-H-10_outer_momentum-0.6-step.dat' index 1 with linespoints title 'gasloc-2peer', 5.9302412078695514 with lines dashtype 2 linecolor 'gray40' title 'unigram baseline (5.930)'
+plot 'e4-quick-H-10_outer_momentum-0.6-step.dat' index 0 with linespoints title 'diloco', 'e4-quick-H-10_outer_momentum-0.6-step.dat' index 1 with linespoints title 'gasloc-2peer', 5.9302412078695514 with lines dashtype 2 linecolor 'gray40' title 'unigram baseline (5.930)'

@@ -9,7 +9,7 @@
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/choice.hpp"
-#include "gasloc/topology/spectral.hpp"
+#include "gasloc/algo/consensus.hpp"
 #include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
@@ -24,7 +24,7 @@ struct AlgoConfig {
   double outer_momentum = 0.9;
   config::Choice topology{topology::kind_choices(), "2peer"};
   config::Choice h_policy{h_policy_choices(), "fixed"};
-  config::Choice form{topology::form_choices(), "anchor"};
+  config::Choice form{form_choices(), "anchor"};
   double gossip_step = 1.0;
   config::Choice wire_dtype{wire_dtype_choices(), "fp32"};
 

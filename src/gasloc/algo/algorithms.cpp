@@ -151,7 +151,7 @@ torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const to
 namespace {
 // The accelerated form's outer state is theta alone: its momentum acts on u, not through b.
 OuterOptions anchor_options(OuterOptions outer, const GossipForm& form) {
-  if (form.form == topology::Form::accelerated) outer.momentum = 0.0;
+  if (form.form == Form::accelerated) outer.momentum = 0.0;
   return outer;
 }
 }  // namespace
@@ -159,7 +159,7 @@ OuterOptions anchor_options(OuterOptions outer, const GossipForm& form) {
 GossipSync::GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form,
                        torch::ScalarType wire)
     : OuterSync(std::move(steps), anchor_options(outer, form), wire), topo_(std::move(topo)), form_(form) {
-  if (form_.form == topology::Form::accelerated) gamma_ = outer.momentum;
+  if (form_.form == Form::accelerated) gamma_ = outer.momentum;
 }
 
 void GossipSync::init(FlatParams& params) {
@@ -176,17 +176,17 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
   const int64_t t = rounds_.round();
   const auto& phi = params.data();
   switch (form_.form) {
-    case topology::Form::anchor:
+    case Form::anchor:
       finish_round(gossip_mix(topo_, t, phi, comm, wire_), params);
       return true;
-    case topology::Form::mix_after: {
+    case Form::mix_after: {
       torch::Tensor b_next;
       const auto v = outer_->propose(phi, b_next);
       const auto mixed = gossip_mix(topo_, t, v, comm, wire_);
       outer_->commit(mixed, b_next);
       break;
     }
-    case topology::Form::accelerated: {
+    case Form::accelerated: {
       auto& theta = outer_->theta();
       // lerp with weight 1 returns its end exactly: eta = alpha = 1, gamma = 0 is Local-DAdam bit for bit.
       const auto u = theta.lerp(phi, outer_opts_.lr);

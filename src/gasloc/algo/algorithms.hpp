@@ -1,13 +1,13 @@
-// The synchronizers of DESIGN.md section 3, one small class each. All run unchanged on any
+// The synchronizers of docs/design.md section 3, one small class each. All run unchanged on any
 // Communicator backend. Notation: phi_i live parameters (the flat buffer), theta_i the outer
 // anchor, b_i the outer momentum, H local steps per round, W_t the round's mixing matrix.
 #pragma once
 #include <memory>
 
+#include "gasloc/algo/consensus.hpp"
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/synchronizer.hpp"
-#include "gasloc/topology/spectral.hpp"
 #include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
@@ -76,7 +76,7 @@ class DiLoCoSync final : public OuterSync {
 };
 
 // GASLoC: H_i local steps, then one exchange of one buffer with this round's gossip neighbours
-// (an all-reduce on the complete topology), in one of three forms (algo.form, DESIGN.md
+// (an all-reduce on the complete topology), in one of three forms (algo.form, docs/design.md
 // section 3; N_i(.) is worker i's Nesterov direction with its own buffer b_i):
 //   anchor:      m_i = sum_j W_t[i,j] phi_j (j ascending); outer Nesterov step on theta_i towards m_i
 //   mix_after:   v_i = theta_i - eta N_i(theta_i - phi_i); theta_i <- sum_j W_t[i,j] v_j
@@ -86,7 +86,7 @@ class DiLoCoSync final : public OuterSync {
 // (accelerated; none of it when the momentum is 0). Nothing is modified before the exchange
 // succeeds.
 struct GossipForm {
-  topology::Form form = topology::Form::anchor;
+  Form form = Form::anchor;
   double gossip_step = 1.0;  // alpha (accelerated)
 };
 

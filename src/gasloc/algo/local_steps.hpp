@@ -1,4 +1,4 @@
-// How many local steps H_i worker i takes in round t (DESIGN.md section 5).
+// How many local steps H_i worker i takes in round t (docs/design.md section 5).
 //
 //   fixed:        H everywhere.
 //   time_budget:  H_i = clamp(floor((R - C_i,t) / s_i), 1, H), R = H * s_ref + C_ref.

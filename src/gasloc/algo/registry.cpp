@@ -37,7 +37,7 @@ const std::vector<AlgorithmEntry>& algorithms() {
        .needs_topology = true, .has_rounds = true, .has_outer = true, .has_forms = true,
        .make = [](const SyncContext& c) -> Made {
          return std::make_unique<GossipSync>(c.steps(), c.outer(), c.topology(),
-                                             GossipForm{topology::parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire());
+                                             GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire());
        }},
       {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire()); }},
@@ -46,6 +46,15 @@ const std::vector<AlgorithmEntry>& algorithms() {
        .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire()); }},
   };
   return table;
+}
+
+int64_t AlgorithmEntry::rounds_in(int64_t steps, int64_t H) const {
+  if (single_worker) return 0;
+  return has_rounds ? steps / H : steps;
+}
+
+bool AlgorithmEntry::all_reduces(const std::string& topology) const {
+  return !needs_topology || topology::parse_kind(topology) == topology::Kind::complete;
 }
 
 const config::Choices& algorithm_choices() {

@@ -44,6 +44,13 @@ struct AlgorithmEntry {
   bool sends_gradients = false;    // exchanges gradients, always fp32 (algo.wire_dtype does not apply)
   bool single_worker = false;      // trains one worker only
   std::unique_ptr<Synchronizer> (*make)(const SyncContext&) = nullptr;
+
+  // What it sends and when, for those that price or label a run without running it (the study
+  // layer): its communication rounds in `steps` inner steps (every step, one per H, or none for
+  // a single worker), and whether a round is an all-reduce on `topology` (algo.topology; else a
+  // gossip exchange with the round's neighbours).
+  int64_t rounds_in(int64_t steps, int64_t H) const;
+  bool all_reduces(const std::string& topology) const;
 };
 
 // Every algorithm, in the order --help-config lists them.

@@ -1,4 +1,4 @@
-// The cost model of the simulated cluster (DESIGN.md section 5): how long compute and messages
+// The cost model of the simulated cluster (docs/design.md section 5): how long compute and messages
 // take on each worker's virtual clock. Pure functions of their arguments, free of tensors and
 // threads, so the in-process backend, the Gloo backend's link throttling and the time-budget
 // local-step policy all price a round the same way.

@@ -186,7 +186,10 @@ int64_t sentencepiece_piece_count(const fs::path& model) {
 Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override, bool verify_hashes) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw DataError("dataset directory '" + dir.string() + "' does not exist", kPrepareHint);
+    throw DataError("dataset directory '" + dir.string() + "' does not exist",
+                    fmt::format("tokenize a corpus into it with `gasloc prepare --input FILE... --out {}`; in a gasloc "
+                                "checkout, `scripts/prepare_data.sh {}` prepares the default corpus there",
+                                dir.string(), dir.string()));
   const fs::path meta_path = dir / "dataset.json";
   if (!fs::exists(meta_path, ec)) return open_llmc(dir, vocab_size_override);
 

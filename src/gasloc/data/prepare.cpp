@@ -186,7 +186,8 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
   json sources = json::array();
   for (const auto& in : opt.inputs) {
     SourceInfo info = read_documents(in, opt.text_field, docs);
-    say(fmt::format("read {}: {} documents, {} bytes", in.string(), info.documents, info.bytes));
+    say(fmt::format("read {}: {} document{}, {} bytes", in.string(), info.documents, info.documents == 1 ? "" : "s",
+                    info.bytes));
     sources.push_back({{"path", in.string()}, {"bytes", info.bytes}, {"sha256", info.sha256}});
   }
   // One document cannot be split into documents: it is split by tokens.
@@ -219,7 +220,8 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
     train.resize(static_cast<size_t>(n - n_val));
     say(fmt::format("one document: split by tokens, the last {} of {} tokens are the validation split", n_val, n));
   }
-  say(fmt::format("encoded {} documents: {} train tokens, {} val tokens", docs.size(), train.size(), val.size()));
+  say(fmt::format("encoded {} document{}: {} train tokens, {} val tokens", docs.size(), docs.size() == 1 ? "" : "s",
+                  train.size(), val.size()));
   const double unigram = unigram_cross_entropy(train, val, tok.vocab_size());
   std::vector<std::string> warnings;
   if (static_cast<int64_t>(val.size()) < kDefaultEvalBatchTokens) {

@@ -1,4 +1,4 @@
-// GPA-AdamW (Generalized Primal Averaging) and Schedule-Free AdamW, DESIGN.md section 3.
+// GPA-AdamW (Generalized Primal Averaging) and Schedule-Free AdamW, docs/design.md section 3.
 //
 // Three sequences: gradients are taken at y = mu_y*x + (1-mu_y)*z; z takes AdamW's step
 // z <- z - lr*d; the model is the average x <- mu_x*x + (1-mu_x)*z. Memory-efficient form: the

@@ -37,9 +37,13 @@ std::string gp_quote(const std::string& text) {
 int run_gnuplot(const fs::path& script, bool quiet) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
+  // The script names its files relative to its own directory, so that a plot shipped in the
+  // repository refers to nothing outside it and redraws wherever the checkout is.
+  const std::string dir = script.parent_path().string();
+  posix_spawn_file_actions_addchdir_np(&fa, dir.c_str());
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   if (quiet) posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  const std::string path = script.string();
+  const std::string path = script.filename().string();
   char arg0[] = "gnuplot";
   std::vector<char> arg1(path.begin(), path.end());
   arg1.push_back('\0');
@@ -71,7 +75,7 @@ void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::strin
       data += fmt::format("{} {}\n", v, x == "consensus" ? e.consensus : e.val_loss);
     }
     data += "\n\n";
-    plot += fmt::format("{}{} index {} with linespoints title {}", i ? ", " : "", gp_quote(dat.string()), i,
+    plot += fmt::format("{}{} index {} with linespoints title {}", i ? ", " : "", gp_quote(dat.filename().string()), i,
                         gp_quote(titles[i]));
   }
   const bool baseline = style.baseline >= 0 && x != "consensus";
@@ -91,7 +95,7 @@ void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::strin
   write_file_atomic(dat, data);
   write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560 noenhanced\nset output {}\n{}set xlabel '{}'\n"
                                     "{}\nset grid\nset key top right\n{}\n",
-                                    gp_quote(png.string()), title, xlabel, ylabel, plot));
+                                    gp_quote(png.filename().string()), title, xlabel, ylabel, plot));
   const int first = run_gnuplot(gp, /*quiet=*/true);
   if (first == 127) throw Error("gnuplot not found: cannot draw " + png.string(), "install gnuplot-nox (scripts/setup.sh does)");
   if (first != 0) {

@@ -15,9 +15,11 @@
 #include <map>
 #include <mutex>
 
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
+#include "gasloc/train/metrics.hpp"
 
 extern char** environ;
 
@@ -31,53 +33,44 @@ RunSummary read_run_summary(const fs::path& dir) {
   if (!fs::exists(dir / "run.json")) throw DataError("no run.json in '" + r.dir + "'", "is it a gasloc run directory?");
   auto info = json::parse(read_file(dir / "run.json"), nullptr, false);
   if (info.is_discarded() || !info.contains("config")) throw DataError("corrupt run.json in '" + r.dir + "'");
-  const auto& algo = info["config"]["algo"];
-  const std::string name = algo.value("name", "none");
+  const auto& algo_cfg = info["config"]["algo"];
+  const std::string name = algo_cfg.value("name", "none");
   r.workers = info.value("world", int64_t{1});
   r.planned_steps = info["config"]["train"].value("steps", int64_t{0});
   r.label = name;
-  if (name == "gasloc" || name == "dadam" || name == "local_dadam") {
+  // Gossip algorithms are labelled with their graph; a name this build does not know, without.
+  if (algo::algorithm_choices().contains(name) && algo::algorithm(name).needs_topology) {
     r.label += '-';
-    r.label += algo.value("topology", std::string());
+    r.label += algo_cfg.value("topology", std::string());
   }
   r.optim = info["config"]["optim"].value("name", "adamw");
   r.unigram = unigram_baseline(info.value("dataset", json::object()).value("dir", std::string()));
-  std::ifstream in(dir / "metrics.jsonl");
-  if (!in) throw DataError("no metrics.jsonl in '" + r.dir + "'", "is it a gasloc run directory?");
+  const std::vector<train::MetricsEvent> events = train::read_metrics(dir);
   struct Last {
     int64_t step = -1, bytes = 0, local_steps = -1;
     double idle_s = 0, virtual_s = 0;
   };
   std::map<int64_t, Last> last;  // worker -> its latest train line
   double segment_wall = 0;       // each process (a resume is a new one) starts its wall clock at 0
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;
-    const int64_t step = j.value("step", int64_t{0});
-    const std::string event = j.value("event", "");
-    if (event == "memory") {
-      const double n = static_cast<double>(std::max<int64_t>(1, j.value("params", int64_t{1})));
-      r.state_per_param =
-          static_cast<double>(j.value("optimizer_state_bytes", int64_t{0}) + j.value("sync_state_bytes", int64_t{0})) / n;
-    } else if (event == "eval") {
-      r.curve.push_back({step, j.value("val_loss", 0.0), j.value("virtual_time_s", 0.0),
-                         static_cast<double>(j.value("bytes_sent", int64_t{0})) / 1e6,
-                         j.value("consensus_distance", 0.0)});
-      r.val_loss = j.value("val_loss", 0.0);
+  for (const auto& event : events) {
+    if (const auto* m = std::get_if<train::MemoryEvent>(&event)) {
+      const double n = static_cast<double>(std::max<int64_t>(1, m->params));
+      r.state_per_param = static_cast<double>(m->optimizer_state_bytes + m->sync_state_bytes) / n;
+    } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
+      r.curve.push_back({e->step, e->val_loss, e->virtual_time_s, static_cast<double>(e->bytes_sent) / 1e6,
+                         e->consensus_distance});
+      r.val_loss = e->val_loss;
       r.has_val_loss = true;
-      r.consensus = j.value("consensus_distance", 0.0);
-      r.last_step = step;
+      r.consensus = e->consensus_distance;
+      r.last_step = e->step;
       // Evaluations come from one writer in step order, so a smaller wall time starts a new segment.
-      const double wall = j.value("wall_time_s", 0.0);
-      if (wall < segment_wall) r.wall_s += segment_wall;
-      segment_wall = wall;
-    } else if (event == "train") {
-      auto& w = last[j.value("worker", int64_t{0})];
-      if (step >= w.step)
-        w = {step, j.value("bytes_sent", int64_t{0}), j.value("local_steps", step), j.value("idle_s", 0.0),
-             j.value("virtual_time_s", 0.0)};
-      r.virtual_s = std::max(r.virtual_s, j.value("virtual_time_s", 0.0));
+      if (e->wall_time_s < segment_wall) r.wall_s += segment_wall;
+      segment_wall = e->wall_time_s;
+    } else if (const auto* t = std::get_if<train::TrainEvent>(&event)) {
+      auto& w = last[t->worker];
+      if (t->step >= w.step)
+        w = {t->step, t->bytes_sent, t->local_steps.value_or(t->step), t->idle_s, t->virtual_time_s};
+      r.virtual_s = std::max(r.virtual_s, t->virtual_time_s);
     }
   }
   r.wall_s += segment_wall;

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "gasloc/core/error.hpp"
+#include "gasloc/train/metrics.hpp"
 
 namespace gasloc::study {
 namespace fs = std::filesystem;
@@ -40,28 +41,21 @@ std::string runs_csv(const std::vector<std::string>& dirs, const std::vector<std
   for (const auto& c : kCsvColumns) out += "," + c;
   out += "\n";
   for (size_t i = 0; i < dirs.size(); ++i) {
-    std::ifstream in(fs::path(dirs[i]) / "metrics.jsonl");
-    if (!in) throw DataError("no metrics.jsonl in '" + dirs[i] + "'", "is it a gasloc run directory?");
     const std::string run = csv_cell(labels.at(i));
-    std::string line;
-    while (std::getline(in, line)) {
-      auto j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) continue;
-      const std::string event = j.value("event", "");
-      if (event != "train" && event != "eval") continue;
-      auto row = [&](const std::string& ev, const std::string& worker, const json& values) {
-        out += run + "," + ev + "," + worker + "," + csv_value(j.value("step", json(nullptr)));
-        for (const auto& c : kCsvColumns) out += "," + (values.contains(c) ? csv_value(values[c]) : std::string());
-        out += "\n";
-      };
-      if (event == "train") {
-        row("train", csv_value(j.value("worker", json(nullptr))), j);
-        continue;
+    // Each event's columns are its line's fields (train/metrics.hpp), absent ones left empty.
+    auto row = [&](const std::string& ev, const std::string& worker, int64_t step, const json& values) {
+      out += run + "," + ev + "," + worker + "," + std::to_string(step);
+      for (const auto& c : kCsvColumns) out += "," + (values.contains(c) ? csv_value(values[c]) : std::string());
+      out += "\n";
+    };
+    for (const auto& event : train::read_metrics(dirs[i])) {
+      if (const auto* t = std::get_if<train::TrainEvent>(&event)) {
+        row("train", std::to_string(t->worker), t->step, train::to_json(event));
+      } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
+        row("eval", "", e->step, train::to_json(event));
+        for (size_t w = 0; w < e->worker_val_loss.size(); ++w)
+          row("eval_worker", std::to_string(w), e->step, {{"val_loss", e->worker_val_loss[w]}});
       }
-      row("eval", "", j);
-      const json own = j.value("worker_val_loss", json::array());
-      for (size_t w = 0; own.is_array() && w < own.size(); ++w)
-        row("eval_worker", std::to_string(w), {{"val_loss", own[w]}});
     }
   }
   return out;

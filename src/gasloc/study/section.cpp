@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -152,13 +153,12 @@ Projection project_run(const fs::path& run_dir, const std::string& model) {
   const int n = static_cast<int>(job.cluster.workers);
   const comm::NetworkModel net = job.network.model(n);
   const double P = static_cast<double>(job.network.simulated_model_bytes);
-  const std::string& algo = job.algo.name;
-  const bool every_step = algo == "allreduce" || algo == "dadam";
+  const algo::AlgorithmEntry& entry = algo::algorithm(job.algo.name);
   Projection p;
   p.compute_s = static_cast<double>(job.train.steps) * job.network.step_time_s;
-  if (algo == "none" || n < 2) return p;
-  p.rounds = every_step ? job.train.steps : job.train.steps / job.algo.H;
-  const bool all_reduce = algo == "diloco" || algo == "allreduce" || job.algo.topology == "complete";
+  if (entry.single_worker || n < 2) return p;
+  p.rounds = entry.rounds_in(job.train.steps, job.algo.H);
+  const bool all_reduce = entry.all_reduces(job.algo.topology);
   std::optional<topology::Topology> topo;
   if (!all_reduce) topo.emplace(topology::parse_kind(job.algo.topology), n, static_cast<uint64_t>(job.train.seed));
   p.mb_per_round = (all_reduce ? static_cast<double>(comm::ring_allreduce_bytes(static_cast<int64_t>(P), n))

@@ -9,6 +9,7 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/section.hpp"
+#include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/run.hpp"
 #include "gasloc/train/run_files.hpp"
@@ -34,27 +35,6 @@ bool has_checkpoint(const fs::path& dir) {
   } catch (const Error&) {
     return false;
   }
-}
-
-// Removes a finished run's checkpoints (and the temporary files of a failed write); returns the
-// bytes freed. Its results live in metrics.jsonl.
-uintmax_t remove_checkpoints(const fs::path& dir) {
-  uintmax_t freed = 0;
-  std::error_code ec;
-  if (fs::exists(dir / "checkpoints")) {
-    for (const auto& e : fs::recursive_directory_iterator(dir / "checkpoints", ec))
-      if (e.is_regular_file()) freed += e.file_size();
-    fs::remove_all(dir / "checkpoints", ec);
-  }
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && name.rfind("checkpoint", 0) == 0 &&
-        (name.ends_with(".pt") || name.ends_with(".pt.tmp"))) {
-      freed += e.file_size();
-      fs::remove(e.path());
-    }
-  }
-  return freed;
 }
 
 // A run's trainer arguments: the study's settings, the variant's, the grid point's, its tuning
@@ -225,7 +205,7 @@ size_t run_all(const SweepSpec& spec, const std::vector<SweepRun>& runs, const S
     // workers) and serve no result: they go, unless the sweep keeps them to train on later.
     auto tidy = [&] {
       if (spec.keep_checkpoints) return;
-      if (const uintmax_t freed = remove_checkpoints(r.dir); freed > 0)
+      if (const uintmax_t freed = train::RunCheckpoints(r.dir, /*world: the layout does not depend on it*/ 1).remove_all(); freed > 0)
         fmt::print("{}: removed its checkpoints ({:.0f} MB; sweep.keep_checkpoints = true keeps them)\n", what,
                    static_cast<double>(freed) / 1e6);
     };
@@ -271,7 +251,7 @@ void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   done += run_all(spec, finals, opts, spec.tuned ? "seeds" : "run");
   if (opts.dry_run) return;
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60.0;
-  fmt::print("sweep '{}': {} runs done in {:.1f} min\n", spec.name, done, minutes);
+  fmt::print("sweep '{}': {} run{} done in {:.1f} min\n", spec.name, done, done == 1 ? "" : "s", minutes);
   SweepOptions o = opts;
   if (o.command.empty()) o.command = fmt::format("gasloc sweep {}{}", spec.file.string(), opts.quick ? " --quick" : "");
   const fs::path own = sweep_dir(spec, opts.quick, opts.runs_root);

@@ -1,4 +1,4 @@
-// Judging a claim from runs on several seeds (DESIGN.md section 8): the two methods are paired by
+// Judging a claim from runs on several seeds (docs/design.md section 8): the two methods are paired by
 // seed, and a verdict is "reproduced" or "not reproduced" only when the difference exceeds the
 // seeds' spread; otherwise it is "inconclusive". Pure functions of the numbers, so the rules are
 // tested on hand-made values.

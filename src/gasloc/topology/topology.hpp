@@ -1,4 +1,4 @@
-// Gossip graphs and their mixing weights (DESIGN.md section 4). Every worker builds the same
+// Gossip graphs and their mixing weights (docs/design.md section 4). Every worker builds the same
 // Topology from (kind, n, seed) and derives round t's graph from (seed, t) alone, so the
 // graph of any round is known to all workers, ahead of time, with no messages.
 #pragma once

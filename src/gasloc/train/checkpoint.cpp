@@ -190,4 +190,23 @@ bool RunCheckpoints::any() const {
   return false;
 }
 
+uintmax_t RunCheckpoints::remove_all() const {
+  uintmax_t freed = 0;
+  std::error_code ec;
+  if (fs::exists(dir_, ec)) {
+    for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
+      if (e.is_regular_file()) freed += e.file_size();
+    fs::remove_all(dir_, ec);
+  }
+  for (const auto& e : fs::directory_iterator(run_dir_)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.rfind("checkpoint", 0) == 0 &&
+        (name.ends_with(".pt") || name.ends_with(".pt.tmp"))) {
+      freed += e.file_size();
+      fs::remove(e.path());
+    }
+  }
+  return freed;
+}
+
 }  // namespace gasloc::train

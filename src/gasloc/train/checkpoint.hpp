@@ -4,7 +4,7 @@
 // run that trains on garbage. Files are written atomically (a crash or a full disk leaves the
 // previous file).
 //
-// A run keeps its checkpoints in two phases (DESIGN.md section 9), so that a rank killed while
+// A run keeps its checkpoints in two phases (docs/design.md section 9), so that a rank killed while
 // saving never leaves the ranks at different steps:
 //   RUN/checkpoints/step-00000120/rank0.pt   phase 1: every rank writes its file for the step
 //   RUN/checkpoints/rank0.committed          phase 2: after a barrier (every rank has written the
@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -58,6 +59,9 @@ class RunCheckpoints {
   // Removes this rank's files of steps it never committed (a run that died during its first
   // checkpoint), and the step directories that leaves empty.
   void discard_uncommitted(int rank) const;
+  // Removes all of them, with the temporary files of a failed write; returns the bytes freed.
+  // A finished run's results live in metrics.jsonl, so a sweep may reclaim the space.
+  uintmax_t remove_all() const;
 
   const std::filesystem::path& dir() const { return dir_; }
 

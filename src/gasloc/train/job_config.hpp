@@ -216,7 +216,7 @@ struct Straggler {
 void to_json(nlohmann::json& j, const Straggler& s);
 void from_json(const nlohmann::json& j, Straggler& s);
 
-// The cluster's compute and links (DESIGN.md section 5): the in-process cluster's virtual clock
+// The cluster's compute and links (docs/design.md section 5): the in-process cluster's virtual clock
 // prices every step and message with it, algo.h_policy = "time_budget" plans with it, and with
 // throttle_gloo real Gloo links are held to it.
 struct NetworkSection {

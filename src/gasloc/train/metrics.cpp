@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
+#include <type_traits>
 #include <sstream>
 
 #include "gasloc/core/atomic_file.hpp"
@@ -29,11 +31,122 @@ MetricsLog::~MetricsLog() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsLog::write(const nlohmann::json& event) {
-  const std::string line = event.dump() + "\n";
+void MetricsLog::write(const MetricsEvent& event) {
+  const std::string line = to_json(event).dump() + "\n";
   std::lock_guard<std::mutex> lock(mu_);
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     throw Error("cannot write to '" + path_.string() + "'", "the disk may be full");
+}
+
+namespace {
+using nlohmann::json;
+
+json of(const TrainEvent& e) {
+  return {{"event", "train"}, {"step", e.step}, {"worker", e.worker}, {"train_loss", e.train_loss}, {"lr", e.lr},
+          {"computed", e.computed}, {"grad_norm", e.grad_norm ? json(*e.grad_norm) : json(nullptr)},
+          {"round_done", e.round_done}, {"tokens_per_s", e.tokens_per_s}, {"wall_time_s", e.wall_time_s},
+          {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}, {"idle_s", e.idle_s},
+          {"local_steps", e.local_steps ? json(*e.local_steps) : json(nullptr)}};
+}
+json of(const EvalEvent& e) {
+  return {{"event", "eval"}, {"step", e.step}, {"worker", e.worker}, {"val_loss", e.val_loss},
+          {"worker_val_loss", e.worker_val_loss}, {"consensus_distance", e.consensus_distance},
+          {"wall_time_s", e.wall_time_s}, {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}};
+}
+json of(const MemoryEvent& e) {
+  return {{"event", "memory"}, {"step", e.step}, {"worker", e.worker}, {"optim", e.optim}, {"algo", e.algo},
+          {"params", e.params}, {"param_bytes", e.param_bytes}, {"optimizer_state_bytes", e.optimizer_state_bytes},
+          {"sync_state_bytes", e.sync_state_bytes}};
+}
+
+// A field of a line, or `fallback` when it is absent, null or of another type: readers have
+// always taken what a line holds and defaulted the rest.
+// A double written as null was not finite (JSON has no NaN): it reads back as NaN.
+template <class T>
+T field(const json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  if constexpr (std::is_same_v<T, double>)
+    if (it != j.end() && it->is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    return fallback;
+  }
+}
+template <class T>
+std::optional<T> optional_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return it->get<T>();
+}
+std::vector<double> doubles(const json& j, const char* key) {
+  std::vector<double> v;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return v;
+  for (const auto& x : *it) v.push_back(x.is_number() ? x.get<double>() : std::numeric_limits<double>::quiet_NaN());
+  return v;
+}
+}  // namespace
+
+json to_json(const MetricsEvent& e) {
+  json j = std::visit([](const auto& x) { return of(x); }, e);
+  j["version"] = kMetricsVersion;
+  return j;
+}
+
+std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  const int64_t version = field<int64_t>(j, "version", 1);
+  if (version > kMetricsVersion)
+    throw DataError(fmt::format("a metrics line of version {}; this gasloc reads up to version {}", version, kMetricsVersion),
+                    "read the run with the gasloc that wrote it, or a newer one");
+  const std::string event = field<std::string>(j, "event", "");
+  const int64_t step = field<int64_t>(j, "step", 0), worker = field<int64_t>(j, "worker", 0);
+  if (event == "train")
+    return TrainEvent{step,
+                      worker,
+                      field(j, "train_loss", 0.0),
+                      field(j, "lr", 0.0),
+                      field(j, "computed", true),
+                      optional_field<double>(j, "grad_norm"),
+                      field(j, "round_done", false),
+                      field(j, "tokens_per_s", 0.0),
+                      field(j, "wall_time_s", 0.0),
+                      field(j, "virtual_time_s", 0.0),
+                      field<int64_t>(j, "bytes_sent", 0),
+                      field(j, "idle_s", 0.0),
+                      optional_field<int64_t>(j, "local_steps")};
+  if (event == "eval")
+    return EvalEvent{step,
+                     worker,
+                     field(j, "val_loss", 0.0),
+                     doubles(j, "worker_val_loss"),
+                     field(j, "consensus_distance", 0.0),
+                     field(j, "wall_time_s", 0.0),
+                     field(j, "virtual_time_s", 0.0),
+                     field<int64_t>(j, "bytes_sent", 0)};
+  if (event == "memory")
+    return MemoryEvent{step,
+                       worker,
+                       field<std::string>(j, "optim", ""),
+                       field<std::string>(j, "algo", ""),
+                       field<int64_t>(j, "params", 0),
+                       field<int64_t>(j, "param_bytes", 0),
+                       field<int64_t>(j, "optimizer_state_bytes", 0),
+                       field<int64_t>(j, "sync_state_bytes", 0)};
+  return std::nullopt;
+}
+
+std::vector<MetricsEvent> read_metrics(const std::filesystem::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  if (!in) throw DataError("no metrics.jsonl in '" + run_dir.string() + "'", "is it a gasloc run directory?");
+  std::vector<MetricsEvent> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (auto e = parse_metrics_line(line)) out.push_back(std::move(*e));
+  return out;
 }
 
 std::string format_duration(double s) {

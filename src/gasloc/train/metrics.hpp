@@ -1,13 +1,66 @@
-// RUN/metrics.jsonl: one JSON object per line and event (DESIGN.md section 7), flushed at every
+// RUN/metrics.jsonl: one JSON object per line and event (docs/design.md section 7), flushed at every
 // line so a crash loses nothing already reported.
+//
+// Every line is one of the events below, written and read through the same code (to_json,
+// parse_metrics_line): the trainer writes them, and `gasloc report`, `gasloc sweep`, run
+// summaries, plots and CSV read them. Each line carries "version" (kMetricsVersion); a line
+// without one is version 1, written before the field existed, with the same keys.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
 
 namespace gasloc::train {
+
+// 2: the version field added to version 1's keys. A reader refuses lines of a newer version.
+inline constexpr int64_t kMetricsVersion = 2;
+
+// One worker's training, every train.log_every steps ("train").
+struct TrainEvent {
+  int64_t step = 0, worker = 0;
+  double train_loss = 0, lr = 0;
+  bool computed = true;                 // false: skipped by its local-step budget
+  std::optional<double> grad_norm;      // none for a skipped step (no gradient), not 0
+  bool round_done = false;              // a communication round ended at this step
+  double tokens_per_s = 0;              // this worker's, over the steps since its last line
+  double wall_time_s = 0, virtual_time_s = 0;
+  int64_t bytes_sent = 0;               // by this worker so far, as priced by the network model
+  double idle_s = 0;                    // virtual time spent waiting for peers
+  std::optional<int64_t> local_steps;   // steps this worker computed so far
+};
+
+// An evaluation of the average model and of each worker's own ("eval"), written by worker 0.
+struct EvalEvent {
+  int64_t step = 0, worker = 0;
+  double val_loss = 0;                  // the average model
+  std::vector<double> worker_val_loss;  // each worker's own model, by rank
+  double consensus_distance = 0;        // mean_i ||phi_i - mean phi||^2
+  double wall_time_s = 0, virtual_time_s = 0;
+  int64_t bytes_sent = 0;               // by worker 0 so far
+};
+
+// What one worker holds besides its model ("memory"), once per run.
+struct MemoryEvent {
+  int64_t step = 0, worker = 0;
+  std::string optim, algo;
+  int64_t params = 0, param_bytes = 0, optimizer_state_bytes = 0, sync_state_bytes = 0;
+};
+
+using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent>;
+
+// The line of an event: its fields, "event" and "version".
+nlohmann::json to_json(const MetricsEvent& e);
+// A line back: nothing for a malformed line (a crash mid-write) or an event this build does not
+// know. Throws DataError for a line of a newer version than kMetricsVersion.
+std::optional<MetricsEvent> parse_metrics_line(const std::string& line);
+// Every event of RUN/metrics.jsonl, in file order. Throws DataError when the file is missing.
+std::vector<MetricsEvent> read_metrics(const std::filesystem::path& run_dir);
 
 class MetricsLog {
  public:
@@ -18,7 +71,7 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
   // Thread-safe: the workers of an in-process cluster share one log.
-  void write(const nlohmann::json& event);
+  void write(const MetricsEvent& event);
 
  private:
   std::mutex mu_;

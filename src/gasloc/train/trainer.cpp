@@ -126,14 +126,19 @@ class Logger {
     const double tps = tokens_per_step * static_cast<double>(computed_) / std::max(dt, 1e-9);
     const double eta = dt / static_cast<double>(steps_) * static_cast<double>(s_.end_step - step);
     const Counters c = s_.counters(rank_, c_);
-    s_.metrics->write({{"event", "train"}, {"step", step}, {"worker", rank_}, {"train_loss", r.loss},
-                       {"lr", r.lr}, {"computed", r.computed},
-                       // A step skipped by its local-step budget had no gradient: null, not 0.
-                       {"grad_norm", r.computed ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
-                       {"round_done", r.round_done}, {"tokens_per_s", tps},
-                       {"wall_time_s", c.wall_time_s}, {"virtual_time_s", c.virtual_time_s},
-                       {"bytes_sent", c.bytes_sent}, {"idle_s", c.idle_s},
-                       {"local_steps", w_.local_steps_done()}});
+    s_.metrics->write(TrainEvent{.step = step,
+                                 .worker = rank_,
+                                 .train_loss = r.loss,
+                                 .lr = r.lr,
+                                 .computed = r.computed,
+                                 .grad_norm = r.computed ? std::optional(r.grad_norm) : std::nullopt,
+                                 .round_done = r.round_done,
+                                 .tokens_per_s = tps,
+                                 .wall_time_s = c.wall_time_s,
+                                 .virtual_time_s = c.virtual_time_s,
+                                 .bytes_sent = c.bytes_sent,
+                                 .idle_s = c.idle_s,
+                                 .local_steps = w_.local_steps_done()});
     if (rank_ == 0 && !s_.quiet) s_.progress->update(step, r.loss, tps * s_.run.world(), r.lr, eta);
     window_ = std::chrono::steady_clock::now();
     steps_ = computed_ = 0;
@@ -162,9 +167,14 @@ class Evaluator {
     const Counters c = s_.counters(rank_, c_);
     // The average model exists at the latest worker clock.
     const double vt = e.virtual_time_s - c_.now() + c.virtual_time_s;
-    s_.metrics->write({{"event", "eval"}, {"step", step}, {"worker", rank_}, {"val_loss", e.val_loss},
-                       {"worker_val_loss", e.worker_val_loss}, {"consensus_distance", e.consensus_distance},
-                       {"wall_time_s", c.wall_time_s}, {"virtual_time_s", vt}, {"bytes_sent", c.bytes_sent}});
+    s_.metrics->write(EvalEvent{.step = step,
+                                .worker = rank_,
+                                .val_loss = e.val_loss,
+                                .worker_val_loss = e.worker_val_loss,
+                                .consensus_distance = e.consensus_distance,
+                                .wall_time_s = c.wall_time_s,
+                                .virtual_time_s = vt,
+                                .bytes_sent = c.bytes_sent});
     s_.say(rank_, s_.run.world() == 1 ? fmt::format("step {:>6} | val_loss {:.4f}", step, e.val_loss)
                                       : fmt::format("step {:>6} | val_loss {:.4f} (average model) | consensus {:.3e}",
                                                     step, e.val_loss, e.consensus_distance));
@@ -351,9 +361,14 @@ void report_worker_memory(const Worker& w, const JobConfig& job, MetricsLog& met
                           bool quiet) {
   const int64_t pbytes = w.numel() * 4;
   if (!resumed)
-    metrics.write({{"event", "memory"}, {"step", step}, {"worker", rank}, {"optim", job.optim.name},
-                   {"algo", job.algo.name}, {"params", w.numel()}, {"param_bytes", pbytes},
-                   {"optimizer_state_bytes", w.optimizer_state_bytes()}, {"sync_state_bytes", w.sync_state_bytes()}});
+    metrics.write(MemoryEvent{.step = step,
+                              .worker = rank,
+                              .optim = job.optim.name,
+                              .algo = job.algo.name,
+                              .params = w.numel(),
+                              .param_bytes = pbytes,
+                              .optimizer_state_bytes = w.optimizer_state_bytes(),
+                              .sync_state_bytes = w.sync_state_bytes()});
   if (!quiet)
     fmt::print("state per worker: optimizer {:.1f} B/param, algorithm {:.1f} B/param (parameters {:.1f} MB fp32)\n",
                static_cast<double>(w.optimizer_state_bytes()) / static_cast<double>(w.numel()),

@@ -1,0 +1,129 @@
+// RUN/metrics.jsonl's schema (train/metrics.hpp): the bytes each event writes, pinned; every
+// line reads back as the event that wrote it; lines written before the version field (version 1,
+// the same keys) still read; a newer version is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "gasloc/core/error.hpp"
+#include "gasloc/train/metrics.hpp"
+#include "test_util.hpp"
+
+using namespace gasloc;
+using namespace gasloc::train;
+
+namespace {
+TrainEvent train_event() {
+  return {.step = 30, .worker = 1, .train_loss = 5.25, .lr = 0.003, .computed = true, .grad_norm = 1.5,
+          .round_done = true, .tokens_per_s = 1024.5, .wall_time_s = 12.25, .virtual_time_s = 3.5,
+          .bytes_sent = 4096, .idle_s = 0.125, .local_steps = 28};
+}
+EvalEvent eval_event() {
+  return {.step = 30, .worker = 0, .val_loss = 5.5, .worker_val_loss = {5.5, 5.75}, .consensus_distance = 0.001,
+          .wall_time_s = 13.0, .virtual_time_s = 3.75, .bytes_sent = 8192};
+}
+MemoryEvent memory_event() {
+  return {.step = 0, .worker = 0, .optim = "adamw", .algo = "gasloc", .params = 1000, .param_bytes = 4000,
+          .optimizer_state_bytes = 8000, .sync_state_bytes = 8000};
+}
+
+std::string line_of(const MetricsEvent& e) { return to_json(e).dump(); }
+}  // namespace
+
+// The bytes of each event: the keys and number forms of the lines every earlier run wrote, plus
+// "version". Scripts and older readers depend on them; a change here is a schema change.
+TEST(MetricsSchema, EachEventWritesThePinnedLine) {
+  EXPECT_EQ(line_of(train_event()),
+            R"({"bytes_sent":4096,"computed":true,"event":"train","grad_norm":1.5,"idle_s":0.125,"local_steps":28,)"
+            R"("lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,"train_loss":5.25,"version":2,)"
+            R"("virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})");
+  EXPECT_EQ(line_of(eval_event()),
+            R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","step":30,"val_loss":5.5,"version":2,)"
+            R"("virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
+  EXPECT_EQ(line_of(memory_event()),
+            R"({"algo":"gasloc","event":"memory","optim":"adamw","optimizer_state_bytes":8000,"param_bytes":4000,)"
+            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":2,"worker":0})");
+  // A step skipped by its local-step budget had no gradient: null, not 0.
+  TrainEvent skipped = train_event();
+  skipped.computed = false;
+  skipped.grad_norm.reset();
+  EXPECT_NE(line_of(skipped).find(R"("computed":false,"event":"train","grad_norm":null,)"), std::string::npos);
+}
+
+TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {
+  TrainEvent skipped = train_event();
+  skipped.computed = false;
+  skipped.grad_norm.reset();
+  for (const MetricsEvent& e : {MetricsEvent(train_event()), MetricsEvent(skipped), MetricsEvent(eval_event()),
+                                MetricsEvent(memory_event())}) {
+    const auto back = parse_metrics_line(line_of(e));
+    ASSERT_TRUE(back.has_value()) << line_of(e);
+    EXPECT_EQ(back->index(), e.index());
+    EXPECT_EQ(line_of(*back), line_of(e));
+  }
+  const auto t = std::get<TrainEvent>(*parse_metrics_line(line_of(train_event())));
+  EXPECT_EQ(t.worker, 1);
+  EXPECT_EQ(t.bytes_sent, 4096);
+  EXPECT_EQ(t.local_steps, 28);
+  EXPECT_EQ(t.grad_norm, 1.5);
+  EXPECT_EQ(std::get<EvalEvent>(*parse_metrics_line(line_of(eval_event()))).worker_val_loss,
+            (std::vector<double>{5.5, 5.75}));
+}
+
+// Version 1: the lines written before the version field, as runs of that time hold them.
+TEST(MetricsSchema, VersionOneLinesReadWithTheSameValues) {
+  const std::string v1_train =
+      R"({"bytes_sent":4096,"computed":true,"event":"train","grad_norm":1.5,"idle_s":0.125,"local_steps":28,)"
+      R"("lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,"train_loss":5.25,)"
+      R"("virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})";
+  const std::string v1_eval =
+      R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","step":30,"val_loss":5.5,)"
+      R"("virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})";
+  EXPECT_EQ(line_of(*parse_metrics_line(v1_train)), line_of(train_event()));
+  EXPECT_EQ(line_of(*parse_metrics_line(v1_eval)), line_of(eval_event()));
+  // Older still: a train line without local_steps (readers then take the step count).
+  const auto old = std::get<TrainEvent>(*parse_metrics_line(R"({"event":"train","step":10,"worker":0,"train_loss":6.0})"));
+  EXPECT_FALSE(old.local_steps.has_value());
+  EXPECT_EQ(old.step, 10);
+  EXPECT_EQ(old.train_loss, 6.0);
+  // A loss that was not finite was written as null (JSON has no NaN): it reads as NaN.
+  const auto nan = std::get<EvalEvent>(*parse_metrics_line(R"({"event":"eval","step":5,"val_loss":null,"worker_val_loss":[null,4.0]})"));
+  EXPECT_TRUE(std::isnan(nan.val_loss));
+  ASSERT_EQ(nan.worker_val_loss.size(), 2u);
+  EXPECT_TRUE(std::isnan(nan.worker_val_loss[0]));
+  EXPECT_EQ(nan.worker_val_loss[1], 4.0);
+}
+
+TEST(MetricsSchema, MalformedAndUnknownLinesAreSkippedANewerVersionIsRefused) {
+  EXPECT_FALSE(parse_metrics_line(R"({"event":"train","st)").has_value());  // a crash mid-write
+  EXPECT_FALSE(parse_metrics_line("[1, 2]").has_value());
+  EXPECT_FALSE(parse_metrics_line(R"({"event":"checkpoint","step":3})").has_value());
+  try {
+    parse_metrics_line(R"({"event":"train","step":1,"version":3})");
+    ADD_FAILURE() << "expected a DataError for version 3";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
+  }
+}
+
+// MetricsLog writes through to_json, and read_metrics reads the file back in order.
+TEST(MetricsSchema, TheLogWritesWhatReadMetricsReads) {
+  const auto dir = test_util::temp_root("test_metrics");
+  {
+    MetricsLog log(dir / "metrics.jsonl");
+    log.write(memory_event());
+    log.write(train_event());
+    log.write(eval_event());
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(first, line_of(memory_event()));
+  const auto events = read_metrics(dir);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(line_of(events[1]), line_of(train_event()));
+  EXPECT_EQ(line_of(events[2]), line_of(eval_event()));
+  std::filesystem::remove_all(dir);
+  EXPECT_THROW(read_metrics(dir), DataError);
+}
