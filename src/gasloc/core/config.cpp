@@ -4,6 +4,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "gasloc/core/shipped_files.hpp"
+
 namespace gasloc::config {
 namespace {
 
@@ -46,7 +48,7 @@ json parse_toml_text(std::string_view text, const std::string& source_name) {
 
 json parse_toml_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw ConfigError("cannot open config file '" + path + "'", "check the path given to --config");
+  if (!in) throw ConfigError("cannot open config file '" + path + "'", "check the path given to --config; " + shipped_hint());
   std::stringstream ss;
   ss << in.rdbuf();
   return parse(ss.str(), path);
