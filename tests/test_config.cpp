@@ -13,6 +13,7 @@
 #include "gasloc/core/config.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/flat_params.hpp"
+#include "gasloc/core/shipped_files.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/optimizers.hpp"
 
@@ -85,6 +86,22 @@ TEST(Config, SyntaxErrorsGiveFileAndLine) {
   }
   expect_config_error([&] { load_job(path, {}); }, "bad_config.toml:3");
   expect_config_error([&] { load_job(path + ".missing", {}); }, "cannot open");
+}
+
+// In the build tree (build/test_config: no build/../share/gasloc) nothing is looked up elsewhere:
+// a checkout's relative paths mean what they always did. The installed lookup is
+// tests/install_prefix.sh's.
+TEST(Config, ShippedFilesAreNotLookedUpInTheBuildTree) {
+  EXPECT_TRUE(gasloc::shipped_dir().empty());
+  EXPECT_EQ(gasloc::find_shipped("configs/no-such-file.toml"), "configs/no-such-file.toml");
+  EXPECT_EQ(gasloc::find_shipped(""), "");
+  EXPECT_EQ(gasloc::find_shipped("/abs/none.toml"), "/abs/none.toml");
+  try {
+    gasloc::config::parse_toml_file("configs/no-such-file.toml");
+    FAIL() << "a missing file must throw";
+  } catch (const gasloc::ConfigError& e) {
+    EXPECT_NE(std::string(e.hint()).find("relative to the working directory"), std::string::npos) << e.hint();
+  }
 }
 
 TEST(Config, RoundTripsThroughJson) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "gasloc/core/shipped_files.hpp"
 #include "gasloc/study/study_file.hpp"
 #include "gasloc/study/sweep.hpp"
 
@@ -14,7 +15,8 @@ Action add_sweep(CLI::App& app) {
     bool quick = false, dry_run = false, print = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("file", o->file, "sweep file (experiments/NAME.toml)")->required();
+  app.add_option("file", o->file, "sweep file (experiments/NAME.toml; a relative path missing from the working directory is "
+                 "looked up in the installed share/gasloc)")->required();
   app.add_flag("--quick", o->quick, "apply the file's [quick] settings (fewer steps); runs go to NAME-quick");
   app.add_flag("--dry-run", o->dry_run, "list the runs and whether each is finished, stopped or still to run");
   auto* doc = app.add_option("--doc", o->doc,
@@ -24,7 +26,7 @@ Action add_sweep(CLI::App& app) {
       ->excludes(doc);
   app.add_option("--runs", o->runs, "directory under which the sweep's runs live")->capture_default_str();
   return [o]() {
-    const auto spec = study::load_sweep(o->file);
+    const auto spec = study::load_sweep(find_shipped(o->file));
     study::SweepOptions opts;
     opts.quick = o->quick;
     opts.dry_run = o->dry_run;

@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/shipped_files.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/trainer.hpp"
 
@@ -17,7 +18,9 @@ Action add_train(CLI::App& app) {
     bool help_config = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--config,-c", o->req.config_path, "TOML job file (see configs/ and --help-config)");
+  app.add_option("--config,-c", o->req.config_path,
+                 "TOML job file (see configs/ and --help-config); a relative path missing from the working directory "
+                 "is looked up in the installed share/gasloc (e.g. configs/research.toml)");
   app.add_option("--set,-s", o->req.overrides, "override a setting: section.key=value (repeatable)");
   app.add_option("--resume", o->req.resume_dir, "continue the run in this directory from its newest committed checkpoint");
   app.add_option("--resume-step", o->req.resume_step,
@@ -35,6 +38,7 @@ Action add_train(CLI::App& app) {
       return 0;
     }
     auto req = o->req;
+    req.config_path = find_shipped(req.config_path);
     if (req.config_path.empty() && req.resume_dir.empty() && req.overrides.empty() && o->device.empty() &&
         o->dtype.empty())
       throw ConfigError("gasloc train needs a job: --config FILE, --resume RUN, or --set options over the defaults",

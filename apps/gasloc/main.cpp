@@ -7,12 +7,16 @@
 
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/shipped_files.hpp"
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // line by line even into a pipe: `gasloc launch` shows ranks live
   CLI::App app{"gasloc: communication-efficient and decentralized LLM pretraining"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "gasloc 0.1.0");
+  if (const auto shipped = gasloc::shipped_dir(); !shipped.empty())
+    app.footer("Installed job files and studies: " + shipped.string() +
+               " (configs/, experiments/): a relative --config or study file missing here is looked up there.");
   std::vector<std::pair<CLI::App*, gasloc::app::Action>> commands;
   auto add = [&](const char* name, const char* help, auto adder) {
     CLI::App* sub = app.add_subcommand(name, help);

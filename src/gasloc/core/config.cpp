@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/shipped_files.hpp"
 
 namespace gasloc::config {
 namespace {
@@ -53,6 +54,8 @@ json parse_toml_file(const std::string& path) {
   // into an error instead of a read that fills memory.
   constexpr size_t kMaxJobFileBytes = 1 << 20;
   std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw ConfigError("cannot open config file '" + path + "'", "check the path given to --config; " + shipped_hint());
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError("config file '" + path + "' is a directory", "give --config the path of a TOML job file, e.g. configs/tiny.toml");
   std::string text;

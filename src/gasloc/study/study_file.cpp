@@ -8,6 +8,7 @@
 
 #include "gasloc/core/config.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/shipped_files.hpp"
 #include "gasloc/study/sweep.hpp"
 #include "gasloc/train/job_config.hpp"
 
@@ -170,8 +171,8 @@ SweepSpec load_sweep(const fs::path& file) {
   if (spec.name.empty() || spec.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
     bad("sweep.name", "must be lower-case letters, digits, - and _ (it names directories and a docs section)");
   spec.title = sw.title.empty() ? spec.name : sw.title;
-  spec.job = sw.job;
-  if (!fs::exists(spec.job)) bad("sweep.job", "'" + spec.job + "' does not exist (paths are relative to where gasloc runs)");
+  spec.job = find_shipped(sw.job);
+  if (!fs::exists(spec.job)) bad("sweep.job", "'" + spec.job + "' does not exist (" + shipped_hint() + ")");
   spec.target_from = sw.target_from;
   if (!(sw.target >= 0)) bad("sweep.target", "must be a loss >= 0 (0 = none)");
   spec.target = sw.target;

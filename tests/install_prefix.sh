@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `cmake --install` into a temporary prefix, then the installed program on a tiny job from the
+# installed job files, run from a directory outside the checkout: the program, its configs/ and
+# experiments/ under PREFIX/share/gasloc, found without a checkout, and nothing test-only.
+#   tests/install_prefix.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(readlink -f "$1")
+src=$(readlink -f "$2")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+P=$tmp/prefix
+cmake --install "$build" --prefix "$P" >"$tmp/install.log" || fail "cmake --install failed: $(cat "$tmp/install.log")"
+G=$P/bin/gasloc
+
+# What was installed: the program, the job and study files, the README; nothing else.
+[ -x "$G" ] || fail "no $G"
+for f in configs/research.toml configs/tiny.toml configs/demo_cluster.toml; do
+  [ -f "$P/share/gasloc/$f" ] || fail "no share/gasloc/$f"
+done
+for f in "$src"/experiments/*.toml; do
+  [ -f "$P/share/gasloc/experiments/$(basename "$f")" ] || fail "experiments/$(basename "$f") not installed"
+done
+unexpected=$(cd "$P" && find . -type f | grep -vE '^\./(bin/gasloc|share/gasloc/(configs|experiments)/[^/]+\.toml|share/doc/gasloc/README\.md)$' || true)
+[ -z "$unexpected" ] || fail "installed files beyond the program and its share files: $unexpected"
+if readelf -d "$G" | grep -qE "R(UN)?PATH.*$build"; then fail "the installed program still points into the build tree: $(readelf -d "$G" | grep PATH)"; fi
+
+# A working directory outside the checkout with its own tiny data; no configs/ here.
+work=$tmp/work
+mkdir -p "$work" && cd "$work"
+case "$(pwd -P)/" in "$src"/*) fail "the work directory $(pwd -P) is inside the checkout $src";; esac
+[ ! -e configs ] || fail "configs/ exists in the work directory"
+for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
+"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+tiny=(--set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
+      --set train.steps=4 --set train.log_every=2 --set train.eval_every=4 --set train.checkpoint_every=4
+      --set train.threads=1)
+
+# The research job by its installed path (as the package's users run it), 2 simulated workers.
+"$G" train --config "$P/share/gasloc/configs/research.toml" "${tiny[@]}" --set cluster.workers=2 --set algo.H=2 \
+  --set train.run_dir=research > research.log || fail "installed research job failed: $(cat research.log)"
+grep -q "done after 4 steps" research.log || fail "research job did not finish: $(cat research.log)"
+[ -s research/metrics.jsonl ] && grep -q '"event":"eval"' research/metrics.jsonl || fail "research run wrote no metrics.jsonl with an evaluation"
+grep -qE '"preset": ?"micro"' research/run.json || fail "research run did not take the installed research.toml (model.preset micro): $(head -c 400 research/run.json)"
+
+# A relative --config missing here is the installed one (tiny.toml: preset tiny, run_dir runs/tiny).
+"$G" train --config configs/tiny.toml "${tiny[@]}" --set model.preset=nano > tiny.log || fail "--config configs/tiny.toml failed: $(cat tiny.log)"
+grep -q "done after 4 steps" tiny.log || fail "tiny job did not finish: $(cat tiny.log)"
+[ -s runs/tiny/metrics.jsonl ] || fail "the installed tiny.toml's run_dir runs/tiny has no metrics.jsonl"
+# ... unless the working directory has its own, which wins (a checkout behaves as before).
+mkdir -p configs && printf '[model]\npreset = "nano"\n[train]\nrun_dir = "own"\n' > configs/tiny.toml
+"$G" train --config configs/tiny.toml "${tiny[@]}" > own.log || fail "local configs/tiny.toml failed: $(cat own.log)"
+[ -s own/metrics.jsonl ] || fail "a local configs/tiny.toml did not take precedence over the installed one"
+rm -rf configs
+
+# A file in neither place: exit 2, and the hint says where relative paths are looked up.
+set +e; out=$("$G" train --config configs/none.toml 2>&1); rc=$?; set -e
+[ $rc -eq 2 ] || fail "a missing config exited $rc, not 2: $out"
+grep -qF "$P/share/gasloc" <<<"$out" || fail "the error for a missing config does not name the installed share dir: $out"
+
+# A study by its relative path; its job = "configs/research.toml" is found the same way.
+"$G" sweep experiments/e1_one_step.toml --quick --dry-run > sweep.log || fail "installed study failed: $(cat sweep.log)"
+grep -qi "to run" sweep.log || fail "sweep --dry-run listed no runs: $(cat sweep.log)"
+
+help=$("$G" train --help)
+grep -q "installed share/gasloc" <<<"$help" || fail "gasloc train --help does not say where configs are looked up: $help"
+help=$("$G" --help)
+grep -qF "$P/share/gasloc" <<<"$help" || fail "gasloc --help does not name the installed job files: $help"
+echo "install_prefix: OK ($P)"
