@@ -8,7 +8,9 @@
 #  3. two jobs started by hand on one port: the second job's rank is refused, both jobs named;
 #  4. ranks given two different datasets of one vocabulary stop, naming data.fingerprint;
 #  5. a run directory in use: a second launch, or a --resume while the run trains, is refused
-#     with the holder's pid, and the first run finishes untouched.
+#     with the holder's pid, and the first run finishes untouched;
+#  6. the launcher (the store's host) stopped and a rank killed: the survivor still exits within
+#     its timeout and a few seconds, its store calls bounded too.
 #   tests/gloo_hardening.sh path/to/gasloc
 set -euo pipefail
 G=$(readlink -f "$1")
@@ -111,8 +113,34 @@ rc3=$?; set -e
 [ $rc2 -ne 0 ] && grep -q "run directory 'busy' is in use: rank [01]'s part is held by process [0-9]" busy2.log ||
   fail "a second launch into a busy run directory ($rc2): $(tail -20 busy2.log)"
 [ $rc3 -ne 0 ] && grep -q "is in use" busy3.log || fail "a --resume of a running run ($rc3): $(tail -20 busy3.log)"
-kill -INT "$first"
+# Ctrl+C to the launcher itself: GNU timeout would forward it and signal its process group too,
+# and two interrupts kill the ranks without a checkpoint.
+kill -INT "$(pgrep -P "$first")"
 set +e; wait "$first"; set -e
 grep -q "interrupted: checkpoint written at step" busy1.log ||
   fail "the first run did not survive the second users to checkpoint at Ctrl+C: $(tail -20 busy1.log)"
-echo "gloo_hardening: 5 scenarios behaved"
+
+# 6. The launcher stopped (SIGSTOP), then a rank killed: the survivor's failure reports go to a
+#    store that never answers, and must not hold it (before: 61 s at timeout 15).
+timeout 60 "$G" launch -n 2 --timeout 4 --grace 1 -- "$G" comm-check --numel 100 --stall-rank 1 > stopped.log 2>&1 &
+guard=$!; pids+=("$guard")
+launcher=""; r0=""; r1=""
+for _ in $(seq 1 200); do
+  launcher=$(pgrep -P "$guard" | head -n 1 || true)
+  [ -n "$launcher" ] && for p in $(pgrep -P "$launcher" || true); do
+    grep -qzx RANK=0 /proc/$p/environ 2>/dev/null && r0=$p
+    grep -qzx RANK=1 /proc/$p/environ 2>/dev/null && r1=$p
+  done
+  [ -n "$r0" ] && [ -n "$r1" ] && [ "$(ps -o stat= -p "$r1" 2>/dev/null | cut -c1)" = "T" ] && break
+  sleep 0.05
+done
+[ -n "$r0" ] && [ -n "$r1" ] || fail "could not find the ranks of the stopped-launcher case"
+kill -STOP "$launcher"
+kill -9 "$r1"
+t0=$SECONDS
+while kill -0 "$r0" 2>/dev/null && [ "$(ps -o stat= -p "$r0" | cut -c1)" != "Z" ] && [ $((SECONDS - t0)) -le 30 ]; do sleep 0.2; done
+took=$((SECONDS - t0))
+kill -CONT "$launcher"
+set +e; wait "$guard"; set -e
+[ $took -le 15 ] || fail "with the launcher stopped, the survivor took $took s to exit (timeout 4 s)"
+echo "gloo_hardening: 6 scenarios behaved"

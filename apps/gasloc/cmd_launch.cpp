@@ -230,6 +230,7 @@ std::vector<std::vector<std::string>> rank_envs(int n, const std::string& master
   for (char** e = environ; *e != nullptr; ++e)
     if (!overridden(*e)) base.emplace_back(*e);
   base.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
+  base.push_back("TORCHELASTIC_RESTART_COUNT=0");  // torch.distributed's env:// needs it with an agent store
   if (testbed) base.push_back("GLOO_SOCKET_IFNAME=eth0");  // Gloo's data connections on the host's own interface
   std::vector<std::vector<std::string>> envs(n, base);
   for (int i = 0; i < n; ++i)

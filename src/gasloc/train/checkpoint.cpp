@@ -93,6 +93,23 @@ Checkpoint load_checkpoint(const fs::path& path) {
 RunCheckpoints::RunCheckpoints(fs::path run_dir, int world)
     : run_dir_(std::move(run_dir)), dir_(run_dir_ / "checkpoints"), world_(world) {}
 
+namespace {
+// The step-S directories under `dir` with their steps (an unreadable name is skipped).
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(dir, ec)) {
+    const std::string name = d.path().filename().string();
+    if (!d.is_directory() || name.rfind("step-", 0) != 0) continue;
+    try {
+      out.emplace_back(std::stoll(name.substr(5)), d.path());
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+}  // namespace
+
 fs::path RunCheckpoints::file(int64_t step, int rank) const {
   return dir_ / fmt::format("step-{:08d}", step) / fmt::format("rank{}.pt", rank);
 }
@@ -120,20 +137,12 @@ void RunCheckpoints::commit(int64_t step, int rank) const {
   }
   // This rank's files of steps it no longer keeps; a step directory goes with its last file.
   std::error_code ec;
-  for (const auto& d : fs::directory_iterator(dir_, ec)) {
-    const std::string name = d.path().filename().string();
-    if (!d.is_directory() || name.rfind("step-", 0) != 0) continue;
-    int64_t s = -1;
-    try {
-      s = std::stoll(name.substr(5));
-    } catch (const std::exception&) {
-      continue;
-    }
+  for (const auto& [s, path] : step_dirs(dir_)) {
     // A write that a kill interrupted leaves its temporary file behind.
-    fs::remove(d.path() / fmt::format("rank{}.pt.tmp", rank), ec);
+    fs::remove(path / fmt::format("rank{}.pt.tmp", rank), ec);
     if (s >= steps.back()) continue;
-    fs::remove(d.path() / fmt::format("rank{}.pt", rank), ec);
-    if (fs::is_empty(d.path(), ec)) fs::remove(d.path(), ec);
+    fs::remove(path / fmt::format("rank{}.pt", rank), ec);
+    if (fs::is_empty(path, ec)) fs::remove(path, ec);
   }
 }
 
@@ -164,18 +173,10 @@ int64_t RunCheckpoints::resume_step(const std::vector<std::vector<int64_t>>& com
 void RunCheckpoints::discard_uncommitted(int rank) const {
   const std::vector<int64_t> kept = committed(rank);
   std::error_code ec;
-  for (const auto& d : fs::directory_iterator(dir_, ec)) {
-    const std::string name = d.path().filename().string();
-    if (!d.is_directory() || name.rfind("step-", 0) != 0) continue;
-    int64_t s = -1;
-    try {
-      s = std::stoll(name.substr(5));
-    } catch (const std::exception&) {
-      continue;
-    }
+  for (const auto& [s, path] : step_dirs(dir_)) {
     if (std::find(kept.begin(), kept.end(), s) != kept.end()) continue;
-    for (const char* suffix : {".pt", ".pt.tmp"}) fs::remove(d.path() / fmt::format("rank{}{}", rank, suffix), ec);
-    if (fs::is_empty(d.path(), ec)) fs::remove(d.path(), ec);
+    for (const char* suffix : {".pt", ".pt.tmp"}) fs::remove(path / fmt::format("rank{}{}", rank, suffix), ec);
+    if (fs::is_empty(path, ec)) fs::remove(path, ec);
   }
   if (fs::is_empty(dir_, ec)) fs::remove(dir_, ec);
 }
