@@ -52,24 +52,126 @@ void print_round(const topology::Topology& t, int64_t round) {
   for (int i = 0; i < shown; ++i) fmt::print("  {:>5}: [{}]\n", i, join(t.peers(i, round)));
 }
 
+struct TopoOptions {
+  std::string topology;
+  int n = 0;
+  uint64_t seed = 1337;
+  int64_t round = 0;
+  int64_t rounds = 2000;
+  std::string preset = "tiny";
+  std::string wire_dtype = "fp32";
+  int64_t consensus = 0;
+  double outer_lr = 1.0, outer_momentum = 0.0, gossip_step = 1.0;
+  std::string form = "anchor";
+  bool optimize = false;
+  int64_t dim = 0;
+};
+
+// The message and what a worker sends per round.
+void print_cost(const topology::Topology& t, const TopoOptions& o, c10::ScalarType wire) {
+  const int n = t.size();
+  const int deg = topology::max_degree(t);
+  const auto params = model::LlamaConfig::preset(o.preset).num_params();
+  const auto bytes_per_param = static_cast<int64_t>(c10::elementSize(wire));
+  const int64_t message = params * bytes_per_param;
+  const double sent = topology::bytes_per_worker_per_round(t, message);
+  fmt::print("degree: {}{}\n", deg,
+             t.is_all_reduce() ? " (but run as a ring all-reduce)"
+             : t.kind() == topology::Kind::one_peer && n % 2 ? " (one worker sits out each round)" : "");
+  fmt::print("message: preset {} ({} parameters, default vocab) x {} bytes ({}) = {:.2f} MB\n", o.preset, params,
+             bytes_per_param, o.wire_dtype, static_cast<double>(message) / 1e6);
+  fmt::print("bytes sent per worker per round: {:.2f} MB ({})\n", sent / 1e6,
+             t.is_all_reduce() ? "ring all-reduce, 2(n-1)/n x message" : fmt::format("{} x message", deg));
+}
+
+// The spectral gap and the consensus decay it predicts; returns the closed-form gap.
+double print_gap(const topology::Topology& t, const TopoOptions& o) {
+  const int n = t.size();
+  const double gap = topology::spectral_gap(t, o.rounds);
+  const double closed = topology::spectral_gap_closed_form(t);
+  if (t.is_random())
+    fmt::print("spectral gap 1 - lambda_2(E[W^T W]): {:.4f} (estimated over {} rounds; closed form {:.4f})\n", gap,
+               o.rounds, closed);
+  else
+    fmt::print("spectral gap 1 - lambda_2(E[W^T W]): {:.4f} (exact, over {} round{})\n", gap, t.period(),
+               t.period() == 1 ? "" : "s");
+  const double decay = 1.0 - gap;
+  if (decay < 1e-12)
+    fmt::print("consensus decay factor per round: 0 (exact consensus after one round)\n");
+  else
+    fmt::print("consensus decay factor per round: {:.4f} (expected consensus distance shrinks 100x in ~{:.1f} rounds)\n",
+               decay, std::log(0.01) / std::log(decay));
+  if (t.kind() == topology::Kind::exp && n > 2)
+    fmt::print("note: exp's product over {} consecutive rounds is exactly 11^T/n (exact consensus), which the gap "
+               "of E[W^T W] does not show\n", t.period());
+  return closed;
+}
+
+// --consensus: random vectors gossiped with the outer step, against the gap's prediction.
+void print_consensus(const topology::Topology& t, const TopoOptions& o, algo::Form form, double closed) {
+  const algo::OuterStep step{o.outer_lr, o.outer_momentum, form, o.gossip_step};
+  const bool plain = form != algo::Form::accelerated && o.outer_lr == 1.0 && o.outer_momentum == 0.0;
+  const int64_t dim = o.dim > 0 ? o.dim : 4096;  // the per-round contraction concentrates around its expectation
+  // The closed form: the estimate over sampled rounds is biased low (see spectral.hpp).
+  const double rate = 1.0 - closed;
+  if (o.consensus <= 200) {
+    const auto sim = algo::simulate_consensus(t, o.consensus, dim, o.seed, step);
+    if (plain)
+      fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
+    else if (form == algo::Form::accelerated)
+      fmt::print("gossip in the accelerated form (alpha {}, gamma {}), no training (consensus distance / initial; "
+                 "(1-gap)^t of plain averaging, from the closed form):\n", o.gossip_step, o.outer_momentum);
+    else
+      fmt::print("gossip with GASLoC's outer step (lr {}, momentum {}{}), no training (consensus distance / initial; "
+                 "(1-gap)^t of plain averaging, from the closed form):\n", o.outer_lr, o.outer_momentum,
+                 form == algo::Form::mix_after ? ", form mix_after" : "");
+    fmt::print("  {:>5} {:>12} {:>12} {:>8}\n", "round", "simulated", "(1-gap)^t", "ratio");
+    for (size_t r = 0; r < sim.size(); ++r) {
+      const double predicted = std::pow(rate, static_cast<double>(r));
+      fmt::print("  {:>5} {:>12.4e} {:>12.4e} {:>8.3f}\n", r, sim[r], predicted, predicted > 0 ? sim[r] / predicted : 0.0);
+    }
+  }
+  const auto c = algo::consensus_contraction(t, o.consensus, dim, o.seed, step);
+  const auto c_plain = algo::consensus_contraction(t, o.consensus, dim, o.seed, {});
+  const std::string setting = form == algo::Form::accelerated
+                                  ? fmt::format("alpha {}, gamma {}", o.gossip_step, o.outer_momentum)
+                                  : fmt::format("eta {}, mu {}", o.outer_lr, o.outer_momentum);
+  fmt::print("per-round contraction of the consensus distance (geometric mean of d_t+1 / d_t over {} rounds, {} "
+             "entries per worker): {:.4f} for form {} ({}){}; plain gossip {:.4f}; 1 - gap {:.4f} (closed form)\n",
+             o.consensus, dim, c.geometric, o.form, setting, c.geometric > 1.0 ? " (diverges)" : "",
+             c_plain.geometric, rate);
+  fmt::print("mean of d_t+1 / d_t (1 - gap is plain gossip's expectation): {:.4f} for form {}; plain gossip {:.4f}\n",
+             c.mean, o.form, c_plain.mean);
+  if (c.restarts + c_plain.restarts > 0)
+    fmt::print("note: exact consensus was reached {} time(s) (plain gossip {}); each time the run restarted from fresh "
+               "vectors (that round counts as 0 in the mean and is left out of the geometric mean)\n",
+               c.restarts, c_plain.restarts);
+  if (form == algo::Form::mix_after)
+    fmt::print("note: without training mix_after's pseudo-gradient theta - phi is 0, so its round is plain gossip\n");
+}
+
+// --optimize: each form's best per-round contraction over a grid of its outer step.
+void print_optimized(const topology::Topology& t, const TopoOptions& o) {
+  const int64_t dim = o.dim > 0 ? o.dim : 64;
+  fmt::print("best per-round contraction (geometric mean of d_t+1 / d_t) over {} rounds ({} entries per worker; grid: eta or alpha 0.1..1.0 step "
+             "0.1, mu or gamma 0..0.95 step 0.05):\n", o.consensus, dim);
+  for (auto f : {algo::Form::anchor, algo::Form::accelerated}) {
+    const auto best = algo::optimize_consensus(t, f, o.consensus, dim, o.seed);
+    if (f == algo::Form::anchor)
+      fmt::print("  anchor: {:.4f} at (eta {:.2f}, mu {:.2f}), {} points\n", best.rate.geometric, best.best.lr,
+                 best.best.momentum, best.points);
+    else
+      fmt::print("  accelerated: {:.4f} at (alpha {:.2f}, gamma {:.2f}), {} points\n", best.rate.geometric,
+                 best.best.gossip_step, best.best.momentum, best.points);
+  }
+  fmt::print("  mix_after: plain gossip at every (eta, mu), {:.4f} (no pseudo-gradient without training)\n",
+             algo::consensus_contraction(t, o.consensus, dim, o.seed, {}).geometric);
+}
+
 }  // namespace
 
 Action add_topo(CLI::App& app) {
-  struct Opts {
-    std::string topology;
-    int n = 0;
-    uint64_t seed = 1337;
-    int64_t round = 0;
-    int64_t rounds = 2000;
-    std::string preset = "tiny";
-    std::string wire_dtype = "fp32";
-    int64_t consensus = 0;
-    double outer_lr = 1.0, outer_momentum = 0.0, gossip_step = 1.0;
-    std::string form = "anchor";
-    bool optimize = false;
-    int64_t dim = 0;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<TopoOptions>();
   app.add_option("--topology,-t", o->topology, topology::kind_choices().names())->required();
   app.add_option("-n,--workers", o->n, "number of workers")->required();
   app.add_option("--seed", o->seed, "gossip seed (every worker draws round t's graph from (seed, t))")->capture_default_str();
@@ -111,93 +213,10 @@ Action add_topo(CLI::App& app) {
                  topology::to_string(t.kind()));
     print_round(t, o->round);
 
-    const int deg = topology::max_degree(t);
-    const auto params = model::LlamaConfig::preset(o->preset).num_params();
-    const auto bytes_per_param = static_cast<int64_t>(c10::elementSize(wire));
-    const int64_t message = params * bytes_per_param;
-    const double sent = topology::bytes_per_worker_per_round(t, message);
-    fmt::print("degree: {}{}\n", deg,
-               t.is_all_reduce() ? " (but run as a ring all-reduce)"
-               : t.kind() == topology::Kind::one_peer && n % 2 ? " (one worker sits out each round)" : "");
-    fmt::print("message: preset {} ({} parameters, default vocab) x {} bytes ({}) = {:.2f} MB\n", o->preset, params,
-               bytes_per_param, o->wire_dtype, static_cast<double>(message) / 1e6);
-    fmt::print("bytes sent per worker per round: {:.2f} MB ({})\n", sent / 1e6,
-               t.is_all_reduce() ? "ring all-reduce, 2(n-1)/n x message" : fmt::format("{} x message", deg));
-
-    const double gap = topology::spectral_gap(t, o->rounds);
-    const double closed = topology::spectral_gap_closed_form(t);
-    if (t.is_random())
-      fmt::print("spectral gap 1 - lambda_2(E[W^T W]): {:.4f} (estimated over {} rounds; closed form {:.4f})\n", gap,
-                 o->rounds, closed);
-    else
-      fmt::print("spectral gap 1 - lambda_2(E[W^T W]): {:.4f} (exact, over {} round{})\n", gap, t.period(),
-                 t.period() == 1 ? "" : "s");
-    const double decay = 1.0 - gap;
-    if (decay < 1e-12)
-      fmt::print("consensus decay factor per round: 0 (exact consensus after one round)\n");
-    else
-      fmt::print("consensus decay factor per round: {:.4f} (expected consensus distance shrinks 100x in ~{:.1f} rounds)\n",
-                 decay, std::log(0.01) / std::log(decay));
-    if (t.kind() == topology::Kind::exp && n > 2)
-      fmt::print("note: exp's product over {} consecutive rounds is exactly 11^T/n (exact consensus), which the gap "
-                 "of E[W^T W] does not show\n", t.period());
-    if (o->consensus > 0) {
-      const algo::OuterStep step{o->outer_lr, o->outer_momentum, form, o->gossip_step};
-      const bool plain = form != algo::Form::accelerated && o->outer_lr == 1.0 && o->outer_momentum == 0.0;
-      const int64_t dim = o->dim > 0 ? o->dim : 4096;  // the per-round contraction concentrates around its expectation
-      // The closed form: the estimate over sampled rounds is biased low (see spectral.hpp).
-      const double rate = 1.0 - closed;
-      if (o->consensus <= 200) {
-        const auto sim = algo::simulate_consensus(t, o->consensus, dim, o->seed, step);
-        if (plain)
-          fmt::print("pure gossip averaging, no training (consensus distance / initial; (1-gap)^t from the closed form):\n");
-        else if (form == algo::Form::accelerated)
-          fmt::print("gossip in the accelerated form (alpha {}, gamma {}), no training (consensus distance / initial; "
-                     "(1-gap)^t of plain averaging, from the closed form):\n", o->gossip_step, o->outer_momentum);
-        else
-          fmt::print("gossip with GASLoC's outer step (lr {}, momentum {}{}), no training (consensus distance / initial; "
-                     "(1-gap)^t of plain averaging, from the closed form):\n", o->outer_lr, o->outer_momentum,
-                     form == algo::Form::mix_after ? ", form mix_after" : "");
-        fmt::print("  {:>5} {:>12} {:>12} {:>8}\n", "round", "simulated", "(1-gap)^t", "ratio");
-        for (size_t r = 0; r < sim.size(); ++r) {
-          const double predicted = std::pow(rate, static_cast<double>(r));
-          fmt::print("  {:>5} {:>12.4e} {:>12.4e} {:>8.3f}\n", r, sim[r], predicted, predicted > 0 ? sim[r] / predicted : 0.0);
-        }
-      }
-      const auto c = algo::consensus_contraction(t, o->consensus, dim, o->seed, step);
-      const auto c_plain = algo::consensus_contraction(t, o->consensus, dim, o->seed, {});
-      const std::string setting = form == algo::Form::accelerated
-                                      ? fmt::format("alpha {}, gamma {}", o->gossip_step, o->outer_momentum)
-                                      : fmt::format("eta {}, mu {}", o->outer_lr, o->outer_momentum);
-      fmt::print("per-round contraction of the consensus distance (geometric mean of d_t+1 / d_t over {} rounds, {} "
-                 "entries per worker): {:.4f} for form {} ({}){}; plain gossip {:.4f}; 1 - gap {:.4f} (closed form)\n",
-                 o->consensus, dim, c.geometric, o->form, setting, c.geometric > 1.0 ? " (diverges)" : "",
-                 c_plain.geometric, rate);
-      fmt::print("mean of d_t+1 / d_t (1 - gap is plain gossip's expectation): {:.4f} for form {}; plain gossip {:.4f}\n",
-                 c.mean, o->form, c_plain.mean);
-      if (c.restarts + c_plain.restarts > 0)
-        fmt::print("note: exact consensus was reached {} time(s) (plain gossip {}); each time the run restarted from fresh "
-                   "vectors (that round counts as 0 in the mean and is left out of the geometric mean)\n",
-                   c.restarts, c_plain.restarts);
-      if (form == algo::Form::mix_after)
-        fmt::print("note: without training mix_after's pseudo-gradient theta - phi is 0, so its round is plain gossip\n");
-    }
-    if (o->optimize) {
-      const int64_t dim = o->dim > 0 ? o->dim : 64;
-      fmt::print("best per-round contraction (geometric mean of d_t+1 / d_t) over {} rounds ({} entries per worker; grid: eta or alpha 0.1..1.0 step "
-                 "0.1, mu or gamma 0..0.95 step 0.05):\n", o->consensus, dim);
-      for (auto f : {algo::Form::anchor, algo::Form::accelerated}) {
-        const auto best = algo::optimize_consensus(t, f, o->consensus, dim, o->seed);
-        if (f == algo::Form::anchor)
-          fmt::print("  anchor: {:.4f} at (eta {:.2f}, mu {:.2f}), {} points\n", best.rate.geometric, best.best.lr,
-                     best.best.momentum, best.points);
-        else
-          fmt::print("  accelerated: {:.4f} at (alpha {:.2f}, gamma {:.2f}), {} points\n", best.rate.geometric,
-                     best.best.gossip_step, best.best.momentum, best.points);
-      }
-      fmt::print("  mix_after: plain gossip at every (eta, mu), {:.4f} (no pseudo-gradient without training)\n",
-                 algo::consensus_contraction(t, o->consensus, dim, o->seed, {}).geometric);
-    }
+    print_cost(t, *o, wire);
+    const double closed = print_gap(t, *o);
+    if (o->consensus > 0) print_consensus(t, *o, form, closed);
+    if (o->optimize) print_optimized(t, *o);
     return 0;
   };
 }
