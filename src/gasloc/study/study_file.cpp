@@ -158,15 +158,10 @@ const Axes& SweepSpec::tune_of(const SweepVariant& v, bool quick) const {
   return quick && !v.quick_tune.empty() ? v.quick_tune : v.tune;
 }
 
-SweepSpec load_sweep(const fs::path& file) {
-  SweepSpec spec;
-  spec.file = file;
-  const json doc = config::parse_toml_file(file.string());
-  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "quick_grid", "tuning", "variant", "claim"});
-  if (!doc.contains("sweep")) bad("sweep", "the [sweep] table is required (name, job)");
-  const auto sw = read_section<StudySection>(doc["sweep"], "sweep");
-  if (!doc["sweep"].contains("name")) bad("sweep.name", "is required");
-  if (!doc["sweep"].contains("job")) bad("sweep.job", "is required");
+namespace {
+
+// The [sweep] table's settings, checked, into spec.
+void read_sweep_table(const StudySection& sw, SweepSpec& spec) {
   spec.name = sw.name;
   if (spec.name.empty() || spec.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
     bad("sweep.name", "must be lower-case letters, digits, - and _ (it names directories and a docs section)");
@@ -197,6 +192,10 @@ SweepSpec load_sweep(const fs::path& file) {
   if (sw.equal_time > 0 && sw.target_from.empty())
     bad("sweep.equal_time", "needs sweep.target_from: the budget is that variant's virtual time");
   spec.equal_time = sw.equal_time;
+}
+
+// [set], [quick], [grid], [quick_grid] and [tuning].
+void read_run_tables(const json& doc, SweepSpec& spec) {
   if (doc.contains("set")) spec.settings = as_overrides(settings_of(doc["set"], "set"));
   if (doc.contains("quick")) spec.quick = as_overrides(settings_of(doc["quick"], "quick"));
   if (doc.contains("grid")) spec.grid = axes_of(doc["grid"], "grid");
@@ -213,8 +212,10 @@ SweepSpec load_sweep(const fs::path& file) {
       if (s == spec.tuning.seed) bad("tuning.seeds", fmt::format("holds the tuning seed {}: the reruns must be fresh seeds", s));
     if (has_axis(spec.grid, "train.seed")) bad("grid.train.seed", "with [tuning] the seeds are tuning.seeds, not a grid axis");
   }
-  if (!doc.contains("variant") || !doc["variant"].is_array() || doc["variant"].empty())
-    bad("variant", "at least one [[variant]] with a name (and its settings) is required");
+}
+
+// The [[variant]] tables; returns their names.
+std::set<std::string> read_variants(const json& doc, SweepSpec& spec) {
   std::set<std::string> names;
   for (const auto& v : doc["variant"]) {
     const auto vs = read_section<VariantSection>(v, "variant");
@@ -235,17 +236,11 @@ SweepSpec load_sweep(const fs::path& file) {
       if (key == "train.seed" || has_axis(spec.grid, key)) bad(where + ".tune." + key, "is also set by the sweep itself");
     spec.variants.push_back(std::move(var));
   }
-  if (!spec.target_from.empty() && !names.count(spec.target_from))
-    bad("sweep.target_from", "'" + spec.target_from + "' is not a variant");
-  if (doc.contains("claim")) {
-    if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");
-    for (const auto& c : doc["claim"]) {
-      const auto cl = read_section<ClaimSection>(c, "claim");
-      check_claim(spec, names, c, cl);
-      spec.claims.push_back(cl);
-    }
-  }
-  // Every run's job must load: a bad setting fails here, before hours of other runs.
+  return names;
+}
+
+// Every run's job must load: a bad setting fails here, before hours of other runs.
+void check_every_job_loads(const SweepSpec& spec) {
   for (bool quick : {false, true}) {
     auto runs = expand_tuning(spec, quick, "runs/experiments");
     for (auto& r : expand_final(spec, quick, "runs/experiments", {})) runs.push_back(std::move(r));
@@ -257,6 +252,34 @@ SweepSpec load_sweep(const fs::path& file) {
       }
     }
   }
+}
+}  // namespace
+
+SweepSpec load_sweep(const fs::path& file) {
+  SweepSpec spec;
+  spec.file = file;
+  const json doc = config::parse_toml_file(file.string());
+  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "quick_grid", "tuning", "variant", "claim"});
+  if (!doc.contains("sweep")) bad("sweep", "the [sweep] table is required (name, job)");
+  const auto sw = read_section<StudySection>(doc["sweep"], "sweep");
+  if (!doc["sweep"].contains("name")) bad("sweep.name", "is required");
+  if (!doc["sweep"].contains("job")) bad("sweep.job", "is required");
+  read_sweep_table(sw, spec);
+  read_run_tables(doc, spec);
+  if (!doc.contains("variant") || !doc["variant"].is_array() || doc["variant"].empty())
+    bad("variant", "at least one [[variant]] with a name (and its settings) is required");
+  const std::set<std::string> names = read_variants(doc, spec);
+  if (!spec.target_from.empty() && !names.count(spec.target_from))
+    bad("sweep.target_from", "'" + spec.target_from + "' is not a variant");
+  if (doc.contains("claim")) {
+    if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");
+    for (const auto& c : doc["claim"]) {
+      const auto cl = read_section<ClaimSection>(c, "claim");
+      check_claim(spec, names, c, cl);
+      spec.claims.push_back(cl);
+    }
+  }
+  check_every_job_loads(spec);
   return spec;
 }
 
