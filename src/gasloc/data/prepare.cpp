@@ -177,52 +177,34 @@ std::vector<std::string> previous_shards(const fs::path& dir) {
 
 }  // namespace
 
-PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const std::string&)>& progress) {
-  auto say = [&](const std::string& s) { if (progress) progress(s); };
-  validate(opt);
-  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+namespace {
 
-  std::vector<std::string> docs;
-  json sources = json::array();
-  for (const auto& in : opt.inputs) {
-    SourceInfo info = read_documents(in, opt.text_field, docs);
-    say(fmt::format("read {}: {} document{}, {} bytes", in.string(), info.documents, info.documents == 1 ? "" : "s",
-                    info.bytes));
-    sources.push_back({{"path", in.string()}, {"bytes", info.bytes}, {"sha256", info.sha256}});
-  }
-  // One document cannot be split into documents: it is split by tokens.
-  const bool by_tokens = docs.size() == 1;
-  if (by_tokens && !(opt.val_fraction > 0))
-    throw DataError("the corpus is one document and --val-fraction is 0: nothing would be held out for validation",
-                    "pass --val-fraction > 0 (e.g. 0.1): the last fraction of its tokens becomes the validation split");
-  const std::vector<char> is_val = by_tokens ? std::vector<char>{0} : split_documents(docs.size(), opt);
+// The tokenizer: trained on the training documents only, or for one document split by tokens,
+// on the text before its validation tail (cut at a line start).
+Tokenizer tokenizer_for(const PrepareOptions& opt, const std::vector<std::string>& docs, const std::vector<char>& is_val,
+                        bool by_tokens, const std::function<void(const std::string&)>& say) {
+  if (!by_tokens) return make_tokenizer(opt, docs, is_val, say);
+  const std::string& text = docs[0];
+  size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - opt.val_fraction));
+  if (const size_t nl = text.rfind('\n', cut); nl != std::string::npos && nl > 0) cut = nl;
+  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
+  return make_tokenizer(opt, {text.substr(0, cut)}, {0}, say);
+}
 
-  Tokenizer tok;
-  if (by_tokens) {
-    // The tokenizer learns from the text before the validation tail only (cut at a line start).
-    const std::string& text = docs[0];
-    size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - opt.val_fraction));
-    if (const size_t nl = text.rfind('\n', cut); nl != std::string::npos && nl > 0) cut = nl;
-    while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
-    tok = make_tokenizer(opt, {text.substr(0, cut)}, {0}, say);
-  } else {
-    tok = make_tokenizer(opt, docs, is_val, say);
-  }
-  std::vector<uint16_t> train, val;
-  encode_all(tok, docs, is_val, threads, train, val);
-  if (by_tokens) {
-    const auto n = static_cast<int64_t>(train.size());
-    const int64_t n_val = std::max<int64_t>(1, std::llround(opt.val_fraction * static_cast<double>(n)));
-    if (n_val >= n - 1)
-      throw DataError(fmt::format("the corpus is one document of {} tokens: too short to split", n),
-                      "add text, or lower --val-fraction");
-    val.assign(train.end() - n_val, train.end());
-    train.resize(static_cast<size_t>(n - n_val));
-    say(fmt::format("one document: split by tokens, the last {} of {} tokens are the validation split", n_val, n));
-  }
-  say(fmt::format("encoded {} document{}: {} train tokens, {} val tokens", docs.size(), docs.size() == 1 ? "" : "s",
-                  train.size(), val.size()));
-  const double unigram = unigram_cross_entropy(train, val, tok.vocab_size());
+// One document: the last val_fraction of its tokens become the validation split.
+void split_tail(const PrepareOptions& opt, std::vector<uint16_t>& train, std::vector<uint16_t>& val, const std::function<void(const std::string&)>& say) {
+  const auto n = static_cast<int64_t>(train.size());
+  const int64_t n_val = std::max<int64_t>(1, std::llround(opt.val_fraction * static_cast<double>(n)));
+  if (n_val >= n - 1)
+    throw DataError(fmt::format("the corpus is one document of {} tokens: too short to split", n),
+                    "add text, or lower --val-fraction");
+  val.assign(train.end() - n_val, train.end());
+  train.resize(static_cast<size_t>(n - n_val));
+  say(fmt::format("one document: split by tokens, the last {} of {} tokens are the validation split", n_val, n));
+}
+
+// A validation split smaller than one evaluation batch of the default job: a warning with the fix.
+std::vector<std::string> small_val_warnings(const std::vector<uint16_t>& train, const std::vector<uint16_t>& val) {
   std::vector<std::string> warnings;
   if (static_cast<int64_t>(val.size()) < kDefaultEvalBatchTokens) {
     const double need = static_cast<double>(kDefaultEvalBatchTokens) / static_cast<double>(train.size() + val.size());
@@ -233,8 +215,21 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
         val.size(), kDefaultEvalBatchTokens,
         need < 1 ? fmt::format("pass --val-fraction {:.3g} or more", need) : std::string("add text"), val.size()));
   }
+  return warnings;
+}
 
-  // Everything that can fail on bad input has run; only now write the dataset's files.
+// What the dataset's files need besides the tokens.
+struct DatasetMeta {
+  json sources;
+  int64_t documents = 0, val_documents = 0;
+  bool by_tokens = false;
+  double unigram = 0;
+};
+
+// Writes the shards, the tokenizer and dataset.json (after everything that can fail on bad input
+// has run), and removes the shards of an earlier prepare into the same directory.
+void write_dataset(const PrepareOptions& opt, const Tokenizer& tok, const std::vector<uint16_t>& train,
+                   const std::vector<uint16_t>& val, const DatasetMeta& m, const std::function<void(const std::string&)>& say) {
   const std::vector<std::string> old = previous_shards(opt.out);
   json sums = json::object(), sizes = json::object();
   std::set<std::string> written;
@@ -253,7 +248,6 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
       std::error_code ec;
       fs::remove(opt.out / name, ec);
     }
-  const int64_t n_val_docs = std::count(is_val.begin(), is_val.end(), 1);
   json meta = {
       {"format", kDatasetFormat},
       {"tokenizer", tokenizer},
@@ -261,25 +255,61 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
       {"val_shards", val_names},
       {"train_tokens", static_cast<int64_t>(train.size())},
       {"val_tokens", static_cast<int64_t>(val.size())},
-      {"documents", static_cast<int64_t>(docs.size())},
-      {"val_documents", n_val_docs},
-      {"split", by_tokens ? "tokens" : "documents"},
+      {"documents", m.documents},
+      {"val_documents", m.val_documents},
+      {"split", m.by_tokens ? "tokens" : "documents"},
       {"val_fraction", opt.val_fraction},
-      {"unigram_val_loss", unigram},
+      {"unigram_val_loss", m.unigram},
       {"seed", opt.seed},
-      {"sources", sources},
+      {"sources", m.sources},
       {"shards_sha256", sums},
       {"shards_bytes", sizes},
   };
   write_file_atomic(opt.out / "dataset.json", meta.dump(2) + "\n");
   say("wrote " + (opt.out / "dataset.json").string());
+}
+
+}  // namespace
+
+PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const std::string&)>& progress) {
+  auto say = [&](const std::string& s) { if (progress) progress(s); };
+  validate(opt);
+  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::vector<std::string> docs;
+  DatasetMeta meta;
+  meta.sources = json::array();
+  for (const auto& in : opt.inputs) {
+    SourceInfo info = read_documents(in, opt.text_field, docs);
+    say(fmt::format("read {}: {} document{}, {} bytes", in.string(), info.documents, info.documents == 1 ? "" : "s",
+                    info.bytes));
+    meta.sources.push_back({{"path", in.string()}, {"bytes", info.bytes}, {"sha256", info.sha256}});
+  }
+  // One document cannot be split into documents: it is split by tokens.
+  const bool by_tokens = docs.size() == 1;
+  if (by_tokens && !(opt.val_fraction > 0))
+    throw DataError("the corpus is one document and --val-fraction is 0: nothing would be held out for validation",
+                    "pass --val-fraction > 0 (e.g. 0.1): the last fraction of its tokens becomes the validation split");
+  const std::vector<char> is_val = by_tokens ? std::vector<char>{0} : split_documents(docs.size(), opt);
+  const Tokenizer tok = tokenizer_for(opt, docs, is_val, by_tokens, say);
+  std::vector<uint16_t> train, val;
+  encode_all(tok, docs, is_val, threads, train, val);
+  if (by_tokens) split_tail(opt, train, val, say);
+  say(fmt::format("encoded {} document{}: {} train tokens, {} val tokens", docs.size(), docs.size() == 1 ? "" : "s",
+                  train.size(), val.size()));
+  meta.unigram = unigram_cross_entropy(train, val, tok.vocab_size());
+  meta.documents = static_cast<int64_t>(docs.size());
+  meta.val_documents = std::count(is_val.begin(), is_val.end(), 1);
+  meta.by_tokens = by_tokens;
+  std::vector<std::string> warnings = small_val_warnings(train, val);
+  write_dataset(opt, tok, train, val, meta, say);
   PrepareResult r;
   r.train_tokens = static_cast<int64_t>(train.size());
   r.val_tokens = static_cast<int64_t>(val.size());
   r.documents = static_cast<int64_t>(docs.size());
   r.vocab_size = tok.vocab_size();
   r.split = by_tokens ? "tokens" : "documents";
-  r.unigram_val_loss = unigram;
+  r.unigram_val_loss = meta.unigram;
   r.warnings = std::move(warnings);
   r.dir = opt.out;
   return r;
