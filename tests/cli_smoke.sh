@@ -3,6 +3,7 @@
 # export, init_from, model-info, and errors that name the problem (exit status 2).
 #   tests/cli_smoke.sh path/to/gasloc
 set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 G=$(readlink -f "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,7 +27,7 @@ common=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set 
 grep -q "stopped\|done after 10 steps" log1.txt || fail "first half did not stop at 10: $(cat log1.txt)"
 "$G" train --resume run > log2.txt
 grep -q "done after 20 steps" log2.txt || fail "resume did not finish: $(cat log2.txt)"
-[ "$(grep -c '"event":"train"' run/metrics.jsonl)" -eq 4 ] || fail "metrics.jsonl has the wrong number of train lines"
+[ "$(metric_rows run train step | wc -l)" -eq 4 ] || fail "metrics.jsonl has the wrong number of train lines"
 
 "$G" export --run run --out hf --dtype bfloat16 >/dev/null
 [ -f hf/model.safetensors ] && [ -f hf/config.json ] || fail "export wrote no files"
@@ -64,7 +65,7 @@ grep -q '"eos_token_id": 256' hf2/config.json || fail "export has no eos id: $(c
 loss_of() { sed -nE 's/^loss ([0-9.]+) nats.*/\1/p' <<<"$1"; }
 e_run=$(loss_of "$("$G" eval --run "it's 2w" --data data)")
 e_hf=$(loss_of "$("$G" eval --model hf2 --data data --batch-size 4 --seq-len 32 --batches 2)")
-final=$(grep '"event":"eval"' "it's 2w/metrics.jsonl" | tail -1 | sed -nE 's/.*"val_loss":([0-9.]+).*/\1/p')
+final=$(metric_rows "it's 2w" eval val_loss | tail -1)
 [ -n "$e_run" ] && [ "$e_run" = "$e_hf" ] || fail "eval of the run ($e_run) and of its export ($e_hf) differ"
 awk -v a="$e_run" -v b="$final" 'BEGIN { exit !(a - b < 1e-5 && b - a < 1e-5) }' || fail "eval $e_run is not the run's own final val_loss $final"
 e_w1=$(loss_of "$("$G" eval --run "it's 2w" --worker 1 --data data)")
@@ -87,7 +88,7 @@ mv "host2/checkpoints/$step/rank1.pt" "it's 2w/checkpoints/$step/"
   fail "Gloo ranks' files"
 expect_error "rank(s) 1 have no checkpoint" "$G" eval --run gloo0 --data data
 e_gloo=$(loss_of "$("$G" eval --run gloo0 --run gloo1 --data data)")
-final=$(grep '"event":"eval"' gloo0/metrics.jsonl | tail -1 | sed -nE 's/.*"val_loss":([0-9.]+).*/\1/p')
+final=$(metric_rows gloo0 eval val_loss | tail -1)
 awk -v a="$e_gloo" -v b="$final" 'BEGIN { exit !(a - b < 1e-5 && b - a < 1e-5) }' || fail "Gloo average $e_gloo is not the run's $final"
 
 # Generation: the same seed gives the same text; --max-tokens bounds it.

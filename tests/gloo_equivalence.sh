@@ -8,16 +8,17 @@
 # report every worker's own validation loss at each evaluation: the same models, the same numbers.
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 G=$(readlink -f "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
 "$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-# Per worker and step: the training loss (JSON numbers are printed with full precision).
-extract() { grep '"event":"train"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"train_loss":([^,]+),.*"worker":([0-9]+).*/\3 \1 \2/' | sort -n -k1 -k2; }
-# Per evaluation: the step and every worker's own validation loss.
-worker_losses() { grep '"event":"eval"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"worker_val_loss":(\[[^]]*\]).*/\1 \2/'; }
+# Per worker and step: the training loss (printed in the shortest form that reads back exactly).
+extract() { metric_rows "$1" train worker step train_loss | sort -n -k1 -k2; }
+# Per evaluation and worker: that worker's own validation loss.
+worker_losses() { metric_rows "$1" eval_worker step worker val_loss; }
 compare() {
   local name=$1; shift
   local job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
@@ -34,13 +35,13 @@ compare() {
   fi
   worker_losses "$name-inproc" > "$name-wa.txt"
   worker_losses "$name-gloo" > "$name-wb.txt"
-  [ "$(wc -l < "$name-wa.txt")" -eq 2 ] && [ "$(head -1 "$name-wa.txt" | tr ',' '\n' | wc -l)" -eq 4 ] ||
+  [ "$(wc -l < "$name-wa.txt")" -eq 8 ] && [ "$(cut -d' ' -f1 "$name-wa.txt" | sort -u | wc -l)" -eq 2 ] ||
     { echo "FAIL ($name): expected 2 evaluations of 4 workers: $(cat "$name-wa.txt")"; exit 1; }
   diff "$name-wa.txt" "$name-wb.txt" >/dev/null ||
     { echo "FAIL ($name): the workers' own val_loss differ:"; diff "$name-wa.txt" "$name-wb.txt"; exit 1; }
   local va vb
-  va=$(grep '"event":"eval"' "$name-inproc/metrics.jsonl" | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
-  vb=$(grep '"event":"eval"' "$name-gloo/metrics.jsonl" | tail -1 | sed -E 's/.*"val_loss":([^,}]+).*/\1/')
+  va=$(metric_rows "$name-inproc" eval val_loss | tail -1)
+  vb=$(metric_rows "$name-gloo" eval val_loss | tail -1)
   # The average model is an all-reduce, whose summation order differs between the backends:
   # equal to fp32 rounding (relative 1e-6).
   awk -v a="$va" -v b="$vb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' ||

@@ -9,6 +9,7 @@
 #  4. a damaged checkpoint is refused with "corrupt checkpoint" and the previous step offered.
 #   tests/gloo_faults.sh path/to/gasloc
 set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 G=$(readlink -f "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -21,10 +22,7 @@ job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set dat
      --set train.checkpoint_every=10 --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc
      --set algo.topology=1peer --set algo.H=5 --set cluster.backend=gloo)
 # Per worker and step: the training loss and the cumulative counters a resume must continue.
-extract() {
-  grep '"event":"train"' "$1/metrics.jsonl" |
-    sed -E 's/.*"bytes_sent":([0-9]+).*"step":([0-9]+).*"train_loss":([^,]+),.*"worker":([0-9]+).*/\4 \2 \3 \1/' | sort -n -k1 -k2
-}
+extract() { metric_rows "$1" train worker step train_loss bytes_sent | sort -n -k1 -k2; }
 timeout 120 "$G" launch -n 2 --timeout 20 -- "$G" train "${job[@]}" --set train.run_dir=full >/dev/null
 extract full > full.txt
 [ "$(wc -l < full.txt)" -eq 12 ] || fail "expected 12 loss lines, got $(wc -l < full.txt)"

@@ -13,6 +13,7 @@
 #     its timeout and a few seconds, its store calls bounded too.
 #   tests/gloo_hardening.sh path/to/gasloc
 set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 G=$(readlink -f "$1")
 tmp=$(mktemp -d)
 pids=()
@@ -99,8 +100,9 @@ grep -q "data.fingerprint is" twodata.log || fail "the data difference was not n
 timeout 90 "$G" launch -n 2 --timeout 20 -- "$G" train "${job[@]}" --set train.steps=100000 --set train.eval_every=0 \
   --set train.checkpoint_every=0 --set train.blas_threads=0 --set train.run_dir=busy > busy1.log 2>&1 &
 first=$!; pids+=("$first")
-for _ in $(seq 1 400); do grep -q '"event":"train"' busy/metrics.jsonl 2>/dev/null && break; sleep 0.05; done
-grep -q '"event":"train"' busy/metrics.jsonl || fail "the first run never trained: $(tail -20 busy1.log)"
+trained() { [ -f busy/run.json ] && metric_rows busy train step 2>/dev/null | grep -q .; }
+for _ in $(seq 1 100); do trained && break; sleep 0.2; done
+trained || fail "the first run never trained: $(tail -20 busy1.log)"
 # The thread plan: the launcher's ranks share the host's cores instead of each taking them all.
 cores=$(nproc); share=$(( cores / 2 > 0 ? cores / 2 : 1 ))
 grep -qF "2 processes of this job on this host (LOCAL_WORLD_SIZE) share its $cores cores: $share BLAS thread(s) per product each (train.blas_threads overrides)" \

@@ -4,6 +4,7 @@
 # experiments/ under PREFIX/share/gasloc, found without a checkout, and nothing test-only.
 #   tests/install_prefix.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 build=$(readlink -f "$1")
 src=$(readlink -f "$2")
 tmp=$(mktemp -d)
@@ -40,7 +41,7 @@ tiny=(--set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set da
 "$G" train --config "$P/share/gasloc/configs/research.toml" "${tiny[@]}" --set cluster.workers=2 --set algo.H=2 \
   --set train.run_dir=research > research.log || fail "installed research job failed: $(cat research.log)"
 grep -q "done after 4 steps" research.log || fail "research job did not finish: $(cat research.log)"
-[ -s research/metrics.jsonl ] && grep -q '"event":"eval"' research/metrics.jsonl || fail "research run wrote no metrics.jsonl with an evaluation"
+[ -s research/metrics.jsonl ] && metric_rows research eval val_loss | grep -q . || fail "research run wrote no metrics.jsonl with an evaluation"
 grep -qE '"preset": ?"micro"' research/run.json || fail "research run did not take the installed research.toml (model.preset micro): $(head -c 400 research/run.json)"
 
 # A relative --config missing here is the installed one (tiny.toml: preset tiny, run_dir runs/tiny).

@@ -31,11 +31,18 @@ Action add_report(CLI::App& app) {
                  "or consensus (consensus distance against step)")
       ->check(CLI::IsMember({"step", "time", "bytes", "consensus"}));
   app.add_option("--title", o->title, "title of the plot (default: what it shows)");
-  app.add_option("--csv", o->csv, "write every run's train and eval lines to this CSV file (run, event, worker, step, metrics)");
+  app.add_option("--csv", o->csv,
+                 "write every run's train and eval lines to this CSV file (run, event, worker, step, metrics); '-': print "
+                 "only the CSV, on stdout (how scripts read metrics)");
   auto* t = app.add_option("--target", o->target, "add the step and virtual time at which each run first reaches this validation loss");
   app.add_option("--target-from", o->target_from, "like --target, with the final validation loss of this run directory")
       ->excludes(t);
   return [o]() {
+    if (o->csv == "-") {  // the CSV alone, for a pipe
+      if (!o->plot.empty()) throw Error("report --csv - prints only the CSV", "run --plot as a separate command");
+      fmt::print("{}", study::runs_csv(o->runs, study::run_labels(o->runs)));
+      return 0;
+    }
     std::vector<study::RunSummary> reports;
     for (const auto& d : o->runs) reports.push_back(study::read_run_summary(d));
     const std::vector<std::string> names = study::run_labels(o->runs);
