@@ -57,8 +57,9 @@ if [ "$ngpu" -ge 2 ]; then
   build-gpu/gasloc train "${job[@]}" --set cluster.workers=2 --set train.run_dir=runs/gpu_check_inproc >/dev/null
   build-gpu/gasloc launch -n 2 --timeout 120 -- gasloc train "${job[@]}" --set cluster.backend=nccl \
     --set train.run_dir=runs/gpu_check_nccl >/dev/null
-  losses() { grep '"event":"train"' "$1/metrics.jsonl" |
-    sed -E 's/.*"step":([0-9]+).*"train_loss":([^,]+),.*"worker":([0-9]+).*/\3 \1 \2/' | sort -n -k1 -k2; }
+  G=build-gpu/gasloc
+  source tests/metrics_lib.sh
+  losses() { metric_rows "$1" train worker step train_loss | sort -n -k1 -k2; }
   paste <(losses runs/gpu_check_inproc) <(losses runs/gpu_check_nccl) | awk '
     { n++; d = $3 - $6; if (d < 0) d = -d; if (d > max) max = d; if ($1 != $4 || $2 != $5) bad = 1 }
     END { printf "gpu_check: NCCL training vs in-process on the GPU: %d losses, max |diff| %.3g\n", n, max;
