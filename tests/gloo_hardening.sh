@@ -10,7 +10,8 @@
 #  5. a run directory in use: a second launch, or a --resume while the run trains, is refused
 #     with the holder's pid, and the first run finishes untouched;
 #  6. the launcher (the store's host) stopped and a rank killed: the survivor still exits within
-#     its timeout and a few seconds, its store calls bounded too.
+#     its timeout and a few seconds, its store calls bounded too;
+#  7. ranks started by hand meet at a `gasloc store` (no rank hosts it); another job is refused.
 #   tests/gloo_hardening.sh path/to/gasloc
 set -euo pipefail
 source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
@@ -145,4 +146,26 @@ took=$((SECONDS - t0))
 kill -CONT "$launcher"
 set +e; wait "$guard"; set -e
 [ $took -le 15 ] || fail "with the launcher stopped, the survivor took $took s to exit (timeout 4 s)"
-echo "gloo_hardening: 6 scenarios behaved"
+
+# 7. A standalone store for ranks started by hand.
+port=$(free_port)
+"$G" store --port "$port" --job-id hand > store.log 2>&1 &
+st=$!; pids+=("$st")
+for _ in $(seq 1 200); do listening "$port" && break; sleep 0.05; done
+listening "$port" || fail "gasloc store never listened: $(cat store.log)"
+for r in 0 1; do
+  TORCHELASTIC_USE_AGENT_STORE=True RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 \
+    "$G" comm-check --numel 100 --timeout 10 --job-id hand > hand$r.log 2>&1 &
+  pids+=("$!")
+done
+set +e; wait "${pids[-2]}"; h0=$?; wait "${pids[-1]}"; h1=$?; set -e
+[ $h0 -eq 0 ] && [ $h1 -eq 0 ] && grep -q "all checks passed" hand0.log ||
+  fail "ranks at a gasloc store failed ($h0/$h1): $(cat hand0.log hand1.log | tail -20)"
+set +e
+TORCHELASTIC_USE_AGENT_STORE=True RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 \
+  "$G" comm-check --numel 100 --timeout 10 --job-id other > other.log 2>&1
+rc=$?; set -e
+[ $rc -eq 2 ] && grep -q "this store serves job hand" other.log || fail "another job joined a gasloc store ($rc): $(cat other.log)"
+kill -TERM "$st"; wait "$st" || fail "gasloc store did not stop cleanly on SIGTERM: $(cat store.log)"
+grep -q "gasloc store: stopped" store.log || fail "gasloc store did not say it stopped: $(cat store.log)"
+echo "gloo_hardening: 7 scenarios behaved"

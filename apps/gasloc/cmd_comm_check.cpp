@@ -204,8 +204,8 @@ std::unique_ptr<comm::ProcessGroupComm> join(const CheckOptions& o) {
   if (o.timeout < 0) throw Error(fmt::format("comm-check: --timeout {} must be positive", o.timeout));
   if (o.timeout > 0) opts.timeout_s = o.timeout;
   if (!o.job_id.empty()) {
-    opts.job = {o.job_id, "gasloc launch job " + o.job_id};
-    opts.agent_store = false;  // gasloc launch hosts gasloc's store
+    opts.job = {o.job_id, "--job-id " + o.job_id};
+    opts.agent_store = false;  // gasloc launch or gasloc store hosts gasloc's store
   } else {
     opts.job = {comm::derive_job_token("gasloc comm-check"), "gasloc comm-check"};
   }
@@ -232,7 +232,7 @@ Action add_comm_check(CLI::App& app) {
   app.add_option("--stall-at", o->stall_at, "with --stall-rank: stop before the first all_reduce or the first exchange")
       ->check(CLI::IsMember({"all_reduce", "exchange"}))
       ->capture_default_str();
-  app.add_option("--job-id", o->job_id, "the job token gasloc launch hands its ranks (by hand: every comm-check is one job)");
+  app.add_option("--job-id", o->job_id, "the job token gasloc launch hands its ranks, or a gasloc store's --job-id (otherwise every comm-check is one job)");
   return [o]() {
     const auto comm = join(*o);
     Checker check(*o, *comm);

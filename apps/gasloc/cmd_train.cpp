@@ -30,8 +30,8 @@ Action add_train(CLI::App& app) {
   app.add_option("--dtype", o->dtype, train::dtype_choices().names() + " (same as --set train.dtype=...)");
   app.add_flag("--help-config", o->help_config, "list every setting with its default and doc, then exit");
   app.add_option("--job-id", o->req.job_id,
-                 "gloo/nccl: the job token gasloc launch hands its ranks (ranks started by hand derive one from the "
-                 "configuration and train.run_dir); the store refuses ranks of another job");
+                 "gloo/nccl: the job token gasloc launch hands its ranks, or a gasloc store's --job-id (ranks started by "
+                 "hand otherwise derive one from train.run_dir); the store refuses ranks of another job");
   return [o]() {
     if (o->help_config) {
       std::cout << train::describe_job();

@@ -19,6 +19,7 @@ Action add_generate(CLI::App& app);
 Action add_report(CLI::App& app);
 Action add_launch(CLI::App& app);
 Action add_comm_check(CLI::App& app);
+Action add_store(CLI::App& app);
 Action add_topo(CLI::App& app);
 Action add_sweep(CLI::App& app);
 

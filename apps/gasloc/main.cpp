@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   add("generate", "sample text from a run's model or an export", gasloc::app::add_generate);
   add("launch", "start N ranks of a command on this host (torchrun-style environment)", gasloc::app::add_launch);
   add("comm-check", "check the communication backend inside a launched process group", gasloc::app::add_comm_check);
+  add("store", "host a rendezvous store for ranks started by hand (no training rank holds it)", gasloc::app::add_store);
   add("sweep", "run a study's grid of training runs (resumable) and write its tables and plots", gasloc::app::add_sweep);
   add("topo", "print a gossip topology's mixing matrix, degree, bytes per round and spectral gap", gasloc::app::add_topo);
 

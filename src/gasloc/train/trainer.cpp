@@ -276,12 +276,13 @@ std::unique_ptr<MetricsLog> open_metrics(const Run& run, bool leader, bool resum
 
 namespace {
 
-// The job this process presents to the rendezvous store: gasloc launch's token, or, for ranks
+// The job this process presents to the rendezvous store: --job-id (gasloc launch's token, or a
+// `gasloc store`'s job), or, for ranks
 // started by hand, one derived from train.run_dir as given (the one thing every rank of a job
 // shares that two jobs on one host cannot). Not from every setting: ranks of one job whose
 // settings differ must meet, so that agree_on_config names the key that differs.
 comm::JobIdentity job_identity(const TrainRequest& req, const JobConfig& job) {
-  if (!req.job_id.empty()) return {req.job_id, "gasloc launch job " + req.job_id};
+  if (!req.job_id.empty()) return {req.job_id, "--job-id " + req.job_id};
   return {comm::derive_job_token("gasloc train run_dir=" + job.train.run_dir), "gasloc train run_dir=" + job.train.run_dir};
 }
 
