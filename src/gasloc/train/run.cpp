@@ -53,9 +53,8 @@ Counters Counters::from_json(const nlohmann::json& j) {
           j.value("idle_s", 0.0)};
 }
 
-Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world, std::string data_fingerprint)
-    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()),
-      data_fingerprint_(std::move(data_fingerprint)) {
+Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world)
+    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()) {
   resolved_["cluster"]["workers"] = world;
 }
 
@@ -216,14 +215,16 @@ namespace {
 const std::vector<std::pair<std::string, std::string>> kRankLocal = {
     {"train", "run_dir"}, {"train", "threads"}, {"train", "blas_threads"}, {"data", "dir"}, {"cluster", "timeout_s"},
     {"cluster", "workers"}, {"cluster", "store_all_interfaces"}};
-}  // namespace
 
+// The settings every rank of a job shares: the resolved job without the keys that may differ
+// between ranks (paths and thread counts of each host, the timeout, the world).
 nlohmann::json shared_settings(const nlohmann::json& resolved) {
   nlohmann::json mine = resolved;
   for (const auto& [sec, key] : kRankLocal)
     if (mine.contains(sec)) mine[sec].erase(key);
   return mine;
 }
+}  // namespace
 
 void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved, const std::string& data_fingerprint) {
   nlohmann::json mine = shared_settings(resolved);

@@ -42,7 +42,7 @@ struct Counters {
 
 class Run {
  public:
-  Run(const JobConfig& job, const model::LlamaConfig& mc, int world, std::string data_fingerprint = {});
+  Run(const JobConfig& job, const model::LlamaConfig& mc, int world);
   const JobConfig& job() const { return job_; }
   const model::LlamaConfig& model() const { return mc_; }
   int world() const { return world_; }
@@ -72,7 +72,6 @@ class Run {
   int world_;
   std::filesystem::path dir_;
   nlohmann::json resolved_;
-  std::string data_fingerprint_;
 };
 
 // Refuses, before anything is allocated, a model whose parameters, gradients and Adam moments
@@ -81,9 +80,6 @@ class Run {
 // estimate.
 void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device);
 
-// The settings every rank of a job shares: the resolved job without the keys that may differ
-// between ranks (paths and thread counts of each host, the timeout, the world).
-nlohmann::json shared_settings(const nlohmann::json& resolved);
 
 // The first key ("section.key") at which a resolved job differs from a stored run's (run.json's
 // "config"), "" if none, ignoring where the run lives and where it was told to stop. A setting

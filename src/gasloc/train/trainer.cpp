@@ -277,10 +277,10 @@ std::unique_ptr<MetricsLog> open_metrics(const Run& run, bool leader, bool resum
 namespace {
 
 // The job this process presents to the rendezvous store: --job-id (gasloc launch's token, or a
-// `gasloc store`'s job), or, for ranks
-// started by hand, one derived from train.run_dir as given (the one thing every rank of a job
-// shares that two jobs on one host cannot). Not from every setting: ranks of one job whose
-// settings differ must meet, so that agree_on_config names the key that differs.
+// `gasloc store`'s job), or, for ranks started by hand, one derived from train.run_dir as given
+// (the one thing every rank of a job shares that two jobs on one host cannot). Not from every
+// setting: ranks of one job whose settings differ must meet, so that agree_on_config names the
+// key that differs.
 comm::JobIdentity job_identity(const TrainRequest& req, const JobConfig& job) {
   if (!req.job_id.empty()) return {req.job_id, "--job-id " + req.job_id};
   return {comm::derive_job_token("gasloc train run_dir=" + job.train.run_dir), "gasloc train run_dir=" + job.train.run_dir};
@@ -323,7 +323,7 @@ int64_t prepare_start(const TrainRequest& req, const Run& run, const RunCheckpoi
 // this process keep the cores busy themselves: one each (core/blas_threads.hpp explains the spin
 // this avoids); batch streams are such threads too. Processes of one job on one host share its
 // cores: each takes its share, instead of OpenBLAS's default of every core (4 Gloo ranks on 2
-// cores ran 1.2x slower so). 0: OpenBLAS's own count.
+// cores ran 1.16x slower so, docs/performance.md). 0: OpenBLAS's own count.
 int planned_blas_threads(const JobConfig& job, int local_workers, int host_processes) {
   if (job.train.blas_threads > 0) return static_cast<int>(job.train.blas_threads);
   if (local_workers > 1 || job.train.streams > 1) return 1;
@@ -396,7 +396,7 @@ TrainSummary run_training(const TrainRequest& req) {
   const bool auto_streams = job.train.streams == 0;
   job.train.streams = planned_streams(job.train.streams, job.train.device, job.data.batch_size, world,
                                       std::thread::hardware_concurrency());
-  const Run run(job, mc, world, dataset.fingerprint);
+  const Run run(job, mc, world);
   comm::Communicator* processes = cluster->processes();
   if (processes) agree_on_config(*processes, run.resolved(), dataset.fingerprint);
   const comm::NetworkModel network = job.network.model(world);
