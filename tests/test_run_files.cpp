@@ -216,6 +216,13 @@ TEST(RunDirLock, AnotherProcessIsRefusedWithItsPidAndItsLockDiesWithIt) {
     }
     ::_exit(1);
   }
+  // The holder goes however this test ends (a failed assertion returns early).
+  struct KillOnExit {
+    pid_t pid;
+    ~KillOnExit() {
+      if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
+    }
+  } holder{child};
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   try {
@@ -228,6 +235,7 @@ TEST(RunDirLock, AnotherProcessIsRefusedWithItsPidAndItsLockDiesWithIt) {
   { train::RunDirLock other_rank(dir, {2}); }  // a rank the holder does not own
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
+  holder.pid = -1;
   train::RunDirLock after(dir, {0, 1});  // the kernel released the dead holder's lock
   ::close(ready[0]);
   ::close(ready[1]);
