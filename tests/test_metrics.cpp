@@ -36,14 +36,30 @@ std::string line_of(const MetricsEvent& e) { return to_json(e).dump(); }
 TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   EXPECT_EQ(line_of(train_event()),
             R"({"bytes_sent":4096,"computed":true,"event":"train","grad_norm":1.5,"idle_s":0.125,"local_steps":28,)"
-            R"("lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,"train_loss":5.25,"version":2,)"
+            R"("lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,"train_loss":5.25,"version":3,)"
             R"("virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})");
   EXPECT_EQ(line_of(eval_event()),
-            R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","step":30,"val_loss":5.5,"version":2,)"
+            R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","step":30,"val_loss":5.5,"version":3,)"
             R"("virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
   EXPECT_EQ(line_of(memory_event()),
             R"({"algo":"gasloc","event":"memory","optim":"adamw","optimizer_state_bytes":8000,"param_bytes":4000,)"
-            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":2,"worker":0})");
+            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":3,"worker":0})");
+  // Elastic runs: an eval names the workers it averaged over; a view change has its own event.
+  EvalEvent over_members = eval_event();
+  over_members.members = {0, 2};
+  EXPECT_EQ(line_of(over_members),
+            R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","members":[0,2],"step":30,"val_loss":5.5,)"
+            R"("version":3,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
+  const ViewEvent view{.step = 30, .worker = 0, .round = 5, .members = {0, 1, 2}, .died = {1}, .joined = {3},
+                       .virtual_time_s = 2.5};
+  EXPECT_EQ(line_of(view), R"({"died":[1],"event":"view","joined":[3],"members":[0,1,2],"round":5,"step":30,)"
+                           R"("version":3,"virtual_time_s":2.5,"worker":0})");
+  const auto back = std::get<ViewEvent>(*parse_metrics_line(line_of(view)));
+  EXPECT_EQ(back.members, view.members);
+  EXPECT_EQ(back.died, view.died);
+  EXPECT_EQ(back.joined, view.joined);
+  EXPECT_EQ(back.round, 5);
+  EXPECT_EQ(std::get<EvalEvent>(*parse_metrics_line(line_of(over_members))).members, over_members.members);
   // A step skipped by its local-step budget had no gradient: null, not 0.
   TrainEvent skipped = train_event();
   skipped.computed = false;
@@ -100,10 +116,10 @@ TEST(MetricsSchema, MalformedAndUnknownLinesAreSkippedANewerVersionIsRefused) {
   EXPECT_FALSE(parse_metrics_line("[1, 2]").has_value());
   EXPECT_FALSE(parse_metrics_line(R"({"event":"checkpoint","step":3})").has_value());
   try {
-    parse_metrics_line(R"({"event":"train","step":1,"version":3})");
-    ADD_FAILURE() << "expected a DataError for version 3";
+    parse_metrics_line(R"({"event":"train","step":1,"version":4})");
+    ADD_FAILURE() << "expected a DataError for version 4";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 4"), std::string::npos) << e.what();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/network_model.hpp"
@@ -55,7 +56,10 @@ struct AlgoConfig {
 
 // The synchronizer for one worker. `seed` seeds the shared gossip graphs (same on every worker);
 // `network` prices rounds for h_policy = "time_budget" (required then, ignored otherwise).
+// `membership`: an elastic run's (docs/design.md section 10; it must outlive the synchronizer),
+// for the algorithms of rounds (ConfigError for the others); nullptr for a fixed world.
 std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
-                                                const comm::NetworkModel* network = nullptr);
+                                                const comm::NetworkModel* network = nullptr,
+                                                const Membership* membership = nullptr);
 
 }  // namespace gasloc::algo

@@ -7,8 +7,31 @@
 
 namespace gasloc::algo {
 
-void AllReduceSync::after_backward(int64_t, FlatParams& params, comm::Communicator& comm) {
-  comm.all_reduce_mean(params.grad());
+void check_finite(const torch::Tensor& t, int peer, const char* what);  // elastic.cpp
+
+AllReduceSync::AllReduceSync(int world, const Membership* membership)
+    : ViewSync(RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership)) {}
+
+bool AllReduceSync::wants_compute(int64_t step, comm::Communicator& comm) { return mixer_.computes(comm.rank(), step - 1); }
+
+void AllReduceSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
+  const int64_t t = step - 1;
+  handled_ = t;
+  if (!mixer_.elastic()) {
+    comm.all_reduce_mean(params.grad());
+    return;
+  }
+  if (stood_by(t, params, comm)) return;
+  torch::NoGradGuard no_grad;
+  params.grad().copy_(mixer_.mix(t, params.grad(), comm, torch::kFloat));
+}
+
+bool AllReduceSync::after_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
+  const int64_t t = step - 1;
+  if (handled_ != t) stood_by(t, params, comm);  // a step it did not compute: dead or joining
+  ended(t);
+  steps_ = step;
+  return false;
 }
 
 bool RoundCounter::step_done() { return ++steps_ >= policy_.H(); }
@@ -62,27 +85,32 @@ void load_outer(std::unique_ptr<OuterNesterov>& outer, const OuterOptions& opts,
   }
 }
 
-// peer < 0: the tensor is an all-reduce result, so the sender is not known.
-void check_finite(const torch::Tensor& t, int peer, const char* what) {
-  if (!torch::isfinite(t).all().item<bool>())
-    throw CommError(std::string(what) + ": " + (peer >= 0 ? "rank " + std::to_string(peer) : std::string("a worker")) +
-                        " sent non-finite values (NaN or Inf); the round was rejected and the parameters are unchanged",
-                    "that worker diverged: lower optim.lr or restart it from its last checkpoint");
-}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
+void RoundSync::init(FlatParams& params) { bytes_ = params.numel() * static_cast<int64_t>(c10::elementSize(wire_)); }
+
+bool RoundSync::wants_compute(int64_t, comm::Communicator& comm) {
+  return mixer_.computes(comm.rank(), rounds_.round()) && rounds_.computes_next(comm.rank(), bytes_);
+}
+
+bool RoundSync::sat_out(FlatParams& params, comm::Communicator& comm) {
+  if (!stood_by(rounds_.round(), params, comm)) return false;
+  end_round();
+  return true;
+}
+
 void OuterSync::init(FlatParams& params) {
+  RoundSync::init(params);
   outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_);
-  bytes_ = params.numel() * static_cast<int64_t>(c10::elementSize(wire_));
 }
 
 void OuterSync::finish_round(const torch::Tensor& mixed, FlatParams& params) {
   torch::NoGradGuard no_grad;
   outer_->step(mixed);
   params.data().copy_(outer_->theta());
-  rounds_.next_round();
+  end_round();
 }
 
 StateDict OuterSync::state() const {
@@ -97,12 +125,19 @@ void OuterSync::load_state(const StateDict& s) {
   load_outer(outer_, outer_opts_, s);
 }
 
+DiLoCoSync::DiLoCoSync(LocalSteps steps, OuterOptions outer, int world, const Membership* membership, torch::ScalarType wire)
+    : OuterSync(std::move(steps), outer, RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership), wire) {}
+
 bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "DiLoCoSync::init was not called");
   if (!rounds_.step_done()) return false;
+  if (sat_out(params, comm)) return true;
   optim::EvalScope at_x(optimizer());
   torch::NoGradGuard no_grad;
-  finish_round(all_reduce_mix(params.data(), comm, wire_, "diloco all-reduce"), params);
+  // Elastic: the mean over the round's members, retried over the survivors when one dies.
+  finish_round(mixer_.elastic() ? mixer_.mix(rounds_.round(), params.data(), comm, wire_)
+                                : all_reduce_mix(params.data(), comm, wire_, "diloco all-reduce"),
+               params);
   return true;
 }
 
@@ -118,34 +153,9 @@ torch::ScalarType parse_wire_dtype(const std::string& name) {
   return kTypes[wire_dtype_choices().index(name)];
 }
 
-torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what) {
-  torch::NoGradGuard no_grad;
-  auto buf = x.to(wire, /*non_blocking=*/false, /*copy=*/true);
-  comm.all_reduce_mean(buf);
-  check_finite(buf, -1, what);
-  return buf.scalar_type() == x.scalar_type() ? buf : buf.to(x.scalar_type());
-}
-
 torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
                          comm::Communicator& comm, torch::ScalarType wire) {
-  torch::NoGradGuard no_grad;
-  if (topo.is_all_reduce()) return all_reduce_mix(phi, comm, wire, "all-reduce");
-  const int me = comm.rank();
-  const auto peers = topo.peers(me, round);
-  std::vector<torch::Tensor> recv;
-  comm.exchange(peers, wire == phi.scalar_type() ? phi : phi.to(wire), recv);
-  for (size_t k = 0; k < peers.size(); ++k) {
-    check_finite(recv[k], peers[k], "gossip exchange");
-    if (recv[k].scalar_type() != phi.scalar_type()) recv[k] = recv[k].to(phi.scalar_type());
-  }
-  torch::Tensor m;
-  for (const auto& [j, w] : topo.mixing_row(me, round)) {
-    const torch::Tensor* src = &phi;
-    if (j != me) src = &recv[std::find(peers.begin(), peers.end(), j) - peers.begin()];
-    if (!m.defined()) m = *src * w;
-    else m.add_(*src, w);
-  }
-  return m;
+  return RoundMixer(topo, nullptr).mix(round, phi, comm, wire);
 }
 
 namespace {
@@ -157,8 +167,8 @@ OuterOptions anchor_options(OuterOptions outer, const GossipForm& form) {
 }  // namespace
 
 GossipSync::GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form,
-                       torch::ScalarType wire)
-    : OuterSync(std::move(steps), anchor_options(outer, form), wire), topo_(std::move(topo)), form_(form) {
+                       torch::ScalarType wire, const Membership* membership)
+    : OuterSync(std::move(steps), anchor_options(outer, form), RoundMixer(std::move(topo), membership), wire), form_(form) {
   if (form_.form == Form::accelerated) gamma_ = outer.momentum;
 }
 
@@ -171,18 +181,19 @@ void GossipSync::init(FlatParams& params) {
 bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "GossipSync::init was not called");
   if (!rounds_.step_done()) return false;
+  if (sat_out(params, comm)) return true;
   optim::EvalScope at_x(optimizer());
   torch::NoGradGuard no_grad;
   const int64_t t = rounds_.round();
   const auto& phi = params.data();
   switch (form_.form) {
     case Form::anchor:
-      finish_round(gossip_mix(topo_, t, phi, comm, wire_), params);
+      finish_round(mixer_.mix(t, phi, comm, wire_), params);
       return true;
     case Form::mix_after: {
       torch::Tensor b_next;
       const auto v = outer_->propose(phi, b_next);
-      const auto mixed = gossip_mix(topo_, t, v, comm, wire_);
+      const auto mixed = mixer_.mix(t, v, comm, wire_);
       outer_->commit(mixed, b_next);
       break;
     }
@@ -190,7 +201,7 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
       auto& theta = outer_->theta();
       // lerp with weight 1 returns its end exactly: eta = alpha = 1, gamma = 0 is Local-DAdam bit for bit.
       const auto u = theta.lerp(phi, outer_opts_.lr);
-      const auto m = gossip_mix(topo_, t, u, comm, wire_);
+      const auto m = mixer_.mix(t, u, comm, wire_);
       auto next = u.lerp(m, form_.gossip_step);
       if (gamma_ != 0.0) {
         next.add_(u - u_prev_, gamma_);
@@ -201,7 +212,7 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
     }
   }
   params.data().copy_(outer_->theta());
-  rounds_.next_round();
+  end_round();
   return true;
 }
 
@@ -225,11 +236,12 @@ void GossipSync::load_state(const StateDict& s) {
 
 bool LocalDAdamSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   if (!rounds_.step_done()) return false;
+  if (sat_out(params, comm)) return true;
   optim::EvalScope at_x(optimizer());
-  auto m = gossip_mix(topo_, rounds_.round(), params.data(), comm, wire_);
+  auto m = mixer_.mix(rounds_.round(), params.data(), comm, wire_);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
-  rounds_.next_round();
+  end_round();
   return true;
 }
 
@@ -243,12 +255,25 @@ void LocalDAdamSync::load_state(const StateDict& s) { rounds_.load(s); }
 
 // ---------------------------------------------------------------------------------------------
 
+bool DAdamSync::wants_compute(int64_t step, comm::Communicator& comm) { return mixer_.computes(comm.rank(), step - 1); }
+
 void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
   // Round t = step - 1: the gradient was taken at the pre-mixing x_i; mix x before AdamW moves it.
+  const int64_t t = step - 1;
+  handled_ = t;
+  if (stood_by(t, params, comm)) return;
   optim::EvalScope at_x(optimizer());
-  auto m = gossip_mix(topo_, step - 1, params.data(), comm, wire_);
+  auto m = mixer_.mix(t, params.data(), comm, wire_);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
+}
+
+bool DAdamSync::after_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
+  const int64_t t = step - 1;
+  if (handled_ != t) stood_by(t, params, comm);  // a step it did not compute: dead or joining
+  ended(t);
+  steps_ = step;
+  return true;
 }
 
 }  // namespace gasloc::algo

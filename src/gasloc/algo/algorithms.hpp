@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "gasloc/algo/consensus.hpp"
+#include "gasloc/algo/elastic.hpp"
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/synchronizer.hpp"
@@ -14,11 +15,22 @@ namespace gasloc::algo {
 
 // All-Reduce AdamW (DDP): gradients are averaged every step, so every worker takes the same
 // AdamW step; equals one worker with n times the batch.
-class AllReduceSync final : public Synchronizer {
+// In an elastic run each step is a round: the gradients are averaged over its members, retried
+// over the survivors when one dies there, and a joiner takes a donor's state after the step.
+class AllReduceSync final : public ViewSync {
  public:
+  explicit AllReduceSync(int world = 1, const Membership* membership = nullptr);
   std::string name() const override { return "allreduce"; }
+  bool wants_compute(int64_t step, comm::Communicator& comm) override;
   void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
-  bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return false; }
+  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+
+ protected:
+  int64_t current_round() const override { return steps_; }
+
+ private:
+  int64_t steps_ = 0;    // steps done: the round of the next step
+  int64_t handled_ = -1;  // the last round this worker took part in
 };
 
 // Counts inner steps into rounds of H steps and keeps the round number for checkpoints. Of each
@@ -43,14 +55,38 @@ class RoundCounter {
   bool warned_ = false;
 };
 
-// What DiLoCo and GASLoC share: rounds of H local steps and an outer Nesterov optimizer whose
-// anchor theta starts at the initial parameters; its state goes into checkpoints.
-class OuterSync : public Synchronizer {
+// What every algorithm of rounds shares (DiLoCo, GASLoC, Local-DAdam): rounds of H local steps,
+// mixed over each round's view through a RoundMixer. In an elastic run a worker outside a round's
+// mix (it dies at its merge, is dead, or joins) only stands by in the round's collectives, and a
+// joiner receives its state from a donor after the merge (Worker::heal).
+class RoundSync : public ViewSync {
  public:
-  OuterSync(LocalSteps steps, OuterOptions outer, torch::ScalarType wire = torch::kFloat)
-      : rounds_(std::move(steps)), outer_opts_(outer), wire_(wire) {}
+  RoundSync(LocalSteps steps, RoundMixer mixer, torch::ScalarType wire)
+      : ViewSync(std::move(mixer)), rounds_(std::move(steps)), wire_(wire) {}
   void init(FlatParams& params) override;
-  bool wants_compute(int64_t, comm::Communicator& comm) override { return rounds_.computes_next(comm.rank(), bytes_); }
+  bool wants_compute(int64_t, comm::Communicator& comm) override;
+
+ protected:
+  int64_t current_round() const override { return rounds_.round(); }
+  // Round t for a worker that does not mix in it: stands by and ends the round. True when it did.
+  bool sat_out(FlatParams& params, comm::Communicator& comm);
+  void end_round() {
+    ended(rounds_.round());
+    rounds_.next_round();
+  }
+
+  RoundCounter rounds_;
+  torch::ScalarType wire_;
+  int64_t bytes_ = 0;  // one parameter message, in the wire dtype
+};
+
+// What DiLoCo and GASLoC share: an outer Nesterov optimizer whose anchor theta starts at the
+// initial parameters; its state goes into checkpoints.
+class OuterSync : public RoundSync {
+ public:
+  OuterSync(LocalSteps steps, OuterOptions outer, RoundMixer mixer, torch::ScalarType wire = torch::kFloat)
+      : RoundSync(std::move(steps), std::move(mixer), wire), outer_opts_(outer) {}
+  void init(FlatParams& params) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
 
@@ -58,11 +94,8 @@ class OuterSync : public Synchronizer {
   // Ends a round: theta <- outer step towards `mixed`, phi <- theta.
   void finish_round(const torch::Tensor& mixed, FlatParams& params);
 
-  RoundCounter rounds_;
   OuterOptions outer_opts_;
   std::unique_ptr<OuterNesterov> outer_;
-  torch::ScalarType wire_;
-  int64_t bytes_ = 0;  // one parameter message, in the wire dtype
 };
 
 // DiLoCo: H local steps, then theta <- outer step towards mean_i phi_i (all-reduce), phi <- theta.
@@ -70,7 +103,9 @@ class OuterSync : public Synchronizer {
 // must reduce to.
 class DiLoCoSync final : public OuterSync {
  public:
-  using OuterSync::OuterSync;
+  // membership: the elastic run's (nullptr: every worker every round).
+  DiLoCoSync(LocalSteps steps, OuterOptions outer, int world, const Membership* membership = nullptr,
+             torch::ScalarType wire = torch::kFloat);
   std::string name() const override { return "diloco"; }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
 };
@@ -93,7 +128,7 @@ struct GossipForm {
 class GossipSync final : public OuterSync {
  public:
   GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form = {},
-             torch::ScalarType wire = torch::kFloat);
+             torch::ScalarType wire = torch::kFloat, const Membership* membership = nullptr);
   std::string name() const override { return "gasloc"; }
   void init(FlatParams& params) override;
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
@@ -101,45 +136,43 @@ class GossipSync final : public OuterSync {
   void load_state(const StateDict& s) override;
 
  private:
-  topology::Topology topo_;
   GossipForm form_;
   double gamma_ = 0.0;    // accelerated: momentum on the post-update iterates
   torch::Tensor u_prev_;  // accelerated with gamma > 0
 };
 
 // Local-DAdam: H local AdamW steps, then theta_i <- sum_j W_ij phi_j exactly (no outer step).
-class LocalDAdamSync final : public Synchronizer {
+class LocalDAdamSync final : public RoundSync {
  public:
-  LocalDAdamSync(LocalSteps steps, topology::Topology topo, torch::ScalarType wire = torch::kFloat)
-      : rounds_(std::move(steps)), topo_(std::move(topo)), wire_(wire) {}
+  LocalDAdamSync(LocalSteps steps, topology::Topology topo, torch::ScalarType wire = torch::kFloat,
+                 const Membership* membership = nullptr)
+      : RoundSync(std::move(steps), RoundMixer(std::move(topo), membership), wire) {}
   std::string name() const override { return "local_dadam"; }
-  void init(FlatParams& params) override { bytes_ = params.numel() * static_cast<int64_t>(c10::elementSize(wire_)); }
-  bool wants_compute(int64_t, comm::Communicator& comm) override { return rounds_.computes_next(comm.rank(), bytes_); }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
-
- private:
-  RoundCounter rounds_;
-  topology::Topology topo_;
-  torch::ScalarType wire_;
-  int64_t bytes_ = 0;
 };
 
 // DAdam, combine-then-adapt: every step x_i <- sum_j W_ij x_j - lr * d_i, with d_i computed
 // from the gradient at the pre-mixing x_i. The mixing happens between backward and the AdamW
 // step; Adam state is never exchanged.
-class DAdamSync final : public Synchronizer {
+// In an elastic run each step is a round over its view (round t = step - 1).
+class DAdamSync final : public ViewSync {
  public:
-  explicit DAdamSync(topology::Topology topo, torch::ScalarType wire = torch::kFloat)
-      : topo_(std::move(topo)), wire_(wire) {}
+  explicit DAdamSync(topology::Topology topo, torch::ScalarType wire = torch::kFloat, const Membership* membership = nullptr)
+      : ViewSync(RoundMixer(std::move(topo), membership)), wire_(wire) {}
   std::string name() const override { return "dadam"; }
+  bool wants_compute(int64_t step, comm::Communicator& comm) override;
   void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
-  bool after_step(int64_t, FlatParams&, comm::Communicator&) override { return true; }
+  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+
+ protected:
+  int64_t current_round() const override { return steps_; }
 
  private:
-  topology::Topology topo_;
   torch::ScalarType wire_;
+  int64_t steps_ = 0;
+  int64_t handled_ = -1;
 };
 
 // m = sum_j W_t[rank, j] phi_j over the row (self included), in the row's order (j ascending)

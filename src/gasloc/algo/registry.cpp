@@ -29,21 +29,21 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {.name = "none", .doc = "one worker, no communication", .single_worker = true,
        .make = [](const SyncContext&) -> Made { return std::make_unique<NoSync>(); }},
       {.name = "allreduce", .doc = "DDP: gradients averaged every step", .sends_gradients = true,
-       .make = [](const SyncContext&) -> Made { return std::make_unique<AllReduceSync>(); }},
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<AllReduceSync>(c.world, c.membership); }},
       {.name = "diloco", .doc = "H local steps, then an all-reduce and an outer Nesterov step",
        .has_rounds = true, .has_outer = true,
-       .make = [](const SyncContext& c) -> Made { return std::make_unique<DiLoCoSync>(c.steps(), c.outer(), c.wire()); }},
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<DiLoCoSync>(c.steps(), c.outer(), c.world, c.membership, c.wire()); }},
       {.name = "gasloc", .doc = "H local steps, then gossip with the round's neighbours and an outer step",
        .needs_topology = true, .has_rounds = true, .has_outer = true, .has_forms = true,
        .make = [](const SyncContext& c) -> Made {
          return std::make_unique<GossipSync>(c.steps(), c.outer(), c.topology(),
-                                             GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire());
+                                             GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire(), c.membership);
        }},
       {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true,
-       .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire()); }},
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire(), c.membership); }},
       {.name = "local_dadam", .doc = "H local steps, then gossip averaging, no outer step",
        .needs_topology = true, .has_rounds = true,
-       .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire()); }},
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire(), c.membership); }},
   };
   return table;
 }
@@ -67,10 +67,13 @@ const AlgorithmEntry& algorithm(const std::string& name) { return algorithms().a
 std::string algorithm_names(bool AlgorithmEntry::*flag, bool value) { return config::names_where(algorithms(), flag, value); }
 
 std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
-                                                const comm::NetworkModel* network) {
+                                                const comm::NetworkModel* network, const Membership* membership) {
   cfg.validate(world);
   const AlgorithmEntry& entry = algorithm(cfg.name);
-  return entry.make(SyncContext{cfg, entry, world, seed, network});
+  if (membership && entry.single_worker)
+    throw ConfigError("cluster.elastic: algo.name = " + cfg.name.str() + " trains one worker, which has nobody to lose",
+                      "set cluster.elastic = false");
+  return entry.make(SyncContext{cfg, entry, world, seed, network, membership});
 }
 
 }  // namespace gasloc::algo

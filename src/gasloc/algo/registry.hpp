@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gasloc/algo/local_steps.hpp"
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/network_model.hpp"
@@ -26,6 +27,7 @@ struct SyncContext {
   int world;
   uint64_t seed;                       // seeds the gossip graphs (the same on every worker)
   const comm::NetworkModel* network;   // prices rounds for h_policy = "time_budget"
+  const Membership* membership;        // an elastic run's; nullptr for a fixed world
 
   topology::Topology topology() const;
   // The local-step policy; time_budget plans each round's exchange over the entry's topology.

@@ -16,8 +16,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/optim/optimizer.hpp"
@@ -42,6 +45,11 @@ class Synchronizer {
   // After the inner optimizer step `step` (1-based), or after a skipped step. Returns true if a
   // communication round finished at this step.
   virtual bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) = 0;
+  // Elastic runs (docs/design.md section 10). The view of the round that ended at this step, once
+  // (the worker then hands the round's joiners their state), and the workers that hold a trained
+  // model now (evaluation averages over them); nullopt when the run is not elastic.
+  virtual std::optional<View> take_ended_view() { return std::nullopt; }
+  virtual std::optional<std::vector<int>> holders() const { return std::nullopt; }
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }
   virtual void load_state(const StateDict& state) {}

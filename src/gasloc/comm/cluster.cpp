@@ -15,9 +15,9 @@ namespace {
 // Every rank as a thread of this process; one rank runs on the caller's thread, on the real clock.
 class ThreadCluster final : public Cluster {
  public:
-  ThreadCluster(int world, const NetworkModel& network, double timeout_s) {
+  ThreadCluster(int world, const NetworkModel& network, double timeout_s, double heartbeat_timeout_s) {
     for (int r = 0; r < world; ++r) ranks_.push_back(r);
-    if (world > 1) inproc_ = std::make_unique<InProcCluster>(world, network, timeout_s);
+    if (world > 1) inproc_ = std::make_unique<InProcCluster>(world, network, timeout_s, heartbeat_timeout_s);
   }
   int world() const override { return static_cast<int>(ranks_.size()); }
   const std::vector<int>& local_ranks() const override { return ranks_; }
@@ -156,7 +156,11 @@ std::unique_ptr<ProcessGroupComm> make_process_group(const std::string& backend,
 }
 
 std::unique_ptr<Cluster> make_cluster(const ClusterOptions& o) {
-  if (o.backend == "inproc") return std::make_unique<ThreadCluster>(o.workers, o.network(o.workers), o.timeout_s);
+  if (o.backend == "inproc")
+    return std::make_unique<ThreadCluster>(o.workers, o.network(o.workers), o.timeout_s, o.elastic ? o.heartbeat_timeout_s : -1.0);
+  if (o.elastic)
+    throw ConfigError("cluster.elastic: elastic runs over " + o.backend + " are not built yet",
+                      "run elastic jobs on the in-process cluster (cluster.backend = \"inproc\") for now");
   check_process_backend(o.backend);  // before the launcher's variables: a missing backend is the first thing to say
   GlooOptions po = gloo_options_from_env();
   po.timeout_s = o.timeout_s;

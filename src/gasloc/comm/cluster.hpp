@@ -61,6 +61,10 @@ struct ClusterOptions {
   JobIdentity job;
   bool handed_in = false;
   bool store_all_interfaces = false;  // rank 0 hosting the store: every interface
+  // Elastic membership (docs/design.md section 10; the in-process cluster so far): a worker that
+  // dies at a round costs its partners heartbeat_timeout_s after its death on their clocks.
+  bool elastic = false;
+  double heartbeat_timeout_s = 10.0;
 };
 
 // Throws ConfigError for a backend this build lacks (nccl without a CUDA LibTorch) or does not

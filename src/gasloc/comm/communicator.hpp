@@ -17,6 +17,10 @@
 //   operation and the rank(s) concerned; it never hangs. After a CommError the communicator is
 //   unusable: later calls throw CommError too.
 // - A Communicator is used by one thread at a time (the worker's).
+// - Elastic rounds (cluster.elastic, docs/design.md section 10; the in-process backend so far):
+//   a rank that dies at an exchange passes an undefined `send` to its listed peers, and each of
+//   them gets an undefined recv entry for it, a failed edge, instead of an error;
+//   all_reduce_mean_over averages over a round's members only and reports an aborted round.
 #pragma once
 #include <torch/types.h>
 
@@ -40,6 +44,13 @@ class Communicator {
   virtual void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) = 0;
   virtual void broadcast(torch::Tensor& t, int root) = 0;
   virtual void barrier() = 0;
+  // The mean of t over `members` (ranks ascending, summed in that order) into t on the members.
+  // Every rank calls it, members or not; a rank outside passes an undefined tensor and is left
+  // alone. A member passing an undefined tensor dies at this round: the round is aborted for all,
+  // nobody's tensor changes, and false is returned, so that the caller retries over the
+  // survivors. Over every rank it is all_reduce_mean, bit for bit. Backends without elastic
+  // rounds throw CommError.
+  virtual bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members);
   // Seconds on this worker's clock: virtual in simulation, wall time since start otherwise.
   virtual double now() const = 0;
   // Accounts `inner_steps` inner steps of local compute on this worker's clock: the virtual

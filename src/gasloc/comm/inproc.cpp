@@ -17,6 +17,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <exception>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -42,11 +43,12 @@ struct RankState {
 };
 
 struct InProcState {
-  InProcState(int n, NetworkModel model, double timeout_s)
-      : n(n), model(std::move(model)), timeout_s(timeout_s), ranks(n) {}
+  InProcState(int n, NetworkModel model, double timeout_s, inproc::Elastic elastic)
+      : n(n), model(std::move(model)), timeout_s(timeout_s), elastic(elastic), ranks(n) {}
   const int n;
   const NetworkModel model;
   const double timeout_s;
+  const inproc::Elastic elastic;
 
   std::mutex mu;  // guards everything below
   std::condition_variable cv;
@@ -94,22 +96,27 @@ class InProcComm final : public Communicator {
     torch::NoGradGuard no_grad;
     inproc::Entry e;
     if (t.defined()) e.tensor = t.reshape({-1});
-    const torch::Tensor mean = call(Op::AllReduceMean, std::move(e), [&](const Call& c) {
-      // Rank r reduces elements [numel*r/n, numel*(r+1)/n) of the result, summing in rank order:
-      // every element gets the same operations whichever rank computes it, so the result does
-      // not depend on n's split, and all ranks then copy the same bits.
-      const int64_t numel = c.result.numel(), lo = numel * rank_ / s_.n, len = numel * (rank_ + 1) / s_.n - lo;
-      if (len == 0) return;
-      auto out = c.result.narrow(0, lo, len);
-      // Half-precision buffers are summed in fp32, as the Gloo backend does: one rounding, not n.
-      const bool upcast = out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16;
-      auto acc = upcast ? c.entries[0].tensor.narrow(0, lo, len).to(torch::kFloat) : out;
-      if (!upcast) acc.copy_(c.entries[0].tensor.narrow(0, lo, len));
-      for (int r = 1; r < s_.n; ++r) acc.add_(c.entries[r].tensor.narrow(0, lo, len));
-      acc.div_(s_.n);
-      if (upcast) out.copy_(acc);
-    });
+    std::vector<int> all(s_.n);
+    for (int r = 0; r < s_.n; ++r) all[r] = r;
+    const torch::Tensor mean = call(Op::AllReduceMean, std::move(e), [&](const Call& c) { reduce_chunk(c, all, rank_); });
     t.copy_(mean.view(t.sizes()));
+  }
+
+  bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members) override {
+    torch::NoGradGuard no_grad;
+    inproc::Entry e;
+    if (t.defined()) e.tensor = t.reshape({-1});
+    e.members = members;
+    const auto me = std::find(members.begin(), members.end(), rank_);
+    const bool member = me != members.end() && t.defined();
+    bool aborted = false;
+    const torch::Tensor mean = call(Op::AllReduceOver, std::move(e), [&](const Call& c) {
+      aborted = c.aborted;
+      if (!aborted && member) reduce_chunk(c, members, static_cast<int>(me - members.begin()));
+    });
+    if (aborted) return false;
+    if (member) t.copy_(mean.view(t.sizes()));
+    return true;
   }
 
   void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) override {
@@ -120,7 +127,11 @@ class InProcComm final : public Communicator {
     std::vector<torch::Tensor> got;
     call(Op::Exchange, std::move(e), [&](const Call& c) {
       got.reserve(peers.size());
-      for (int j : peers) got.push_back(c.entries[j].tensor.clone(torch::MemoryFormat::Contiguous));
+      // A peer that left at this exchange (elastic) sent nothing: an undefined tensor, a failed edge.
+      for (int j : peers) {
+        const auto& sent = c.entries[j].tensor;
+        got.push_back(sent.defined() ? sent.clone(torch::MemoryFormat::Contiguous) : torch::Tensor());
+      }
     });
     recv = std::move(got);
   }
@@ -154,6 +165,24 @@ class InProcComm final : public Communicator {
   }
 
  private:
+  // The k-th of `ranks`' chunks of an all-reduce's mean, summed in the order of `ranks`: every
+  // element gets the same operations whichever rank computes it, so the result does not depend
+  // on the split, and every rank then copies the same bits.
+  void reduce_chunk(const Call& c, const std::vector<int>& ranks, int k) const {
+    const int K = static_cast<int>(ranks.size());
+    const int64_t numel = c.result.numel(), lo = numel * k / K, len = numel * (k + 1) / K - lo;
+    if (len == 0) return;
+    auto out = c.result.narrow(0, lo, len);
+    // Half-precision buffers are summed in fp32, as the Gloo backend does: one rounding, not n.
+    const bool upcast = out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16;
+    const auto& first = c.entries[ranks[0]].tensor;
+    auto acc = upcast ? first.narrow(0, lo, len).to(torch::kFloat) : out;
+    if (!upcast) acc.copy_(first.narrow(0, lo, len));
+    for (int i = 1; i < K; ++i) acc.add_(c.entries[ranks[i]].tensor.narrow(0, lo, len));
+    acc.div_(K);
+    if (upcast) out.copy_(acc);
+  }
+
   // One collective call of this rank (see the file comment). `data` reads the others' entries
   // once everyone has arrived; the return value is the call's result tensor (all-reduce).
   torch::Tensor call(Op op, inproc::Entry e, const std::function<void(const Call&)>& data) {
@@ -170,7 +199,7 @@ class InProcComm final : public Communicator {
     e.counted = counted_;
     c.entries[rank_] = std::move(e);
     if (++c.arrived == s_.n) {
-      inproc::settle(c, s_.model);
+      inproc::settle(c, s_.model, s_.elastic);
       if (!c.error.empty()) s_.fail(c.error, std::make_exception_ptr(CommError(c.error)));
       s_.cv.notify_all();
     }
@@ -236,12 +265,14 @@ class InProcComm final : public Communicator {
 
 }  // namespace
 
-InProcCluster::InProcCluster(int n, NetworkModel model, double timeout_s) {
+InProcCluster::InProcCluster(int n, NetworkModel model, double timeout_s, double heartbeat_timeout_s) {
   if (n < 1) throw ConfigError(fmt::format("InProcCluster: the world size must be >= 1, got {}", n));
   if (!std::isfinite(timeout_s) || timeout_s <= 0)
     throw ConfigError(fmt::format("InProcCluster: timeout_s must be a finite number > 0, got {}", timeout_s));
   model.validate(n);
-  state_ = std::make_unique<detail::InProcState>(n, std::move(model), timeout_s);
+  if (!std::isfinite(heartbeat_timeout_s))
+    throw ConfigError(fmt::format("InProcCluster: heartbeat_timeout_s must be finite, got {}", heartbeat_timeout_s));
+  state_ = std::make_unique<detail::InProcState>(n, std::move(model), timeout_s, inproc::Elastic{heartbeat_timeout_s});
   for (int r = 0; r < n; ++r) comms_.push_back(std::make_unique<InProcComm>(*state_, r, true));
   for (int r = 0; r < n; ++r) controls_.push_back(std::make_unique<InProcComm>(*state_, r, false));
 }

@@ -32,7 +32,10 @@ struct InProcState;
 class InProcCluster {
  public:
   // Throws ConfigError for an invalid model (see NetworkModel::validate) or n < 1, timeout_s <= 0.
-  explicit InProcCluster(int n, NetworkModel model = {}, double timeout_s = 60.0);
+  // heartbeat_timeout_s >= 0 makes the cluster elastic (docs/design.md section 10): a rank may
+  // leave at an exchange or a member all-reduce, and the ranks it fails wait, on their virtual
+  // clocks, until its death is detected: its clock then plus heartbeat_timeout_s.
+  explicit InProcCluster(int n, NetworkModel model = {}, double timeout_s = 60.0, double heartbeat_timeout_s = -1.0);
   ~InProcCluster();
   InProcCluster(const InProcCluster&) = delete;
   InProcCluster& operator=(const InProcCluster&) = delete;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 namespace gasloc::comm::inproc {
@@ -12,6 +13,7 @@ namespace gasloc::comm::inproc {
 const char* op_name(Op op) {
   switch (op) {
     case Op::AllReduceMean: return "all_reduce_mean";
+    case Op::AllReduceOver: return "all_reduce_mean_over";
     case Op::Exchange: return "exchange";
     case Op::Broadcast: return "broadcast";
     case Op::Barrier: return "barrier";
@@ -63,7 +65,7 @@ std::string check_broadcast(const Call& c) {
 
 // Peer lists must be valid and symmetric; every rank with peers must send the same shape and
 // dtype (one message size per round, which is what the cost model prices).
-std::string check_exchange(const Call& c) {
+std::string check_exchange(const Call& c, Elastic elastic) {
   const auto& e = c.entries;
   const int n = static_cast<int>(e.size());
   int first = -1;  // the first rank with peers: the others' sends are compared with its
@@ -79,14 +81,42 @@ std::string check_exchange(const Call& c) {
                            r, j, j, r, fmt::join(back, ", "));
     }
     if (e[r].peers.empty()) continue;
-    if (!e[r].tensor.defined()) return undefined("exchange", r);
+    if (!e[r].tensor.defined()) {
+      if (elastic.enabled()) continue;  // it leaves at this exchange
+      return undefined("exchange", r);
+    }
     if (first < 0) first = r;
     if (auto m = mismatch("exchange", r, e[r].tensor, first, e[first].tensor); !m.empty()) return m;
   }
   return {};
 }
 
-std::string check(const Call& c) {
+// Every rank names the same members, valid and ascending; members that stay send one shape.
+std::string check_all_reduce_over(const Call& c, Elastic elastic) {
+  const auto& e = c.entries;
+  const int n = static_cast<int>(e.size());
+  if (!elastic.enabled()) return "all_reduce_mean_over: the cluster is not elastic (cluster.elastic = false)";
+  const auto& members = e[0].members;
+  for (int r = 1; r < n; ++r)
+    if (e[r].members != members)
+      return fmt::format("all_reduce_mean_over: rank {} names members [{}], rank 0 [{}]", r, fmt::join(e[r].members, ", "),
+                         fmt::join(members, ", "));
+  int first = -1;
+  for (size_t k = 0; k < members.size(); ++k) {
+    const int r = members[k];
+    if (r < 0 || r >= n || (k > 0 && r <= members[k - 1]))
+      return fmt::format("all_reduce_mean_over: members [{}] are not distinct ranks of 0..{} in ascending order",
+                         fmt::join(members, ", "), n - 1);
+    if (!e[r].tensor.defined()) continue;  // it leaves at this round
+    if (!e[r].tensor.is_floating_point())
+      return fmt::format("all_reduce_mean_over: rank {} passed a {} tensor", r, c10::toString(e[r].tensor.scalar_type()));
+    if (first < 0) first = r;
+    if (auto m = mismatch("all_reduce_mean_over", r, e[r].tensor, first, e[first].tensor); !m.empty()) return m;
+  }
+  return {};
+}
+
+std::string check(const Call& c, Elastic elastic) {
   const auto& e = c.entries;
   for (size_t r = 1; r < e.size(); ++r)
     if (e[r].op != e[0].op)
@@ -97,7 +127,8 @@ std::string check(const Call& c) {
                          e[0].counted ? r : 0, op_name(e[0].op), e[0].counted ? 0 : r);
   switch (e[0].op) {
     case Op::AllReduceMean: return check_all_reduce(c);
-    case Op::Exchange: return check_exchange(c);
+    case Op::AllReduceOver: return check_all_reduce_over(c, elastic);
+    case Op::Exchange: return check_exchange(c, elastic);
     case Op::Broadcast: return check_broadcast(c);
     case Op::Barrier: return {};
   }
@@ -106,7 +137,57 @@ std::string check(const Call& c) {
 
 int64_t tensor_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-void price(Call& c, const NetworkModel& m) {
+// An exchange where some ranks leave (an undefined send): the others' transfers over the edges
+// that remain are priced as usual; a rank that lost a peer waits until its death is detected.
+std::vector<ClockUpdate> exchange_with_failures(Call& c, const NetworkModel& m, double P, Elastic elastic) {
+  auto& e = c.entries;
+  const int n = static_cast<int>(e.size());
+  std::vector<double> t(n);
+  std::vector<std::vector<int>> live(n);
+  auto leaving = [&](int r) { return !e[r].peers.empty() && !e[r].tensor.defined(); };
+  for (int r = 0; r < n; ++r) {
+    t[r] = e[r].clock;
+    if (leaving(r)) continue;
+    for (int j : e[r].peers)
+      if (!leaving(j)) live[r].push_back(j);
+  }
+  auto clocks = exchange_clocks(m, P, live, t);
+  for (int r = 0; r < n; ++r) {
+    c.out[r].sent = c.out[r].received = static_cast<int64_t>(P) * static_cast<int64_t>(live[r].size());
+    for (int j : e[r].peers)
+      if (!leaving(r) && leaving(j)) wait_for_detection(clocks, t, {r}, t[j] + elastic.heartbeat_timeout_s);
+  }
+  return clocks;
+}
+
+// A member all-reduce: over the members, or, when some leave, aborted at the first detection.
+std::vector<ClockUpdate> all_reduce_over(Call& c, const NetworkModel& m, Elastic elastic) {
+  auto& e = c.entries;
+  const int n = static_cast<int>(e.size());
+  std::vector<double> t(n);
+  for (int r = 0; r < n; ++r) t[r] = e[r].clock;
+  const auto& members = e[0].members;
+  std::vector<int> staying;
+  double detected = std::numeric_limits<double>::infinity();
+  for (int r : members) {
+    if (e[r].tensor.defined()) staying.push_back(r);
+    else detected = std::min(detected, t[r] + elastic.heartbeat_timeout_s);
+  }
+  if (staying.size() == members.size()) {
+    const torch::Tensor& x = e[members.empty() ? 0 : members.front()].tensor;
+    const int64_t P = members.empty() ? 0 : m.message_bytes(tensor_bytes(x));
+    for (int r : members) c.out[r].sent = c.out[r].received = ring_allreduce_bytes(P, static_cast<int>(members.size()));
+    if (!members.empty()) c.result = torch::empty({x.numel()}, x.options());
+    return member_all_reduce_clocks(m, static_cast<double>(P), t, members);
+  }
+  c.aborted = true;
+  std::vector<ClockUpdate> clocks(n);
+  for (int r = 0; r < n; ++r) clocks[r].end_s = t[r];
+  wait_for_detection(clocks, t, staying, detected);
+  return clocks;
+}
+
+void price(Call& c, const NetworkModel& m, Elastic elastic) {
   auto& e = c.entries;
   const int n = static_cast<int>(e.size());
   std::vector<double> t(n);
@@ -120,12 +201,20 @@ void price(Call& c, const NetworkModel& m) {
       c.result = torch::empty({e[0].tensor.numel()}, e[0].tensor.options());
       break;
     }
+    case Op::AllReduceOver: clocks = all_reduce_over(c, m, elastic); break;
     case Op::Exchange: {
       std::vector<std::vector<int>> peers(n);
       int64_t P = 0;
+      bool someone_leaves = false;
       for (int r = 0; r < n; ++r) {
         peers[r] = e[r].peers;
-        if (!peers[r].empty()) P = m.message_bytes(tensor_bytes(e[r].tensor));
+        if (peers[r].empty()) continue;
+        if (e[r].tensor.defined()) P = m.message_bytes(tensor_bytes(e[r].tensor));
+        else someone_leaves = true;
+      }
+      if (someone_leaves) {
+        clocks = exchange_with_failures(c, m, static_cast<double>(P), elastic);
+        break;
       }
       clocks = exchange_clocks(m, static_cast<double>(P), peers, t);
       for (int r = 0; r < n; ++r) c.out[r].sent = c.out[r].received = P * static_cast<int64_t>(peers[r].size());
@@ -151,10 +240,10 @@ void price(Call& c, const NetworkModel& m) {
 
 }  // namespace
 
-void settle(Call& call, const NetworkModel& model) {
-  call.error = check(call);
+void settle(Call& call, const NetworkModel& model, Elastic elastic) {
+  call.error = check(call, elastic);
   if (!call.error.empty()) call.error += fmt::format(" (collective call #{})", call.seq);
-  else price(call, model);
+  else price(call, model, elastic);
   call.ready = true;
 }
 

@@ -129,4 +129,26 @@ std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const
 
 std::vector<ClockUpdate> barrier_clocks(const std::vector<double>& t) { return synchronized(t, 0.0); }
 
+std::vector<ClockUpdate> member_all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t,
+                                                  const std::vector<int>& members) {
+  if (members.size() == t.size()) return all_reduce_clocks(m, P, t);
+  std::vector<ClockUpdate> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) out[i].end_s = t[i];
+  if (members.empty()) return out;
+  double start = t[members.front()], min_B = m.bandwidth(members.front());
+  for (int r : members) start = std::max(start, t[r]), min_B = std::min(min_B, m.bandwidth(r));
+  const double end = start + ring_allreduce_seconds(P, static_cast<int>(members.size()), min_B, m.latency_s);
+  for (int r : members) out[r] = {end, start - t[r]};
+  return out;
+}
+
+void wait_for_detection(std::vector<ClockUpdate>& out, const std::vector<double>& t, const std::vector<int>& waiters,
+                        double detected_s) {
+  for (int r : waiters) {
+    if (detected_s <= out[r].end_s) continue;
+    out[r].idle_s += detected_s - out[r].end_s;
+    out[r].end_s = detected_s;
+  }
+}
+
 }  // namespace gasloc::comm

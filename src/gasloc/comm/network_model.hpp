@@ -64,4 +64,14 @@ std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const
 // Barrier: every clock becomes max t (no message cost: it synchronizes, it does not transfer).
 std::vector<ClockUpdate> barrier_clocks(const std::vector<double>& t);
 
+// Elastic rounds (docs/design.md section 10). An all-reduce over `members` (ids into t) only:
+// it starts at their latest clock and takes ring_allreduce_seconds over them with their slowest
+// bandwidth; every other clock stays. Over every rank it is all_reduce_clocks.
+std::vector<ClockUpdate> member_all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t,
+                                                  const std::vector<int>& members);
+// A round that fails on a death: `waiters` wait, idle, until the failure is detected at
+// `detected_s` (the dead worker's clock plus the heartbeat timeout), or their own clock if later.
+void wait_for_detection(std::vector<ClockUpdate>& out, const std::vector<double>& t, const std::vector<int>& waiters,
+                        double detected_s);
+
 }  // namespace gasloc::comm

@@ -89,6 +89,8 @@ void inline_table_from_json(const nlohmann::json& j, T& out, const std::string& 
 void to_json(nlohmann::json& j, const GpaFromDiloco& g) { j = config::to_json(g); }
 void from_json(const nlohmann::json& j, GpaFromDiloco& g) { inline_table_from_json(j, g, "optim.gpa_from_diloco"); }
 void to_json(nlohmann::json& j, const Straggler& s) { j = config::to_json(s); }
+void to_json(nlohmann::json& j, const FaultKill& k) { j = config::to_json(k); }
+void from_json(const nlohmann::json& j, FaultKill& k) { inline_table_from_json(j, k, "faults.kill"); }
 void from_json(const nlohmann::json& j, Straggler& s) { inline_table_from_json(j, s, "network.stragglers"); }
 
 void NetworkSection::resolve() {
@@ -227,6 +229,26 @@ void JobConfig::validate() const {
   const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
   algo.validate(world);
   network.validate(world);
+  require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
+  require(!faults.any() || cluster.elastic, "faults",
+          "injects failures into elastic runs only: set cluster.elastic = true (without it one death stops every worker)");
+  require(!cluster.elastic || cluster.backend == "inproc", "cluster.elastic",
+          "is built for the in-process cluster so far: set cluster.backend = \"inproc\"");
+  require(!cluster.elastic || !algo::algorithm(algo.name).single_worker, "cluster.elastic",
+          "needs several workers: algo.name = '" + algo.name.str() + "' trains one");
+  require(faults.churn_mean_rounds >= 0, "faults.churn_mean_rounds", "must be >= 0 (0 = no churn)");
+  require(faults.churn_restart_rounds >= 0, "faults.churn_restart_rounds", "must be >= 0 (0 = never rejoin)");
+  require(faults.churn_seed >= 0, "faults.churn_seed", "must be >= 0");
+  if (world > 0) membership(world);  // ids inside the world, no impossible schedule
+}
+
+std::optional<algo::Membership> JobConfig::membership(int world) const {
+  if (!cluster.elastic) return std::nullopt;
+  std::vector<algo::FaultEvent> events;
+  for (const auto& k : faults.kill)
+    events.push_back({static_cast<int>(k.id), k.round, k.restart_after_rounds});
+  const algo::Churn churn{faults.churn_mean_rounds, faults.churn_restart_rounds, static_cast<uint64_t>(faults.churn_seed)};
+  return algo::Membership(world, std::move(events), churn, train.steps / std::max<int64_t>(algo.H, 1) + 1);
 }
 
 nlohmann::json JobConfig::to_json() const {

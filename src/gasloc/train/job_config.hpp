@@ -4,10 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/choice.hpp"
 #include "gasloc/model/llama.hpp"
@@ -188,6 +190,8 @@ struct ClusterSection {
   config::Choice backend{backend_choices(), "inproc"};
   double timeout_s = 300.0;
   bool store_all_interfaces = false;
+  bool elastic = false;
+  double heartbeat_timeout_s = 10.0;
 
   template <class V>
   void visit(V&& v) {
@@ -197,7 +201,45 @@ struct ClusterSection {
       "seconds any rendezvous-store call or collective waits for a peer before failing with an error naming it");
     v("store_all_interfaces", store_all_interfaces,
       "ranks started by hand: rank 0's rendezvous store listens on every interface, not only MASTER_ADDR's");
+    v("elastic", elastic,
+      "a dead worker leaves the view and a restarted one rejoins, without stopping the others (inproc, algorithms of rounds)");
+    v("heartbeat_timeout_s", heartbeat_timeout_s,
+      "elastic: seconds after a death until it is detected; a dead peer's partners wait this long (virtual clock)");
   }
+};
+
+// One scheduled failure: faults.kill = [{ id = 3, round = 4, restart_after_rounds = 2 }].
+struct FaultKill {
+  int64_t id = -1;
+  int64_t round = -1;
+  int64_t restart_after_rounds = 0;
+  bool operator==(const FaultKill&) const = default;
+  template <class V>
+  void visit(V&& v) {
+    v("id", id, "the worker that dies (its launch rank)");
+    v("round", round, "it dies at this round's merge (rounds count from 0), after computing its local steps");
+    v("restart_after_rounds", restart_after_rounds, "it rejoins this many rounds later, healed from a donor (0 = never)");
+  }
+};
+void to_json(nlohmann::json& j, const FaultKill& k);
+void from_json(const nlohmann::json& j, FaultKill& k);
+
+// Faults injected into an elastic in-process run (docs/training.md, Elastic runs): deterministic,
+// given by round, so that a run with faults is as reproducible as one without.
+struct FaultsSection {
+  std::vector<FaultKill> kill;
+  double churn_mean_rounds = 0.0;
+  int64_t churn_restart_rounds = 1;
+  int64_t churn_seed = 0;
+
+  template <class V>
+  void visit(V&& v) {
+    v("kill", kill, "scheduled deaths: [{ id = 3, round = 4, restart_after_rounds = 2 }]");
+    v("churn_mean_rounds", churn_mean_rounds, "random churn: each worker dies after a mean of this many rounds (0 = none)");
+    v("churn_restart_rounds", churn_restart_rounds, "random churn: a dead worker rejoins this many rounds later (0 = never)");
+    v("churn_seed", churn_seed, "random churn: the seed of the failure times");
+  }
+  bool any() const { return !kill.empty() || churn_mean_rounds > 0; }
 };
 
 // One slow worker of a scenario: network.stragglers = [{ rank = 3, bandwidth = 0.1 }].
@@ -256,6 +298,7 @@ struct JobConfig {
   algo::AlgoConfig algo;
   ClusterSection cluster;
   NetworkSection network;
+  FaultsSection faults;
 
   // Calls f(section_name, section) for every section.
   template <class F>
@@ -267,6 +310,7 @@ struct JobConfig {
     f("algo", algo);
     f("cluster", cluster);
     f("network", network);
+    f("faults", faults);
   }
   template <class F>
   void for_each_section(F&& f) const { const_cast<JobConfig*>(this)->for_each_section(f); }
@@ -274,6 +318,9 @@ struct JobConfig {
   // Throws ConfigError naming the first invalid key.
   void validate() const;
   nlohmann::json to_json() const;
+  // cluster.elastic: the membership of `world` workers under [faults] (ConfigError naming the
+  // entry that cannot happen); nullopt for a run that is not elastic.
+  std::optional<algo::Membership> membership(int world) const;
 };
 
 // Builds a job from parsed JSON (from TOML), then applies "section.key=value" overrides, then

@@ -24,33 +24,42 @@ Meeting::Meeting(const std::vector<data::Batch>* val, int local_ranks, int world
 
 EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker) {
   torch::NoGradGuard no_grad;
-  const int n = control.world();
+  std::vector<int> members;
+  if (auto h = worker.sync().holders()) members = *h;
+  else
+    for (int r = 0; r < control.world(); ++r) members.push_back(r);
+  const bool elastic = worker.sync().holders().has_value();
+  const bool holds = std::find(members.begin(), members.end(), control.rank()) != members.end();
   auto& phi = worker.params().data();
-  auto avg = phi.clone();
-  control.all_reduce_mean(avg);
-  const double own_loss = worker.evaluate(*val_);
-  const double own_distance = (phi - avg).pow(2).sum().item<double>();
+  torch::Tensor avg = holds ? phi.clone() : torch::Tensor();
+  if (elastic) control.all_reduce_mean_over(avg, members);  // nobody leaves at an evaluation: it completes
+  else control.all_reduce_mean(avg);
+  const double own_loss = holds ? worker.evaluate(*val_) : 0.0;
+  const double own_distance = holds ? (phi - avg).pow(2).sum().item<double>() : 0.0;
   const auto all = gather(control, torch::tensor({own_loss, own_distance, worker.clock()}, torch::kFloat64));
   EvalResult r;
-  for (int i = 0; i < n; ++i) {  // rank order, so every rank computes the same bits
+  if (elastic) r.members = members;
+  r.reporter = members.front();
+  const auto k = static_cast<double>(members.size());
+  for (int i : members) {  // rank order, so every rank computes the same bits
     const auto v = all[i].accessor<double, 1>();
     r.worker_val_loss.push_back(v[0]);
-    r.consensus_distance += v[1] / static_cast<double>(n);
+    r.consensus_distance += v[1] / k;
     r.virtual_time_s = std::max(r.virtual_time_s, v[2]);
   }
-  if (n == 1) {
+  if (control.world() == 1) {
     r.val_loss = own_loss;
     return r;
   }
-  // Rank 0 borrows its model for the average, puts its own parameters back, and tells the others.
+  // The reporter borrows its model for the average, puts its own parameters back, and tells the others.
   auto loss = torch::zeros({1}, torch::kFloat64);
-  if (control.rank() == 0) {
+  if (control.rank() == r.reporter) {
     auto own = phi.clone();
     phi.copy_(avg);
     loss[0] = worker.evaluate(*val_);
     phi.copy_(own);
   }
-  control.broadcast(loss, 0);
+  control.broadcast(loss, r.reporter);
   r.val_loss = loss[0].item<double>();
   return r;
 }

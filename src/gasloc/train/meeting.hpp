@@ -19,6 +19,8 @@ struct EvalResult {
   std::vector<double> worker_val_loss;  // each worker's own model, by rank
   double consensus_distance = 0.0;      // mean_i ||phi_i - mean phi||^2
   double virtual_time_s = 0.0;          // when the average model exists: the latest worker clock
+  std::vector<int> members;             // elastic: the workers holding a model (worker_val_loss's order); empty: all
+  int reporter = 0;                     // the worker that reports it: 0, or the lowest member
 };
 
 // One per process, shared by the ranks it hosts.
@@ -27,7 +29,8 @@ class Meeting {
   // `local_ranks` of `world` live in this process; processes agree on a stop every
   // `stop_check_every` steps.
   Meeting(const std::vector<data::Batch>* val, int local_ranks, int world, int64_t stop_check_every);
-  // Collective over the control channels: every rank calls it at the same step.
+  // Collective over the control channels: every rank calls it at the same step. In an elastic run
+  // the average and the consensus are over the workers that hold a model (Synchronizer::holders).
   EvalResult evaluate(comm::Communicator& control, Worker& worker);
   // Called by every rank after every step; true when this rank must stop after `step`.
   // All ranks stop after the same step.

@@ -49,9 +49,15 @@ json of(const TrainEvent& e) {
           {"local_steps", e.local_steps ? json(*e.local_steps) : json(nullptr)}};
 }
 json of(const EvalEvent& e) {
-  return {{"event", "eval"}, {"step", e.step}, {"worker", e.worker}, {"val_loss", e.val_loss},
-          {"worker_val_loss", e.worker_val_loss}, {"consensus_distance", e.consensus_distance},
-          {"wall_time_s", e.wall_time_s}, {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}};
+  json j = {{"event", "eval"}, {"step", e.step}, {"worker", e.worker}, {"val_loss", e.val_loss},
+            {"worker_val_loss", e.worker_val_loss}, {"consensus_distance", e.consensus_distance},
+            {"wall_time_s", e.wall_time_s}, {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}};
+  if (!e.members.empty()) j["members"] = e.members;
+  return j;
+}
+json of(const ViewEvent& e) {
+  return {{"event", "view"}, {"step", e.step}, {"worker", e.worker}, {"round", e.round}, {"members", e.members},
+          {"died", e.died}, {"joined", e.joined}, {"virtual_time_s", e.virtual_time_s}};
 }
 json of(const MemoryEvent& e) {
   return {{"event", "memory"}, {"step", e.step}, {"worker", e.worker}, {"optim", e.optim}, {"algo", e.algo},
@@ -79,6 +85,14 @@ std::optional<T> optional_field(const json& j, const char* key) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_number()) return std::nullopt;
   return it->get<T>();
+}
+std::vector<int64_t> ids(const json& j, const char* key) {
+  std::vector<int64_t> v;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return v;
+  for (const auto& x : *it)
+    if (x.is_number_integer()) v.push_back(x.get<int64_t>());
+  return v;
 }
 std::vector<double> doubles(const json& j, const char* key) {
   std::vector<double> v;
@@ -126,7 +140,11 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                      field(j, "consensus_distance", 0.0),
                      field(j, "wall_time_s", 0.0),
                      field(j, "virtual_time_s", 0.0),
-                     field<int64_t>(j, "bytes_sent", 0)};
+                     field<int64_t>(j, "bytes_sent", 0),
+                     ids(j, "members")};
+  if (event == "view")
+    return ViewEvent{step, worker, field<int64_t>(j, "round", 0), ids(j, "members"), ids(j, "died"), ids(j, "joined"),
+                     field(j, "virtual_time_s", 0.0)};
   if (event == "memory")
     return MemoryEvent{step,
                        worker,

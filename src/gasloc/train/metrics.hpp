@@ -18,8 +18,9 @@
 
 namespace gasloc::train {
 
-// 2: the version field added to version 1's keys. A reader refuses lines of a newer version.
-inline constexpr int64_t kMetricsVersion = 2;
+// 2: the version field added to version 1's keys. 3: elastic runs (an eval's "members", the
+// "view" event). A reader refuses lines of a newer version.
+inline constexpr int64_t kMetricsVersion = 3;
 
 // One worker's training, every train.log_every steps ("train").
 struct TrainEvent {
@@ -35,14 +36,25 @@ struct TrainEvent {
   std::optional<int64_t> local_steps;   // steps this worker computed so far
 };
 
-// An evaluation of the average model and of each worker's own ("eval"), written by worker 0.
+// An evaluation of the average model and of each worker's own ("eval"), written by worker 0 (in
+// an elastic run, by the lowest worker holding a model).
 struct EvalEvent {
   int64_t step = 0, worker = 0;
   double val_loss = 0;                  // the average model
-  std::vector<double> worker_val_loss;  // each worker's own model, by rank
+  std::vector<double> worker_val_loss;  // each worker's own model, by rank (elastic: by members' order)
   double consensus_distance = 0;        // mean_i ||phi_i - mean phi||^2
   double wall_time_s = 0, virtual_time_s = 0;
   int64_t bytes_sent = 0;               // by worker 0 so far
+  std::vector<int64_t> members;         // elastic: the workers holding a model, ascending; empty: all
+};
+
+// A round of an elastic run whose membership changed ("view"): who died at its merge and who
+// joined (healed from a donor), written by the lowest survivor.
+struct ViewEvent {
+  int64_t step = 0, worker = 0;
+  int64_t round = 0;
+  std::vector<int64_t> members, died, joined;  // ids ascending
+  double virtual_time_s = 0;                   // the writer's clock after the round
 };
 
 // What one worker holds besides its model ("memory"), once per run.
@@ -52,7 +64,7 @@ struct MemoryEvent {
   int64_t params = 0, param_bytes = 0, optimizer_state_bytes = 0, sync_state_bytes = 0;
 };
 
-using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent>;
+using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent, ViewEvent>;
 
 // The line of an event: its fields, "event" and "version".
 nlohmann::json to_json(const MetricsEvent& e);

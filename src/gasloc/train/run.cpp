@@ -119,6 +119,8 @@ std::string config_difference(const nlohmann::json& expected_as_given, const nlo
   static const nlohmann::json defaults = JobConfig{}.to_json();
   const nlohmann::json expected = with_planned_streams(expected_as_given), stored = with_planned_streams(stored_as_given);
   for (auto it = expected.begin(); it != expected.end(); ++it) {
+    // A section added since the run was made, at its defaults, is what the run did.
+    if (!stored.contains(it.key()) && defaults.contains(it.key()) && defaults[it.key()] == it.value()) continue;
     if (!stored.contains(it.key())) return it.key();
     for (auto jt = it.value().begin(); jt != it.value().end(); ++jt) {
       const std::string key = it.key() + "." + jt.key();

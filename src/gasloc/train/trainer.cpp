@@ -1,6 +1,7 @@
 #include "gasloc/train/trainer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -163,7 +164,7 @@ class Evaluator {
   void run(int64_t step, EvalPoint& at) {
     at.enter();
     const EvalResult e = evaluate();
-    if (rank_ != 0) return;
+    if (rank_ != e.reporter) return;
     const Counters c = s_.counters(rank_, c_);
     // The average model exists at the latest worker clock.
     const double vt = e.virtual_time_s - c_.now() + c.virtual_time_s;
@@ -174,7 +175,8 @@ class Evaluator {
                                 .consensus_distance = e.consensus_distance,
                                 .wall_time_s = c.wall_time_s,
                                 .virtual_time_s = vt,
-                                .bytes_sent = c.bytes_sent});
+                                .bytes_sent = c.bytes_sent,
+                                .members = {e.members.begin(), e.members.end()}});
     s_.say(rank_, s_.run.world() == 1 ? fmt::format("step {:>6} | val_loss {:.4f}", step, e.val_loss)
                                       : fmt::format("step {:>6} | val_loss {:.4f} (average model) | consensus {:.3e}",
                                                     step, e.val_loss, e.consensus_distance));
@@ -196,6 +198,27 @@ class Evaluator {
   Worker& w_;
   comm::Communicator& c_;
 };
+
+// Elastic runs: a round whose membership changed (a death at its merge, a joiner healed) goes to
+// metrics and the terminal, from the lowest survivor.
+void report_view(RunState& s, int rank, const std::optional<algo::View>& v, comm::Communicator& c, int64_t step) {
+  if (!v) return;
+  const auto survivors = v->survivors();
+  if (survivors.empty() || survivors.front() != rank) return;
+  auto ids = [](const std::vector<int>& x) { return std::vector<int64_t>(x.begin(), x.end()); };
+  s.metrics->write(ViewEvent{.step = step,
+                             .worker = rank,
+                             .round = v->round,
+                             .members = ids(v->members),
+                             .died = ids(v->dying),
+                             .joined = ids(v->joining),
+                             .virtual_time_s = s.counters(rank, c).virtual_time_s});
+  if (s.quiet) return;
+  std::string line = fmt::format("step {:>6} | round {}: {} workers in the view", step, v->round, v->members.size());
+  if (!v->dying.empty()) line += fmt::format(", worker(s) {} died (their partners mixed without them)", fmt::join(v->dying, ", "));
+  for (int j : v->joining) line += fmt::format(", worker {} rejoined (state from worker {})", j, v->donor(j));
+  s.progress->println(line);
+}
 
 // Checkpoints: every train.checkpoint_every steps and after the last step this invocation runs.
 // Two-phase (checkpoint.hpp): every rank writes, they meet, each commits.
@@ -241,6 +264,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     if (rank == s.reporter) s.summary.train_losses.push_back(r.loss);
     logger.count(r);
     if (logger.due(step)) logger.write(step, r);
+    report_view(s, rank, r.view_change, comm, step);
     EvalPoint at_x(worker);
     evaluated_last = evaluator.due(step);
     if (evaluated_last) evaluator.run(step, at_x);
@@ -294,6 +318,8 @@ std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobCo
   o.job = job_identity(req, job);
   o.handed_in = !req.job_id.empty();
   o.store_all_interfaces = job.cluster.store_all_interfaces;
+  o.elastic = job.cluster.elastic;
+  o.heartbeat_timeout_s = job.cluster.heartbeat_timeout_s;
   return comm::make_cluster(o);
 }
 
@@ -432,10 +458,12 @@ TrainSummary run_training(const TrainRequest& req) {
   const BlasThreads blas(planned_blas_threads(job, static_cast<int>(ranks.size()), cluster->host_processes()));
   if (blas.active() && !req.quiet) print_thread_plan(job, static_cast<int>(ranks.size()), cluster->host_processes(), auto_streams);
   if (leader && !req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active()) warn_two_pools(job);
+  const std::optional<algo::Membership> membership = job.membership(world);
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),
-                                               algo::make_synchronizer(job.algo, world, job.train.seed, &network)));
+    workers.push_back(std::make_unique<Worker>(
+        job, mc, dataset, cluster->comm(ranks[i]),
+        algo::make_synchronizer(job.algo, world, job.train.seed, &network, membership ? &*membership : nullptr)));
     if (!loaded.empty()) workers.back()->load_state(loaded.at(ranks[i]).tensors);
   }
   if (!loaded.empty() && leader && !req.quiet) fmt::print("resumed '{}' at step {}\n", run.dir().string(), start_step);

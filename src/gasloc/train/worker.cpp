@@ -83,6 +83,7 @@ StepResult Worker::step() {
     r.computed = false;
     r.loss = last_loss_;
     r.round_done = sync_->after_step(k, params_, comm_);
+    after_round(r);
     return r;
   }
   data::Batch batch = sampler_->next();
@@ -115,7 +116,51 @@ StepResult Worker::step() {
   comm_.compute(1);
   last_loss_ = r.loss;
   r.round_done = sync_->after_step(k, params_, comm_);
+  after_round(r);
   return r;
+}
+
+void Worker::after_round(StepResult& r) {
+  const auto view = sync_->take_ended_view();
+  if (!view) return;
+  if (auto plan = algo::heal_plan(*view, comm_.rank())) heal(*plan);
+  if (!view->dying.empty() || !view->joining.empty()) r.view_change = *view;
+}
+
+namespace {
+// A state dict as one byte tensor, its tensors in key order; unpack reads it back in the shapes
+// and dtypes of `like` (a worker of the same job holds the same keys and shapes).
+torch::Tensor pack(const StateDict& s) {
+  std::vector<torch::Tensor> bytes;
+  for (const auto& [k, t] : s) bytes.push_back(t.detach().contiguous().reshape({-1}).view(torch::kUInt8));
+  return torch::cat(bytes);
+}
+
+StateDict unpack(const torch::Tensor& packed, const StateDict& like) {
+  StateDict out;
+  int64_t at = 0;
+  for (const auto& [k, t] : like) {
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    if (at + n > packed.numel())
+      throw CommError("heal: the donor's state is shorter than this worker's", "donor and joiner must run the same job");
+    out[k] = packed.narrow(0, at, n).clone().view(t.scalar_type()).reshape(t.sizes());
+    at += n;
+  }
+  if (at != packed.numel()) throw CommError("heal: the donor's state is longer than this worker's", "donor and joiner must run the same job");
+  return out;
+}
+}  // namespace
+
+void Worker::heal(const algo::HealPlan& plan) {
+  // Every worker calls the transfer (the in-process backend matches calls by order); only donors
+  // and joiners list peers and pack their state.
+  StateDict mine = plan.peers.empty() ? StateDict{} : state();
+  std::vector<torch::Tensor> recv;
+  comm_.exchange(plan.peers, plan.peers.empty() ? torch::Tensor() : pack(mine), recv);
+  if (!plan.receives) return;
+  StateDict donor = unpack(recv.at(0), mine);
+  donor["rng.cpu"] = mine.at("rng.cpu");
+  load_state(donor);
 }
 
 double Worker::evaluate(const std::vector<data::Batch>& batches) {

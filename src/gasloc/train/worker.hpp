@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "gasloc/algo/elastic.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/core/error.hpp"
@@ -37,6 +39,7 @@ struct StepResult {
   double lr = 0.0;
   bool round_done = false;  // the synchronizer communicated at this step
   bool computed = true;     // false: skipped by the local-step budget (loss repeats the last one)
+  std::optional<algo::View> view_change;  // elastic: the round that ended here lost or gained workers
 };
 
 class Worker {
@@ -74,8 +77,18 @@ class Worker {
   StateDict state();
   // Throws CheckpointError if the state does not fit this worker (other model shape, optimizer).
   void load_state(const StateDict& state);
+  // The algorithm, for what it says of an elastic run (its view, who holds a model).
+  const algo::Synchronizer& sync() const { return *sync_; }
 
  private:
+  // Elastic runs: the state transfer after a round with joiners (algo::HealPlan). A donor sends
+  // its whole state (model, inner and outer optimizer state, counters, data position) and a
+  // joiner takes it, keeping only its own random generator: its data stream stays its own,
+  // advanced to the donor's position.
+  void heal(const algo::HealPlan& plan);
+  // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
+  void after_round(StepResult& r);
+
   JobConfig job_;
   model::LlamaConfig model_cfg_;
   comm::Communicator& comm_;

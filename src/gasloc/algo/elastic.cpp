@@ -1,0 +1,176 @@
+#include "gasloc/algo/elastic.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <bit>
+#include <utility>
+
+#include "gasloc/algo/algorithms.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::algo {
+
+namespace {
+// The kind a topology takes over k members: the requested one where it has a graph, else 1peer.
+topology::Kind kind_for(topology::Kind kind, int k) {
+  using topology::Kind;
+  if (kind == Kind::exp && !std::has_single_bit(static_cast<unsigned>(k))) return Kind::one_peer;
+  if (kind == Kind::two_peer && k == 2) return Kind::one_peer;  // 2peer's own fallback, without its warning every round
+  return kind;
+}
+}  // namespace
+
+void check_finite(const torch::Tensor& t, int peer, const char* what) {
+  if (!torch::isfinite(t).all().item<bool>())
+    throw CommError(std::string(what) + ": " + (peer >= 0 ? "rank " + std::to_string(peer) : std::string("a worker")) +
+                        " sent non-finite values (NaN or Inf); the round was rejected and the parameters are unchanged",
+                    "that worker diverged: lower optim.lr or restart it from its last checkpoint");
+}
+
+torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what) {
+  torch::NoGradGuard no_grad;
+  auto buf = x.to(wire, /*non_blocking=*/false, /*copy=*/true);
+  comm.all_reduce_mean(buf);
+  check_finite(buf, -1, what);
+  return buf.scalar_type() == x.scalar_type() ? buf : buf.to(x.scalar_type());
+}
+
+torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm::Communicator& comm,
+                                  torch::ScalarType wire, const char* what) {
+  torch::NoGradGuard no_grad;
+  const bool mixes = x.defined() && view.is_member(comm.rank()) && !view.is_dying(comm.rank());
+  torch::Tensor buf = mixes ? x.to(wire, /*non_blocking=*/false, /*copy=*/true) : torch::Tensor();
+  // The first attempt is over the view; a member that dies there aborts it for everyone, and the
+  // retry is over the survivors, so the mean is theirs and the round is not lost.
+  if (!comm.all_reduce_mean_over(buf, view.members) && !comm.all_reduce_mean_over(buf, view.survivors()))
+    throw CommError(std::string(what) + ": the retry over the survivors was aborted too (a second death in one round)");
+  if (!mixes) return {};
+  check_finite(buf, -1, what);
+  return buf.scalar_type() == x.scalar_type() ? buf : buf.to(x.scalar_type());
+}
+
+RoundMixer::RoundMixer(topology::Topology topo, const Membership* membership)
+    : topo_(std::move(topo)), membership_(membership && !membership->trivial() ? membership : nullptr) {}
+
+View RoundMixer::view(int64_t round) const {
+  if (membership_) return membership_->view(round);
+  View v;
+  v.round = round;
+  for (int id = 0; id < topo_.size(); ++id) v.members.push_back(id);
+  return v;
+}
+
+bool RoundMixer::mixes(int id, int64_t round) const {
+  if (!membership_) return true;
+  const View v = membership_->view(round);
+  return v.is_member(id) && !v.is_dying(id);
+}
+
+bool RoundMixer::computes(int id, int64_t round) const { return !membership_ || membership_->computes(id, round); }
+
+std::vector<int> RoundMixer::holders(int64_t round) const {
+  std::vector<int> h;
+  for (int id = 0; id < topo_.size(); ++id)
+    if (computes(id, round)) h.push_back(id);
+  return h;
+}
+
+RoundGraph RoundMixer::graph(int id, int64_t round) const {
+  const View v = view(round);
+  if (static_cast<int>(v.members.size()) == topo_.size()) return {topo_.peers(id, round), topo_.mixing_row(id, round)};
+  const auto at = std::find(v.members.begin(), v.members.end(), id);
+  if (at == v.members.end()) throw Error("worker " + std::to_string(id) + " is not a member of round " + std::to_string(round));
+  const int k = static_cast<int>(v.members.size());
+  if (k == 1) return {{}, {{id, 1.0}}};
+  // Over the members' dense indices; members are ascending, so ids keep the row's order.
+  const topology::Topology over(kind_for(topo_.kind(), k), k, topo_.seed());
+  const int me = static_cast<int>(at - v.members.begin());
+  RoundGraph g;
+  for (int j : over.peers(me, round)) g.peers.push_back(v.members[j]);
+  for (const auto& [j, w] : over.mixing_row(me, round)) g.row.emplace_back(v.members[j], w);
+  return g;
+}
+
+torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const {
+  torch::NoGradGuard no_grad;
+  if (topo_.is_all_reduce())
+    return membership_ ? all_reduce_mix_over(view(round), x, comm, wire, "all-reduce") : all_reduce_mix(x, comm, wire, "all-reduce");
+  const int me = comm.rank();
+  const RoundGraph g = graph(me, round);
+  std::vector<torch::Tensor> recv;
+  comm.exchange(g.peers, wire == x.scalar_type() ? x : x.to(wire), recv);
+  for (size_t k = 0; k < g.peers.size(); ++k) {
+    if (!recv[k].defined()) continue;  // a failed edge: the peer died at this exchange
+    check_finite(recv[k], g.peers[k], "gossip exchange");
+    if (recv[k].scalar_type() != x.scalar_type()) recv[k] = recv[k].to(x.scalar_type());
+  }
+  // W_ij of a failed edge moves onto W_ii: with both ends seeing it, W stays symmetric and doubly stochastic.
+  double self_weight = 0.0;
+  for (const auto& [j, w] : g.row) {
+    if (j == me) self_weight += w;
+    else if (!recv[std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin()].defined()) self_weight += w;
+  }
+  torch::Tensor m;
+  for (const auto& [j, w] : g.row) {
+    const torch::Tensor* src = &x;
+    double weight = w;
+    if (j == me) weight = self_weight;
+    else {
+      src = &recv[std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin()];
+      if (!src->defined()) continue;
+    }
+    if (!m.defined()) m = *src * weight;
+    else m.add_(*src, weight);
+  }
+  return m;
+}
+
+void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
+  const View v = view(round);
+  const int me = comm.rank();
+  if (topo_.is_all_reduce()) {
+    all_reduce_mix_over(v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
+    return;
+  }
+  std::vector<torch::Tensor> recv;
+  // A dying member lists its partners and sends nothing (they see the failed edge); the others have no edges.
+  comm.exchange(v.is_member(me) ? graph(me, round).peers : std::vector<int>{}, torch::Tensor(), recv);
+}
+
+std::optional<HealPlan> heal_plan(const View& v, int id) {
+  if (v.joining.empty()) return std::nullopt;
+  HealPlan p;
+  if (v.is_joining(id)) {
+    p.peers = {v.donor(id)};
+    p.receives = true;
+    return p;
+  }
+  for (int j : v.joining)
+    if (v.donor(j) == id) p.peers.push_back(j);
+  return p;
+}
+
+std::optional<View> ViewSync::take_ended_view() {
+  if (!mixer_.elastic() || ended_ < 0) return std::nullopt;
+  const int64_t t = std::exchange(ended_, -1);
+  return mixer_.view(t);
+}
+
+std::optional<std::vector<int>> ViewSync::holders() const {
+  if (!mixer_.elastic()) return std::nullopt;
+  return mixer_.holders(current_round());
+}
+
+bool ViewSync::stood_by(int64_t t, FlatParams& params, comm::Communicator& comm) {
+  if (mixer_.mixes(comm.rank(), t)) return false;
+  mixer_.stand_by(t, comm);
+  // A worker that dies loses its state; a joiner's comes from its donor.
+  if (mixer_.view(t).is_dying(comm.rank())) {
+    torch::NoGradGuard no_grad;
+    params.data().zero_();
+  }
+  return true;
+}
+
+}  // namespace gasloc::algo

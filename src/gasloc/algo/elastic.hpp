@@ -1,0 +1,90 @@
+// Rounds over a view (docs/design.md section 10): the graph, the mix and the all-reduce of a
+// round whose members are a subset of the workers, with failed edges, aborted all-reduces and the
+// state transfer to a joiner. Every synchronizer mixes through a RoundMixer; without a membership
+// (an elastic run with no faults, or a run that is not elastic) the view is every worker every
+// round and each function does exactly what the fixed-membership path does, bit for bit.
+#pragma once
+#include <torch/types.h>
+
+#include <optional>
+#include <vector>
+
+#include "gasloc/algo/membership.hpp"
+#include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/comm/communicator.hpp"
+#include "gasloc/topology/topology.hpp"
+
+namespace gasloc::algo {
+
+// One worker's part in a round's gossip: its neighbours and its row of W_t, ids ascending.
+struct RoundGraph {
+  std::vector<int> peers;
+  topology::Row row;
+};
+
+class RoundMixer {
+ public:
+  // membership: nullptr for a fixed world (every worker in every round).
+  RoundMixer(topology::Topology topo, const Membership* membership);
+
+  const topology::Topology& topology() const { return topo_; }
+  bool elastic() const { return membership_ != nullptr; }
+  View view(int64_t round) const;
+  // Whether `id` takes part in round t's mix with a model of its own (a member that survives it).
+  bool mixes(int id, int64_t round) const;
+  // Whether `id` computes round t's local steps.
+  bool computes(int id, int64_t round) const;
+  // The workers holding a trained model while round t runs (before its merge).
+  std::vector<int> holders(int64_t round) const;
+
+  // Worker `id`'s neighbours and row in round t: the topology over the view's members (ids
+  // ascending; a random graph drawn for their count, exp falling back to 1peer when the count is
+  // not a power of two, a lone member without peers).
+  RoundGraph graph(int id, int64_t round) const;
+  // m = sum_j W_t[me, j] x_j over round t's view (j ascending), x sent as `wire`; the weight of a
+  // failed edge (a peer that died at this exchange) moves onto W_ii. An all-reduce topology
+  // averages over the members, retrying over the survivors when one dies. Non-finite messages are
+  // rejected naming the peer.
+  torch::Tensor mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const;
+  // Round t's collectives for a worker that does not mix in it (it dies at its merge, is dead, or
+  // joins): it sends nothing, so its partners see a failed edge.
+  void stand_by(int64_t round, comm::Communicator& comm) const;
+
+ private:
+  topology::Topology topo_;
+  const Membership* membership_;
+};
+
+// Worker `id`'s part in the state transfer after a round of `view`, when it has joiners.
+std::optional<HealPlan> heal_plan(const View& view, int id);
+
+// What every algorithm shares in an elastic run: its rounds' views through a RoundMixer, a
+// worker that does not mix in a round standing by in its collectives, and the round that just
+// ended, reported once.
+class ViewSync : public Synchronizer {
+ public:
+  explicit ViewSync(RoundMixer mixer) : mixer_(std::move(mixer)) {}
+  std::optional<View> take_ended_view() override;
+  std::optional<std::vector<int>> holders() const override;
+
+ protected:
+  // The round this worker is in now (the next to end).
+  virtual int64_t current_round() const = 0;
+  // Round t for a worker that does not mix in it: stands by in its collectives and drops its
+  // model if it dies there. True when it did.
+  bool stood_by(int64_t t, FlatParams& params, comm::Communicator& comm);
+  void ended(int64_t t) { ended_ = t; }
+
+  RoundMixer mixer_;
+
+ private:
+  int64_t ended_ = -1;  // the round that ended at this step, until take_ended_view
+};
+
+// mean_i x_i over `view`'s members by all-reduce (x cast to `wire`, returned in x's dtype),
+// retried over the survivors when a member dies at it; x undefined for a worker that does not
+// mix. Every worker of the world calls it. Returns the mean (undefined for a non-mixer).
+torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm::Communicator& comm,
+                                  torch::ScalarType wire, const char* what);
+
+}  // namespace gasloc::algo

@@ -1,0 +1,129 @@
+#include "gasloc/algo/membership.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "gasloc/core/error.hpp"
+#include "gasloc/core/rng.hpp"
+
+namespace gasloc::algo {
+
+namespace {
+bool contains(const std::vector<int>& v, int id) { return std::find(v.begin(), v.end(), id) != v.end(); }
+
+std::string entry(size_t i) { return fmt::format("faults.kill[{}]", i); }
+}  // namespace
+
+bool View::is_member(int id) const { return contains(members, id); }
+bool View::is_dying(int id) const { return contains(dying, id); }
+bool View::is_joining(int id) const { return contains(joining, id); }
+
+std::vector<int> View::survivors() const {
+  std::vector<int> s;
+  for (int id : members)
+    if (!is_dying(id)) s.push_back(id);
+  return s;
+}
+
+int View::donor(int joiner) const {
+  const auto s = survivors();
+  if (s.empty()) throw Error(fmt::format("round {}: no surviving worker can heal worker {}", round, joiner));
+  auto below = std::lower_bound(s.begin(), s.end(), joiner);
+  return below == s.begin() ? s.back() : *std::prev(below);
+}
+
+std::vector<FaultEvent> draw_churn(int workers, const Churn& churn, int64_t horizon_rounds) {
+  std::vector<FaultEvent> out;
+  if (churn.mean_rounds <= 0) return out;
+  // Geometric gaps of mean m: P(fail in a round) = 1/m, drawn by inversion from one counter stream per id.
+  const double p = std::min(1.0, 1.0 / churn.mean_rounds);
+  for (int id = 0; id < workers; ++id) {
+    const uint64_t stream = mix64(churn.seed ^ mix64(0xc4a11ULL + static_cast<uint64_t>(id)));
+    uint64_t k = 0;
+    for (int64_t start = 0;;) {
+      const double u = (static_cast<double>(random_u64(stream, k++) >> 11) + 0.5) / 9007199254740992.0;
+      const auto gap = p >= 1.0 ? 0 : static_cast<int64_t>(std::floor(std::log(u) / std::log1p(-p)));
+      const int64_t round = start + gap;
+      if (round >= horizon_rounds) break;
+      out.push_back({id, round, churn.restart_after_rounds});
+      if (churn.restart_after_rounds <= 0) break;
+      start = round + churn.restart_after_rounds + 1;  // counted from the round after it rejoined
+    }
+  }
+  return out;
+}
+
+Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn, int64_t horizon_rounds)
+    : workers_(workers) {
+  if (workers < 1) throw ConfigError(fmt::format("membership: the world must have >= 1 worker, got {}", workers));
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    if (e.id < 0 || e.id >= workers)
+      throw ConfigError(fmt::format("{}.id is {} but the cluster has {} worker(s), ids 0..{}", entry(i), e.id, workers, workers - 1),
+                        "name a worker of this cluster");
+    if (e.round < 0) throw ConfigError(fmt::format("{}.round is {}; rounds count from 0", entry(i), e.round));
+    if (e.restart_after_rounds < 0)
+      throw ConfigError(fmt::format("{}.restart_after_rounds is {}; use 0 for a worker that never comes back, or >= 1",
+                                    entry(i), e.restart_after_rounds));
+  }
+  for (const auto& e : draw_churn(workers, churn, horizon_rounds)) events.push_back(e);
+  std::stable_sort(events.begin(), events.end(),
+                   [](const FaultEvent& a, const FaultEvent& b) { return a.round != b.round ? a.round < b.round : a.id < b.id; });
+  // A worker dies again only once it is back: after its rejoin round (and never after no restart).
+  for (int id = 0; id < workers; ++id) {
+    int64_t free_from = 0;
+    for (const auto& e : events) {
+      if (e.id != id) continue;
+      if (e.round < free_from)
+        throw ConfigError(fmt::format("faults: worker {} is killed at round {} while it is dead or rejoining (it is back "
+                                      "as a member from round {})",
+                                      id, e.round, free_from == INT64_MAX ? std::string("never") : std::to_string(free_from)),
+                          "kill a worker again only after restart_after_rounds + 1 rounds");
+      free_from = e.restart_after_rounds > 0 ? e.round + e.restart_after_rounds + 1 : INT64_MAX;
+    }
+  }
+  events_ = std::move(events);
+  // Every round needs a survivor to carry the model (and to heal the joiners).
+  int64_t last = 0;
+  for (const auto& e : events_) last = std::max(last, e.round + e.restart_after_rounds + 1);
+  for (int64_t r = 0; r <= last; ++r)
+    if (view(r).survivors().empty())
+      throw ConfigError(fmt::format("faults leave no worker alive after round {}", r),
+                        "kill fewer workers at once, or restart them sooner");
+}
+
+Membership::State Membership::state(int id, int64_t round) const {
+  State s = State::member;
+  for (const auto& e : events_) {
+    if (e.id != id || e.round > round) continue;
+    if (e.round == round) return State::dying;
+    if (e.restart_after_rounds <= 0) s = State::dead;
+    else if (round < e.round + e.restart_after_rounds) s = State::dead;
+    else if (round == e.round + e.restart_after_rounds) s = State::joining;
+    else s = State::member;
+  }
+  return s;
+}
+
+View Membership::view(int64_t round) const {
+  View v;
+  v.round = round;
+  for (int id = 0; id < workers_; ++id) {
+    switch (state(id, round)) {
+      case State::dying: v.dying.push_back(id); [[fallthrough]];
+      case State::member: v.members.push_back(id); break;
+      case State::joining: v.joining.push_back(id); break;
+      case State::dead: break;
+    }
+  }
+  return v;
+}
+
+bool Membership::computes(int id, int64_t round) const {
+  const State s = state(id, round);
+  return s == State::member || s == State::dying;
+}
+
+}  // namespace gasloc::algo

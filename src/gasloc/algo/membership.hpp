@@ -1,0 +1,90 @@
+// Elastic membership on the in-process cluster (docs/design.md section 10): which workers act in
+// each communication round, as a pure function of a fault schedule, so that every worker derives
+// the same view of round r with no messages and a run with faults is deterministic.
+//
+// A worker is known by its id, the rank it was launched as, kept across restarts; its data
+// stream, seed, local-step budget, slowdown and bandwidth stay keyed by that id whatever the view,
+// so a death never moves data or heterogeneity between workers. Round r of a worker killed at r:
+//   - it computes round r's local steps and dies at round r's merge: it is in the view V_r, so its
+//     partners lose their edge to it (W_ij moves onto W_ii) and an all-reduce round over V_r is
+//     aborted and retried over the survivors;
+//   - it is out of the views of rounds r+1 .. r+d-1 (no compute, no messages, its clock stops);
+//   - with a restart after d rounds it is a joiner of round r+d: it computes nothing in that round
+//     and, at its merge, receives the whole worker state from a donor (weight 0 in the mix);
+//   - from round r+d+1 on it is a member again.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gasloc::algo {
+
+// One scheduled failure: worker `id` dies at the merge of round `round`; it restarts and rejoins
+// `restart_after_rounds` rounds later (0: it never comes back).
+struct FaultEvent {
+  int id = 0;
+  int64_t round = 0;
+  int64_t restart_after_rounds = 0;
+  bool operator==(const FaultEvent&) const = default;
+};
+
+// Random churn: each worker fails after a geometric number of rounds of mean `mean_rounds`
+// (counted from its (re)start), and restarts `restart_after_rounds` later.
+struct Churn {
+  double mean_rounds = 0.0;  // 0: no churn
+  int64_t restart_after_rounds = 1;
+  uint64_t seed = 0;
+};
+
+// The members of one round, ids ascending.
+struct View {
+  int64_t round = 0;
+  std::vector<int> members;  // in the view: they take part in the round's mix (dying ones included)
+  std::vector<int> dying;    // members that die at this round's merge: their edges and all-reduce fail
+  std::vector<int> joining;  // healed from a donor at this round's merge; not in the mix
+
+  bool is_member(int id) const;
+  bool is_dying(int id) const;
+  bool is_joining(int id) const;
+  // Members that outlive the merge: an aborted all-reduce is retried over them.
+  std::vector<int> survivors() const;
+  // The member that sends `joiner` its state: the nearest survivor below it, cyclically, so that
+  // several joiners spread over several donors.
+  int donor(int joiner) const;
+};
+
+// A worker's part in handing a joiner its state at a round's merge: the donor lists its joiners,
+// a joiner lists its donor; `receives` for a joiner. Every worker takes part in the transfer call
+// (an empty list for a bystander), since the in-process backend matches calls by order.
+struct HealPlan {
+  std::vector<int> peers;
+  bool receives = false;
+};
+
+class Membership {
+ public:
+  // `workers` ids 0..workers-1; events are checked (ConfigError naming the entry): an id inside
+  // the world, a round >= 0, no second death of an id before it has rejoined, and at least one
+  // survivor in every round. Churn events are drawn for rounds < `horizon_rounds`.
+  Membership(int workers, std::vector<FaultEvent> events, Churn churn = {}, int64_t horizon_rounds = 0);
+
+  int workers() const { return workers_; }
+  // The view of round r.
+  View view(int64_t round) const;
+  // Whether `id` computes round r's local steps: a member, dying or not; not a joiner or a dead worker.
+  bool computes(int id, int64_t round) const;
+  const std::vector<FaultEvent>& events() const { return events_; }  // scheduled and drawn, by round then id
+  bool trivial() const { return events_.empty(); }
+
+ private:
+  enum class State { member, dying, dead, joining };
+  State state(int id, int64_t round) const;
+
+  int workers_;
+  std::vector<FaultEvent> events_;
+};
+
+// The churn events of `workers` for rounds < horizon (pure function of the churn's seed).
+std::vector<FaultEvent> draw_churn(int workers, const Churn& churn, int64_t horizon_rounds);
+
+}  // namespace gasloc::algo

@@ -1,0 +1,370 @@
+// Elastic membership on the in-process cluster (docs/design.md section 10): views as a pure
+// function of the fault schedule, failed gossip edges moving W_ij onto W_ii, an all-reduce round
+// retried over the survivors, a joiner healed bit for bit from its donor, and whole elastic runs
+// pinned to the fixed-membership runs they must reduce to. Equalities are exact (bitwise) unless
+// a tolerance is stated.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/membership.hpp"
+#include "gasloc/comm/inproc.hpp"
+#include "gasloc/core/error.hpp"
+#include "gasloc/data/dataset.hpp"
+#include "gasloc/train/metrics.hpp"
+#include "gasloc/train/worker.hpp"
+#include "test_util.hpp"
+
+using namespace gasloc;
+
+namespace {
+
+constexpr double kHeartbeat = 7.0;
+
+// --- Views ------------------------------------------------------------------------------------
+
+TEST(Membership, ViewsFollowTheSchedule) {
+  const algo::Membership m(4, {{.id = 1, .round = 2, .restart_after_rounds = 2}});
+  EXPECT_EQ(m.view(1).members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(m.view(1).dying.empty());
+  EXPECT_EQ(m.view(2).members, (std::vector<int>{0, 1, 2, 3}));  // it dies at round 2's merge: still in V_2
+  EXPECT_EQ(m.view(2).dying, (std::vector<int>{1}));
+  EXPECT_EQ(m.view(2).survivors(), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(m.view(3).members, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(m.view(4).members, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(m.view(4).joining, (std::vector<int>{1}));
+  EXPECT_EQ(m.view(4).donor(1), 0);  // the nearest survivor below it
+  EXPECT_EQ(m.view(5).members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(m.computes(1, 2));   // computes its last round's local steps
+  EXPECT_FALSE(m.computes(1, 3));  // dead
+  EXPECT_FALSE(m.computes(1, 4));  // joining: its state comes from the donor
+  EXPECT_TRUE(m.computes(1, 5));
+}
+
+TEST(Membership, DonorsSpreadOverSurvivors) {
+  algo::View v;
+  v.members = {0, 2, 5};
+  v.joining = {1, 3, 6};
+  EXPECT_EQ(v.donor(1), 0);
+  EXPECT_EQ(v.donor(3), 2);
+  EXPECT_EQ(v.donor(6), 5);
+  v.members = {4, 5};
+  v.joining = {0};
+  EXPECT_EQ(v.donor(0), 5);  // cyclically: no survivor below 0
+}
+
+void expect_config_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a ConfigError mentioning '" << needle << "'";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Membership, ImpossibleSchedulesAreRefused) {
+  expect_config_error([] { algo::Membership(4, {{.id = 4, .round = 1}}); }, "faults.kill[0].id is 4");
+  expect_config_error([] { algo::Membership(4, {{.id = 0, .round = -1}}); }, "faults.kill[0].round");
+  expect_config_error([] { algo::Membership(4, {{.id = 2, .round = 1, .restart_after_rounds = 3}, {.id = 2, .round = 3}}); },
+                      "while it is dead or rejoining");
+  expect_config_error([] { algo::Membership(2, {{.id = 0, .round = 1}, {.id = 1, .round = 1}}); }, "no worker alive");
+}
+
+TEST(Membership, ChurnIsAPureFunctionOfItsSeed) {
+  const algo::Churn a{.mean_rounds = 4, .restart_after_rounds = 2, .seed = 11};
+  const auto first = algo::draw_churn(8, a, 200), again = algo::draw_churn(8, a, 200);
+  EXPECT_EQ(first, again);
+  auto b = a;
+  b.seed = 12;
+  EXPECT_NE(first, algo::draw_churn(8, b, 200));
+  // About one failure per mean + restart + 1 rounds per worker: 8 * 200 / 7 = 229 (a loose band).
+  EXPECT_GT(first.size(), 150u);
+  EXPECT_LT(first.size(), 320u);
+  for (const auto& e : first) EXPECT_LT(e.round, 200);
+}
+
+// --- Rounds over a view, with frozen parameters -------------------------------------------------
+
+// x_i = (i + 1) * [1, 2, 3, 4] on rank i.
+torch::Tensor value_of(int rank) { return torch::arange(1, 5, torch::kFloat) * static_cast<float>(rank + 1); }
+
+// Runs round `round` of `mixer` on every rank of an elastic cluster and returns each rank's
+// result (undefined for those that do not mix) and clock.
+struct Mixed {
+  std::vector<torch::Tensor> out;
+  std::vector<double> clock;
+};
+Mixed mix_round(int n, const algo::RoundMixer& mixer, int64_t round) {
+  comm::NetworkModel net;
+  comm::InProcCluster cluster(n, net, 30.0, kHeartbeat);
+  Mixed m;
+  m.out.resize(n);
+  cluster.run([&](int r, comm::Communicator& c) {
+    if (mixer.mixes(r, round)) m.out[r] = mixer.mix(round, value_of(r), c, torch::kFloat);
+    else mixer.stand_by(round, c);
+  });
+  for (int r = 0; r < n; ++r) m.clock.push_back(cluster.clock(r));
+  return m;
+}
+
+TEST(ElasticMix, AFailedEdgeMovesItsWeightOntoTheSelfWeight) {
+  const int n = 4;
+  const algo::Membership m(n, {{.id = 1, .round = 0}});
+  const topology::Topology topo(topology::Kind::one_peer, n, 5);
+  const algo::RoundMixer mixer(topo, &m);
+  const auto res = mix_round(n, mixer, 0);
+  const int partner = topo.peers(1, 0).at(0);
+  EXPECT_FALSE(res.out[1].defined());
+  // W_{p,1} = 1/2 moved onto W_pp: the partner keeps its own parameters exactly.
+  EXPECT_TRUE(torch::equal(res.out[partner], value_of(partner)));
+  // The partner waits for the death's detection: rank 1's clock (0) plus the heartbeat timeout.
+  EXPECT_DOUBLE_EQ(res.clock[partner], kHeartbeat);
+  EXPECT_DOUBLE_EQ(res.clock[1], 0.0);  // a dead worker's clock stops
+  for (int r = 0; r < n; ++r) {
+    if (r == 1 || r == partner) continue;
+    const int q = topo.peers(r, 0).at(0);
+    EXPECT_TRUE(torch::equal(res.out[r], value_of(r) * 0.5 + value_of(q) * 0.5)) << "rank " << r;
+    EXPECT_LT(res.clock[r], 1.0) << "a pair unaffected by the death does not wait for it";
+  }
+}
+
+// Over the three survivors the random matching leaves one of them alone; the others average in
+// pairs: W is symmetric and doubly stochastic over the view, and the sum is conserved.
+TEST(ElasticMix, TheNextRoundMixesOverTheSurvivorsOnly) {
+  const int n = 4;
+  const algo::Membership m(n, {{.id = 1, .round = 0}});
+  const algo::RoundMixer mixer(topology::Topology(topology::Kind::one_peer, n, 5), &m);
+  const auto res = mix_round(n, mixer, 1);
+  EXPECT_FALSE(res.out[1].defined());
+  int alone = 0;
+  torch::Tensor sum = torch::zeros({4});
+  for (int r : {0, 2, 3}) {
+    sum += res.out[r];
+    const auto g = mixer.graph(r, 1);
+    ASSERT_LE(g.peers.size(), 1u);
+    if (g.peers.empty()) {
+      ++alone;
+      EXPECT_TRUE(torch::equal(res.out[r], value_of(r)));
+    } else {
+      const int q = g.peers[0];
+      EXPECT_NE(q, 1);
+      EXPECT_EQ(mixer.graph(q, 1).peers, std::vector<int>{r});  // symmetric
+      EXPECT_TRUE(torch::allclose(res.out[r], (value_of(r) + value_of(q)) * 0.5, 0, 1e-6));
+    }
+  }
+  EXPECT_EQ(alone, 1);
+  EXPECT_TRUE(torch::allclose(sum, value_of(0) + value_of(2) + value_of(3), 0, 1e-5));
+}
+
+TEST(ElasticMix, AnAllReduceRoundWithADeathIsRetriedOverTheSurvivors) {
+  const int n = 4;
+  const algo::Membership m(n, {{.id = 2, .round = 0}});
+  const algo::RoundMixer mixer(topology::Topology(topology::Kind::complete, n, 0), &m);
+  const auto res = mix_round(n, mixer, 0);
+  // The mean over the survivors, summed in id order: bit for bit.
+  auto expected = value_of(0).clone();
+  expected.add_(value_of(1)).add_(value_of(3)).div_(3);
+  comm::NetworkModel net;
+  const double P = 4 * 4;
+  const double retry = comm::ring_allreduce_seconds(P, 3, net.bandwidth_Bps, net.latency_s);
+  for (int r : {0, 1, 3}) {
+    EXPECT_TRUE(torch::equal(res.out[r], expected)) << "rank " << r;
+    // Aborted at the detection (rank 2's clock 0 + heartbeat), then the retry over three.
+    EXPECT_DOUBLE_EQ(res.clock[r], kHeartbeat + retry) << "rank " << r;
+  }
+}
+
+// A membership whose only fault lies beyond the rounds run: every view is the whole world, so
+// the elastic paths (member all-reduce, view graphs) must give the fixed world's bits.
+TEST(ElasticMix, AWholeViewGivesTheFixedWorldsBits) {
+  const int n = 4;
+  const algo::Membership late(n, {{.id = 0, .round = 1000}});
+  for (auto kind : {topology::Kind::one_peer, topology::Kind::two_peer, topology::Kind::complete}) {
+    const topology::Topology topo(kind, n, 9);
+    const auto elastic = mix_round(n, algo::RoundMixer(topo, &late), 3);
+    const auto fixed = mix_round(n, algo::RoundMixer(topo, nullptr), 3);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(torch::equal(elastic.out[r], fixed.out[r])) << topology::to_string(kind) << " rank " << r;
+      EXPECT_EQ(elastic.clock[r], fixed.clock[r]);
+    }
+  }
+}
+
+// --- Whole runs ---------------------------------------------------------------------------------
+
+class ElasticRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = test_util::temp_root("test_elastic");
+    data_ = test_util::make_byte_dataset(root_);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
+
+  struct Result {
+    std::vector<std::unique_ptr<train::Worker>> workers;
+    std::vector<double> clock;
+  };
+  // n workers of the nano job for `steps` steps; with `faults`, an elastic cluster under them.
+  // `after(step, workers)` runs after every step of every worker (on rank 0's thread, at a barrier).
+  static Result run(int n, const std::vector<std::string>& settings, int64_t steps,
+                    const std::optional<std::vector<algo::FaultEvent>>& faults,
+                    const std::function<void(int64_t, std::vector<std::unique_ptr<train::Worker>>&)>& after = {}) {
+    auto with_world = settings;
+    with_world.push_back("cluster.workers=" + std::to_string(n));
+    const auto job = test_util::nano_job(data_, with_world);
+    const auto ds = data::Dataset::open(job.data.dir);
+    const auto mc = job.model.resolve(ds.vocab_size);
+    std::optional<algo::Membership> membership;
+    if (faults) membership.emplace(n, *faults);
+    comm::InProcCluster cluster(n, job.network.model(n), 60.0, faults ? kHeartbeat : -1.0);
+    Result res;
+    for (int r = 0; r < n; ++r)
+      res.workers.push_back(std::make_unique<train::Worker>(
+          job, mc, ds, cluster.comm(r),
+          algo::make_synchronizer(job.algo, n, job.train.seed, nullptr, membership ? &*membership : nullptr)));
+    cluster.run([&](int r, comm::Communicator&) {
+      for (int64_t s = 1; s <= steps; ++s) {
+        res.workers[r]->step();
+        if (!after) continue;
+        cluster.control(r).barrier();
+        if (r == 0) after(s, res.workers);
+        cluster.control(r).barrier();
+      }
+    });
+    for (int r = 0; r < n; ++r) res.clock.push_back(cluster.clock(r));
+    return res;
+  }
+  static std::vector<std::string> algo(const std::string& name, const std::string& topo = "1peer") {
+    return {"algo.name=" + name, "algo.H=3", "algo.topology=" + topo, "train.steps=12"};
+  }
+
+  static inline std::filesystem::path root_, data_;
+};
+
+// Elastic mode without faults in the rounds run gives today's bits, for every algorithm.
+TEST_F(ElasticRun, WithoutFaultsItGivesTheFixedWorldsBits) {
+  for (const auto& [name, topo] : std::vector<std::pair<std::string, std::string>>{
+           {"diloco", "1peer"}, {"gasloc", "1peer"}, {"gasloc", "2peer"}, {"gasloc", "complete"}, {"local_dadam", "2peer"},
+           {"dadam", "1peer"}, {"allreduce", "1peer"}}) {
+    const auto elastic = run(4, algo(name, topo), 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
+    const auto fixed = run(4, algo(name, topo), 9, std::nullopt);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), fixed.workers[r]->params().data())) << name << "/" << topo;
+      EXPECT_EQ(elastic.clock[r], fixed.clock[r]) << name << "/" << topo;
+    }
+  }
+}
+
+// Worker 3 dies at round 0's merge and never returns: DiLoCo's retried round is the mean over
+// workers 0..2, and every later round too, so the survivors follow a 3-worker DiLoCo bit for bit
+// (their data streams are keyed by id, which a 3-worker run shares).
+TEST_F(ElasticRun, DiLoCoRetriedEqualsDiLoCoOverTheSurvivors) {
+  const auto elastic = run(4, algo("diloco"), 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 0}});
+  const auto three = run(3, algo("diloco"), 9, std::nullopt);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), three.workers[r]->params().data())) << "worker " << r;
+}
+
+// The same for All-Reduce AdamW, whose every step is a round: from the first step on, the
+// gradients are averaged over workers 0..2 only.
+TEST_F(ElasticRun, AllReduceRetriedEqualsAllReduceOverTheSurvivors) {
+  const auto elastic = run(4, algo("allreduce"), 5, std::vector<algo::FaultEvent>{{.id = 3, .round = 0}});
+  const auto three = run(3, algo("allreduce"), 5, std::nullopt);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), three.workers[r]->params().data())) << "worker " << r;
+}
+
+// A joiner holds its donor's whole state after the merge of its join round, bit for bit, but for
+// its own random generator; and it trains on from there. Round 1 ends at step 6 for GASLoC (H = 3)
+// and at step 2 for the algorithms whose every step is a round.
+TEST_F(ElasticRun, AHealedJoinerHoldsItsDonorsState) {
+  const std::vector<algo::FaultEvent> faults = {{.id = 2, .round = 0, .restart_after_rounds = 1}};
+  const algo::Membership m(4, faults);
+  const int donor = m.view(1).donor(2);
+  for (const auto& [name, join_step] : std::vector<std::pair<std::string, int64_t>>{{"gasloc", 6}, {"dadam", 2}, {"allreduce", 2}}) {
+    bool checked = false;
+    run(4, algo(name), join_step + 3, faults, [&](int64_t step, auto& w) {
+      if (step != join_step) return;
+      auto joiner = w[2]->state(), from = w[donor]->state();
+      ASSERT_EQ(joiner.size(), from.size());
+      for (const auto& [k, t] : from) {
+        if (k == "rng.cpu") continue;
+        EXPECT_TRUE(torch::equal(joiner.at(k), t)) << name << ": " << k;
+      }
+      checked = true;
+    });
+    EXPECT_TRUE(checked) << name;
+  }
+}
+
+// A death in an all-reduce round costs the survivors, on their clocks, the wait for its detection
+// and the retry over three: 3 steps, then worker 1's clock plus the heartbeat timeout, then a
+// ring all-reduce over 3 (to 1e-9 s: sums of doubles).
+TEST_F(ElasticRun, ADeathCostsTheSurvivorsTheDetectionAndTheRetry) {
+  const auto elastic = run(4, algo("diloco"), 3, std::vector<algo::FaultEvent>{{.id = 1, .round = 0}});
+  const comm::NetworkModel net = test_util::nano_job(data_).network.model(4);
+  const double P = static_cast<double>(elastic.workers[0]->numel() * 4);
+  const double died = 3 * net.step_time_s;
+  const double expected = died + kHeartbeat + comm::ring_allreduce_seconds(P, 3, net.bandwidth_Bps, net.latency_s);
+  for (int r : {0, 2, 3}) EXPECT_NEAR(elastic.clock[r], expected, 1e-9) << "worker " << r;
+  EXPECT_NEAR(elastic.clock[1], died, 1e-12);  // its clock stops at its death
+}
+
+// --- Through the trainer ------------------------------------------------------------------------
+
+std::vector<train::ViewEvent> view_events(const std::filesystem::path& run) {
+  std::vector<train::ViewEvent> out;
+  for (const auto& e : train::read_metrics(run))
+    if (const auto* v = std::get_if<train::ViewEvent>(&e)) out.push_back(*v);
+  return out;
+}
+
+TEST_F(ElasticRun, TheTrainerRunsThroughDeathsAndJoinsAndResumesBitExactly) {
+  const std::vector<std::string> elastic = {
+      "cluster.workers=4", "cluster.elastic=true", "algo.name=gasloc", "algo.topology=2peer", "algo.H=5",
+      "train.steps=40", "train.eval_every=10", "faults.kill=[{id=1,round=1,restart_after_rounds=2},{id=3,round=4}]"};
+  const auto full = train::run_training(test_util::nano_request(root_, "elastic_full", elastic));
+  EXPECT_EQ(full.steps_done, 40);
+  EXPECT_TRUE(std::isfinite(full.final_val_loss));
+  const auto views = view_events(root_ / "elastic_full");
+  ASSERT_EQ(views.size(), 3u);  // 1 dies at round 1, rejoins at 3; 3 dies at round 4
+  EXPECT_EQ(views[0].round, 1);
+  EXPECT_EQ(views[0].died, std::vector<int64_t>{1});
+  EXPECT_EQ(views[1].round, 3);
+  EXPECT_EQ(views[1].joined, std::vector<int64_t>{1});
+  EXPECT_EQ(views[2].died, std::vector<int64_t>{3});
+  // The last evaluation averages over the three workers that hold a model.
+  std::vector<int64_t> members;
+  for (const auto& e : train::read_metrics(root_ / "elastic_full"))
+    if (const auto* ev = std::get_if<train::EvalEvent>(&e)) members = ev->members;
+  EXPECT_EQ(members, (std::vector<int64_t>{0, 1, 2}));
+
+  auto first = elastic;
+  first.push_back("train.stop_at=17");  // mid-round, while worker 1 is dead
+  train::run_training(test_util::nano_request(root_, "elastic_halves", first));
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = (root_ / "elastic_halves").string();
+  const auto second = train::run_training(again);
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+}
+
+TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
+  const auto root = test_util::temp_root("test_elastic_cfg");
+  auto load = [&](std::vector<std::string> o) {
+    o.insert(o.begin(), {"data.dir=" + root.string(), "algo.name=gasloc"});
+    return train::load_job("", o);
+  };
+  expect_config_error([&] { load({"cluster.workers=4", "faults.kill=[{id=1,round=1}]"}); }, "cluster.elastic = true");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=4,round=1}]"}); },
+                      "faults.kill[0].id");
+  expect_config_error([&] { load({"cluster.elastic=true", "algo.name=none"}); }, "cluster.elastic");
+  expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo"}); }, "inproc");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1,rund=1}]"}); }, "rund");
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
