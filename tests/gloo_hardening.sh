@@ -11,7 +11,9 @@
 #     with the holder's pid, and the first run finishes untouched;
 #  6. the launcher (the store's host) stopped and a rank killed: the survivor still exits within
 #     its timeout and a few seconds, its store calls bounded too;
-#  7. ranks started by hand meet at a `gasloc store` (no rank hosts it); another job is refused.
+#  7. ranks started by hand meet at a `gasloc store` (no rank hosts it); another job is refused;
+#  8. a rank stopped (SIGSTOP) while its peer waits with a 120 s timeout: its heartbeat stalls,
+#     and the launcher kills it and stops the job naming it within the heartbeat timeout.
 #   tests/gloo_hardening.sh path/to/gasloc
 set -euo pipefail
 source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
@@ -168,4 +170,17 @@ rc=$?; set -e
 [ $rc -eq 2 ] && grep -q "this store serves job hand" other.log || fail "another job joined a gasloc store ($rc): $(cat other.log)"
 kill -TERM "$st"; wait "$st" || fail "gasloc store did not stop cleanly on SIGTERM: $(cat store.log)"
 grep -q "gasloc store: stopped" store.log || fail "gasloc store did not say it stopped: $(cat store.log)"
-echo "gloo_hardening: 7 scenarios behaved"
+# 8. A stopped rank is found by its silent heartbeat, long before the collective's timeout.
+t0=$SECONDS
+set +e
+timeout 100 "$G" launch -n 2 --timeout 120 --heartbeat-timeout 3 --grace 1 -- "$G" comm-check --numel 100 --stall-rank 1 \
+  > hb.log 2>&1
+rc=$?; set -e
+took=$((SECONDS - t0))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "a stopped rank did not end the job ($rc): $(tail -20 hb.log)"
+[ $took -le 30 ] || fail "a stopped rank ended the job after $took s, not within the 3 s heartbeat timeout and a few s"
+grep -q "launch: rank 1 sent no heartbeat for 3 s (stopped, frozen or cut off from the store); gasloc launch killed it" hb.log ||
+  fail "the launcher did not name the silent rank: $(tail -20 hb.log)"
+grep -q "launch: rank 1 of 2 failed" hb.log || fail "the launcher did not report rank 1 as the failure: $(tail -20 hb.log)"
+
+echo "gloo_hardening: 8 scenarios behaved"

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
@@ -236,4 +237,32 @@ TEST(Rendezvous, AHugeWorldWithMissingRanksGivesAShortError) {
     EXPECT_NE(m.find("ranks 1, 2, 3"), std::string::npos) << m;
     EXPECT_NE(m.find("and 99983 more"), std::string::npos) << m;
   }
+}
+
+// A rank's heartbeat thread counts up over its own connection and stops with its object; the
+// host's watch judges a counter only once it has moved, and only after timeout_s of silence on
+// the host's clock (here given by hand).
+TEST(Heartbeat, BeatsUntilDestroyedAndTheWatchJudgesSilence) {
+  StoreServer server({"127.0.0.1", 0, false, {"tok", "test"}});
+  auto host = server.local();
+  {
+    Heartbeat beat(c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), std::chrono::milliseconds(2000),
+                                                    JobIdentity{"tok", "test"}),
+                   1, 0.02);
+    for (int i = 0; i < 200 && host->add(heartbeat_key(1), 0) < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GE(host->add(heartbeat_key(1), 0), 3);
+  }
+  const int64_t after = host->add(heartbeat_key(1), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(host->add(heartbeat_key(1), 0), after) << "the thread beat after its object was destroyed";
+
+  HeartbeatWatch watch(3, 5.0);
+  EXPECT_TRUE(watch.stalled(*host, 0.0).empty());  // rank 1 seen for the first time; 0 and 2 never beat
+  EXPECT_TRUE(watch.stalled(*host, 4.9).empty());
+  EXPECT_EQ(watch.stalled(*host, 5.0), std::vector<int>{1});
+  host->add(heartbeat_key(1), 1);                   // it beats again: judged afresh
+  EXPECT_TRUE(watch.stalled(*host, 9.0).empty());
+  EXPECT_EQ(watch.stalled(*host, 14.0), std::vector<int>{1});
+  host->add(heartbeat_key(2), 1);
+  EXPECT_EQ(watch.stalled(*host, 18.9), std::vector<int>{1});  // rank 2 has just started beating
 }

@@ -24,6 +24,7 @@
 #include <optional>
 
 #include "commands.hpp"
+#include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -146,6 +147,7 @@ struct Opts {
   std::string addr = "127.0.0.1";
   std::optional<double> timeout;  // unset: the command's own (gasloc train: cluster.timeout_s)
   double grace = 10;
+  double heartbeat_timeout = 30;  // 0: ranks are not judged by their heartbeats
   std::string bandwidth;
   bool netns = false, keep = false, cleanup = false;
   std::string netns_config;               // links of the test bed for a command that is not gasloc train
@@ -194,6 +196,12 @@ void validate(const Opts& o) {
                 "leave it out to use the command's own (gasloc train: cluster.timeout_s, 300 s)");
   if (!(o.grace >= 0 && std::isfinite(o.grace)))
     throw Error(fmt::format("launch: --grace {} must be a number of seconds >= 0", o.grace));
+  if (!(o.heartbeat_timeout >= 0 && std::isfinite(o.heartbeat_timeout)))
+    throw Error(fmt::format("launch: --heartbeat-timeout {} must be a number of seconds >= 0", o.heartbeat_timeout),
+                "0 turns the heartbeat check off");
+  if (o.heartbeat_timeout > 0 && o.heartbeat_timeout < 2)
+    throw Error(fmt::format("launch: --heartbeat-timeout {} is shorter than two heartbeats (one a second)", o.heartbeat_timeout),
+                "use 2 s or more, or 0 to turn the check off");
   if (o.addr.empty()) throw Error("launch: --master-addr is empty", "the default 127.0.0.1 serves ranks on this host");
 }
 
@@ -336,8 +344,9 @@ Clock::time_point after_seconds(double s) {
 // every rank when one fails, and records each failure in the store.
 class Supervisor {
  public:
-  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, double grace)
-      : ranks_(ranks), store_(store), grace_(grace), t_start_(Clock::now()) {}
+  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, double grace, double heartbeat_timeout)
+      : ranks_(ranks), store_(store), grace_(grace), t_start_(Clock::now()),
+        heartbeats_(static_cast<int>(ranks.size()), heartbeat_timeout), judge_heartbeats_(heartbeat_timeout > 0) {}
   int first_failed = -1;  // the rank whose failure stopped the job
   bool interrupted = false;
 
@@ -346,6 +355,7 @@ class Supervisor {
       pump_output();
       handle_signals();
       reap();
+      check_heartbeats();
       if (kill_at_ && Clock::now() >= *kill_at_) {
         if (any_running()) write_all(2, fmt::format("launch: ranks still running {:g} s after SIGTERM; killing them\n", grace_));
         signal_all(ranks_, SIGKILL);
@@ -419,6 +429,27 @@ class Supervisor {
     }
   }
 
+  // A running rank whose heartbeat stalled is stopped, frozen or cut off: its peers would wait
+  // for it until cluster.timeout_s. Killing it makes it a failure like any other, named now.
+  // Judged once a second, while the job runs normally (not while it stops).
+  void check_heartbeats() {
+    if (!judge_heartbeats_ || interrupted || first_failed >= 0) return;
+    const double now = std::chrono::duration<double>(Clock::now() - t_start_).count();
+    if (now < next_heartbeat_check_) return;
+    next_heartbeat_check_ = now + 1.0;
+    for (int r : heartbeats_.stalled(store_, now)) {
+      Rank& rank = ranks_[r];
+      if (!rank.running) continue;
+      const std::string what = fmt::format("rank {} sent no heartbeat for {:g} s (stopped, frozen or cut off from the store); "
+                                           "gasloc launch killed it",
+                                           r, heartbeats_.timeout_s());
+      comm::publish_failure(store_, r, {r, what});
+      write_all(2, "launch: " + what + "\n");
+      ::kill(-rank.pid, SIGKILL);
+      ::kill(-rank.pid, SIGCONT);  // a stopped process group dies at once
+    }
+  }
+
   // True when every rank has exited and its output is read. A process a rank started may keep a
   // pipe open after every rank exited: read what is there for a moment, then stop listening.
   bool finished() {
@@ -442,6 +473,9 @@ class Supervisor {
   Clock::time_point t_start_;
   std::optional<Clock::time_point> kill_at_;  // SIGKILL whoever is left at this time
   std::optional<Clock::time_point> drain_until_;
+  comm::HeartbeatWatch heartbeats_;
+  bool judge_heartbeats_;
+  double next_heartbeat_check_ = 0;
 };
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
@@ -502,7 +536,7 @@ int run_launch(const Opts& o) {
 
   const SignalCapture signals;
   std::vector<Rank> ranks = spawn_ranks(exe, args, envs, testbed.get());
-  Supervisor supervisor(ranks, store_host.store(), o.grace);
+  Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? o.heartbeat_timeout : 0.0);
   supervisor.run();
   if (supervisor.first_failed >= 0) return report_failure(ranks, supervisor.first_failed, store_host.store());
   if (supervisor.interrupted) {
@@ -525,6 +559,10 @@ Action add_launch(CLI::App& app) {
   app.add_option("--bandwidth-limit", o->bandwidth,
                  "comm-check: throttle the ranks' links: BYTES_PER_S for all, or RANK=BYTES_PER_S,...");
   app.add_option("--grace", o->grace, "seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str();
+  app.add_option("--heartbeat-timeout", o->heartbeat_timeout,
+                 "seconds without a heartbeat after which a gasloc rank counts as hung and is killed, which stops the job "
+                 "naming it (0 = off)")
+      ->capture_default_str();
   app.add_flag("--netns", o->netns,
                "run every rank in its own network namespace on a private bridge, its links shaped with tbf as the job's "
                "[network] section says (root)");

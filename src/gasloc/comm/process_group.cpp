@@ -1,5 +1,7 @@
 #include "gasloc/comm/process_group.hpp"
 
+#include "gasloc/comm/heartbeat.hpp"
+
 #include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/exception.h>
@@ -71,6 +73,8 @@ struct ProcessGroupComm::Impl {
   Clock::time_point t0;
   Arrivals arrivals;    // store-side records of the collectives each rank entered
   int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
+  // Last, so that it stops first: its connection must not outlive rank 0's store.
+  std::unique_ptr<Heartbeat> heartbeat;
 
   C10dBackend& pg() { return *built.backend; }
   const torch::Device& dev() const { return built.devices.device; }
@@ -286,6 +290,9 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
   barrier();
   I.stats = {};
   I.t0 = Clock::now();
+  // Beats for the store's host over a connection of its own (heartbeat.hpp); torchrun's agent
+  // store has no host that watches.
+  if (!o.agent_store) I.heartbeat = std::make_unique<Heartbeat>(job_keys_connection(o), o.rank);
 }
 
 ProcessGroupComm::~ProcessGroupComm() {

@@ -281,6 +281,11 @@ std::string store_host_name(const GlooOptions& o) {
   return "rank 0";
 }
 
+c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(o.timeout_s, 10.0) * 1000));
+  return job_keys(c10::make_intrusive<StoreClient>(o.master_addr, o.master_port, timeout, o.job));
+}
+
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
   validate(o, /*check_rank=*/false);
   const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);

@@ -1,0 +1,66 @@
+// Liveness of process ranks, judged by the store's host (docs/communication.md, "Heartbeats").
+// Each rank runs a thread that adds 1 to hb/RANK in the job's store every second over a
+// connection of its own, so a rank whose main thread waits in a collective still beats, while
+// one that is stopped (SIGSTOP), frozen, or cut off from the store does not. The host watches the
+// counters on its own clock (no clock is compared across hosts) and acts on a rank whose counter
+// has stalled: `gasloc launch` kills it, which turns a hang that would hold its peers for
+// cluster.timeout_s into a failure named within the heartbeat timeout.
+#pragma once
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gasloc::comm {
+
+std::string heartbeat_key(int rank);
+
+class Heartbeat {
+ public:
+  // Beats for `rank` into `store` (the rank's own connection) every interval_s, from now on.
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, double interval_s = 1.0);
+  // Stops and joins the thread (at most one store call's timeout).
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  void loop();
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_;
+  const double interval_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// The host's side: which ranks' counters have not moved for timeout_s of the host's clock. A
+// rank that never beat is not judged: it is still starting, or it is not a gasloc rank.
+class HeartbeatWatch {
+ public:
+  HeartbeatWatch(int world, double timeout_s) : world_(world), timeout_s_(timeout_s) {}
+  // Reads every counter at `now_s` (seconds of the host's steady clock) and returns the ranks
+  // stalled for timeout_s or longer, ascending. A store that fails is skipped this time.
+  std::vector<int> stalled(c10d::Store& store, double now_s);
+  // A rank restarted or gone: judged afresh from its next beat.
+  void forget(int rank) { seen_.erase(rank); }
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  struct Seen {
+    int64_t count = 0;
+    double since_s = 0;  // when count last changed
+  };
+  int world_;
+  double timeout_s_;
+  std::map<int, Seen> seen_;
+};
+
+}  // namespace gasloc::comm
