@@ -251,7 +251,10 @@ TEST_F(DataTest, LlmcDirectoryOpensWithGpt2Vocab) {
   const std::string missing = (dir_ / "missing").string();
   expect_data_error([&] { Dataset::open(dir_ / "missing"); },
                     {"does not exist", "gasloc prepare --input FILE... --out " + missing + "`",
-                     "scripts/prepare_data.sh " + missing + "`"});
+                     "scripts/prepare_data.sh " + missing + " 8192`"});
+  // The research regime's directory is named for its 1024-token tokenizer.
+  const std::string research = (dir_ / "micro1024").string();
+  expect_data_error([&] { Dataset::open(dir_ / "micro1024"); }, {"scripts/prepare_data.sh " + research + " 1024`"});
 }
 
 // ---- corpus reading -------------------------------------------------------------------------

@@ -211,14 +211,15 @@ class ElasticRun : public ::testing::Test {
   // `after(step, workers)` runs after every step of every worker (on rank 0's thread, at a barrier).
   static Result run(int n, const std::vector<std::string>& settings, int64_t steps,
                     const std::optional<std::vector<algo::FaultEvent>>& faults,
-                    const std::function<void(int64_t, std::vector<std::unique_ptr<train::Worker>>&)>& after = {}) {
+                    const std::function<void(int64_t, std::vector<std::unique_ptr<train::Worker>>&)>& after = {},
+                    std::optional<algo::RestartAll> restart = std::nullopt) {
     auto with_world = settings;
     with_world.push_back("cluster.workers=" + std::to_string(n));
     const auto job = test_util::nano_job(data_, with_world);
     const auto ds = data::Dataset::open(job.data.dir);
     const auto mc = job.model.resolve(ds.vocab_size);
     std::optional<algo::Membership> membership;
-    if (faults) membership.emplace(n, *faults);
+    if (faults) membership.emplace(n, *faults, algo::Churn{}, 0, restart);
     comm::InProcCluster cluster(n, job.network.model(n), 60.0, faults ? kHeartbeat : -1.0);
     Result res;
     for (int r = 0; r < n; ++r)
@@ -313,6 +314,20 @@ TEST_F(ElasticRun, ADeathCostsTheSurvivorsTheDetectionAndTheRetry) {
   EXPECT_NEAR(elastic.clock[1], died, 1e-12);  // its clock stops at its death
 }
 
+// Stop-and-resume trains exactly as without failures; its clocks pay, at the failure of round 2,
+// the restart and the round since the checkpoint of round 1 (one round of DiLoCo, whose clocks
+// agree after every all-reduce), to 1e-9 s.
+TEST_F(ElasticRun, StopAndResumeTrainsAsWithoutFailuresAndPaysTheRestart) {
+  const algo::RestartAll restart{.delay_s = 25.0, .checkpoint_every_rounds = 2};
+  const auto priced = run(4, algo("diloco"), 12, std::vector<algo::FaultEvent>{{.id = 1, .round = 2}}, {}, restart);
+  const auto free = run(4, algo("diloco"), 12, std::nullopt);
+  const double round = free.clock[0] / 4;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(torch::equal(priced.workers[r]->params().data(), free.workers[r]->params().data())) << "worker " << r;
+    EXPECT_NEAR(priced.clock[r], free.clock[r] + restart.delay_s + round, 1e-9) << "worker " << r;
+  }
+}
+
 // --- Through the trainer ------------------------------------------------------------------------
 
 std::vector<train::ViewEvent> view_events(const std::filesystem::path& run) {
@@ -362,6 +377,11 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=4,round=1}]"}); },
                       "faults.kill[0].id");
   expect_config_error([&] { load({"cluster.elastic=true", "algo.name=none"}); }, "cluster.elastic");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.restart_all=true"}); },
+                      "faults.restart_all");
+  expect_config_error([&] { load({"cluster.workers=4", "algo.name=diloco", "algo.H=30", "train.checkpoint_every=100",
+                                  "faults.restart_all=true", "faults.kill=[{id=1,round=1}]"}); },
+                      "train.checkpoint_every");
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo"}); }, "inproc");
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1,rund=1}]"}); }, "rund");
   std::filesystem::remove_all(root);

@@ -7,8 +7,6 @@
 
 namespace gasloc::algo {
 
-void check_finite(const torch::Tensor& t, int peer, const char* what);  // elastic.cpp
-
 AllReduceSync::AllReduceSync(int world, const Membership* membership)
     : ViewSync(RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership)) {}
 
@@ -26,10 +24,16 @@ void AllReduceSync::after_backward(int64_t step, FlatParams& params, comm::Commu
   params.grad().copy_(mixer_.mix(t, params.grad(), comm, torch::kFloat));
 }
 
+StateDict AllReduceSync::state() const {
+  StateDict s;
+  save_restart_clock(s);
+  return s;
+}
+
 bool AllReduceSync::after_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
   const int64_t t = step - 1;
   if (handled_ != t) stood_by(t, params, comm);  // a step it did not compute: dead or joining
-  ended(t);
+  ended(t, comm);
   steps_ = step;
   return false;
 }
@@ -97,7 +101,7 @@ bool RoundSync::wants_compute(int64_t, comm::Communicator& comm) {
 
 bool RoundSync::sat_out(FlatParams& params, comm::Communicator& comm) {
   if (!stood_by(rounds_.round(), params, comm)) return false;
-  end_round();
+  end_round(comm);
   return true;
 }
 
@@ -106,22 +110,24 @@ void OuterSync::init(FlatParams& params) {
   outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_);
 }
 
-void OuterSync::finish_round(const torch::Tensor& mixed, FlatParams& params) {
+void OuterSync::finish_round(const torch::Tensor& mixed, FlatParams& params, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
   outer_->step(mixed);
   params.data().copy_(outer_->theta());
-  end_round();
+  end_round(comm);
 }
 
 StateDict OuterSync::state() const {
   StateDict s;
   rounds_.save(s);
+  save_restart_clock(s);
   save_outer(outer_, s);
   return s;
 }
 
 void OuterSync::load_state(const StateDict& s) {
   rounds_.load(s);
+  load_restart_clock(s);
   load_outer(outer_, outer_opts_, s);
 }
 
@@ -137,7 +143,7 @@ bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
   // Elastic: the mean over the round's members, retried over the survivors when one dies.
   finish_round(mixer_.elastic() ? mixer_.mix(rounds_.round(), params.data(), comm, wire_)
                                 : all_reduce_mix(params.data(), comm, wire_, "diloco all-reduce"),
-               params);
+               params, comm);
   return true;
 }
 
@@ -188,7 +194,7 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
   const auto& phi = params.data();
   switch (form_.form) {
     case Form::anchor:
-      finish_round(mixer_.mix(t, phi, comm, wire_), params);
+      finish_round(mixer_.mix(t, phi, comm, wire_), params, comm);
       return true;
     case Form::mix_after: {
       torch::Tensor b_next;
@@ -212,7 +218,7 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
     }
   }
   params.data().copy_(outer_->theta());
-  end_round();
+  end_round(comm);
   return true;
 }
 
@@ -241,17 +247,21 @@ bool LocalDAdamSync::after_step(int64_t, FlatParams& params, comm::Communicator&
   auto m = mixer_.mix(rounds_.round(), params.data(), comm, wire_);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
-  end_round();
+  end_round(comm);
   return true;
 }
 
 StateDict LocalDAdamSync::state() const {
   StateDict s;
   rounds_.save(s);
+  save_restart_clock(s);
   return s;
 }
 
-void LocalDAdamSync::load_state(const StateDict& s) { rounds_.load(s); }
+void LocalDAdamSync::load_state(const StateDict& s) {
+  rounds_.load(s);
+  load_restart_clock(s);
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -268,10 +278,16 @@ void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communica
   params.data().copy_(m);
 }
 
+StateDict DAdamSync::state() const {
+  StateDict s;
+  save_restart_clock(s);
+  return s;
+}
+
 bool DAdamSync::after_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
   const int64_t t = step - 1;
   if (handled_ != t) stood_by(t, params, comm);  // a step it did not compute: dead or joining
-  ended(t);
+  ended(t, comm);
   steps_ = step;
   return true;
 }

@@ -24,6 +24,8 @@ class AllReduceSync final : public ViewSync {
   bool wants_compute(int64_t step, comm::Communicator& comm) override;
   void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  StateDict state() const override;
+  void load_state(const StateDict& s) override { load_restart_clock(s); }
 
  protected:
   int64_t current_round() const override { return steps_; }
@@ -70,8 +72,8 @@ class RoundSync : public ViewSync {
   int64_t current_round() const override { return rounds_.round(); }
   // Round t for a worker that does not mix in it: stands by and ends the round. True when it did.
   bool sat_out(FlatParams& params, comm::Communicator& comm);
-  void end_round() {
-    ended(rounds_.round());
+  void end_round(comm::Communicator& comm) {
+    ended(rounds_.round(), comm);
     rounds_.next_round();
   }
 
@@ -92,7 +94,7 @@ class OuterSync : public RoundSync {
 
  protected:
   // Ends a round: theta <- outer step towards `mixed`, phi <- theta.
-  void finish_round(const torch::Tensor& mixed, FlatParams& params);
+  void finish_round(const torch::Tensor& mixed, FlatParams& params, comm::Communicator& comm);
 
   OuterOptions outer_opts_;
   std::unique_ptr<OuterNesterov> outer_;
@@ -165,6 +167,8 @@ class DAdamSync final : public ViewSync {
   bool wants_compute(int64_t step, comm::Communicator& comm) override;
   void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
+  StateDict state() const override;
+  void load_state(const StateDict& s) override { load_restart_clock(s); }
 
  protected:
   int64_t current_round() const override { return steps_; }

@@ -51,7 +51,9 @@ torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm
 }
 
 RoundMixer::RoundMixer(topology::Topology topo, const Membership* membership)
-    : topo_(std::move(topo)), membership_(membership && !membership->trivial() ? membership : nullptr) {}
+    : topo_(std::move(topo)),
+      membership_(membership && !membership->trivial() && !membership->restart_all() ? membership : nullptr),
+      restarts_(membership && membership->restart_all() ? membership : nullptr) {}
 
 View RoundMixer::view(int64_t round) const {
   if (membership_) return membership_->view(round);
@@ -149,6 +151,31 @@ std::optional<HealPlan> heal_plan(const View& v, int id) {
   for (int j : v.joining)
     if (v.donor(j) == id) p.peers.push_back(j);
   return p;
+}
+
+void ViewSync::ended(int64_t t, comm::Communicator& comm) {
+  ended_ = t;
+  const Membership* m = mixer_.restarts();
+  if (!m) return;
+  const RestartAll& r = *m->restart_all();
+  if (m->fails_at(t)) {
+    comm.barrier();  // the job stops: it restarts once its slowest worker has stopped too
+    comm.pause(r.delay_s + comm.now() - checkpoint_clock_);
+  }
+  if (r.checkpoint_every_rounds > 0 && (t + 1) % r.checkpoint_every_rounds == 0) {
+    comm.barrier();  // a checkpoint commits when every worker has written it
+    checkpoint_clock_ = comm.now();
+  }
+}
+
+void ViewSync::save_restart_clock(StateDict& s) const {
+  if (mixer_.restarts()) s["restart_checkpoint_clock"] = torch::tensor(checkpoint_clock_, torch::kFloat64);
+}
+
+void ViewSync::load_restart_clock(const StateDict& s) {
+  if (!mixer_.restarts()) return;
+  const auto it = s.find("restart_checkpoint_clock");
+  checkpoint_clock_ = it == s.end() ? 0.0 : it->second.item<double>();
 }
 
 std::optional<View> ViewSync::take_ended_view() {

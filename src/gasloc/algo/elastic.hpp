@@ -29,6 +29,8 @@ class RoundMixer {
 
   const topology::Topology& topology() const { return topo_; }
   bool elastic() const { return membership_ != nullptr; }
+  // The stop-and-resume schedule whose restarts the clocks pay (nullptr: none).
+  const Membership* restarts() const { return restarts_; }
   View view(int64_t round) const;
   // Whether `id` takes part in round t's mix with a model of its own (a member that survives it).
   bool mixes(int id, int64_t round) const;
@@ -53,6 +55,7 @@ class RoundMixer {
  private:
   topology::Topology topo_;
   const Membership* membership_;
+  const Membership* restarts_;
 };
 
 // Worker `id`'s part in the state transfer after a round of `view`, when it has joiners.
@@ -73,12 +76,17 @@ class ViewSync : public Synchronizer {
   // Round t for a worker that does not mix in it: stands by in its collectives and drops its
   // model if it dies there. True when it did.
   bool stood_by(int64_t t, FlatParams& params, comm::Communicator& comm);
-  void ended(int64_t t) { ended_ = t; }
+  // Round t has ended on this worker; under stop-and-resume its clock pays a restart (RestartAll).
+  void ended(int64_t t, comm::Communicator& comm);
+  // Stop-and-resume: the clock when the last checkpoint committed, which checkpoints carry.
+  void save_restart_clock(StateDict& s) const;
+  void load_restart_clock(const StateDict& s);
 
   RoundMixer mixer_;
 
  private:
   int64_t ended_ = -1;  // the round that ended at this step, until take_ended_view
+  double checkpoint_clock_ = 0;
 };
 
 // mean_i x_i over `view`'s members by all-reduce (x cast to `wire`, returned in x's dtype),

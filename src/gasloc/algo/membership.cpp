@@ -55,8 +55,9 @@ std::vector<FaultEvent> draw_churn(int workers, const Churn& churn, int64_t hori
   return out;
 }
 
-Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn, int64_t horizon_rounds)
-    : workers_(workers) {
+Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn, int64_t horizon_rounds,
+                       std::optional<RestartAll> restart_all)
+    : workers_(workers), restart_all_(restart_all) {
   if (workers < 1) throw ConfigError(fmt::format("membership: the world must have >= 1 worker, got {}", workers));
   for (size_t i = 0; i < events.size(); ++i) {
     const auto& e = events[i];
@@ -85,6 +86,7 @@ Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn,
     }
   }
   events_ = std::move(events);
+  if (restart_all_) return;  // nobody leaves
   // Every round needs a survivor to carry the model (and to heal the joiners).
   int64_t last = 0;
   for (const auto& e : events_) last = std::max(last, e.round + e.restart_after_rounds + 1);
@@ -94,7 +96,12 @@ Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn,
                         "kill fewer workers at once, or restart them sooner");
 }
 
+bool Membership::fails_at(int64_t round) const {
+  return std::any_of(events_.begin(), events_.end(), [&](const FaultEvent& e) { return e.round == round; });
+}
+
 Membership::State Membership::state(int id, int64_t round) const {
+  if (restart_all_) return State::member;
   State s = State::member;
   for (const auto& e : events_) {
     if (e.id != id || e.round > round) continue;

@@ -14,6 +14,7 @@
 //   - from round r+d+1 on it is a member again.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,15 @@ struct Churn {
   double mean_rounds = 0.0;  // 0: no churn
   int64_t restart_after_rounds = 1;
   uint64_t seed = 0;
+};
+
+// Stop-and-resume, what elastic runs are judged against: at a failure every worker stops and all
+// restart from the last committed checkpoint. Training is the failure-free run's, bit for bit (a
+// resumed run continues exactly), so only the clocks pay: at a failure's round every clock waits
+// for the slowest, then for delay_s, then for the work since the last checkpoint, done again.
+struct RestartAll {
+  double delay_s = 30.0;                // restarting the job: processes, rendezvous, loading the checkpoint
+  int64_t checkpoint_every_rounds = 0;  // 0: no checkpoint, a failure replays from the start
 };
 
 // The members of one round, ids ascending.
@@ -66,7 +76,10 @@ class Membership {
   // `workers` ids 0..workers-1; events are checked (ConfigError naming the entry): an id inside
   // the world, a round >= 0, no second death of an id before it has rejoined, and at least one
   // survivor in every round. Churn events are drawn for rounds < `horizon_rounds`.
-  Membership(int workers, std::vector<FaultEvent> events, Churn churn = {}, int64_t horizon_rounds = 0);
+  // With `restart_all`, nobody leaves: every view is the whole world, and the events are the
+  // rounds at which the whole job stops and restarts (fails_at).
+  Membership(int workers, std::vector<FaultEvent> events, Churn churn = {}, int64_t horizon_rounds = 0,
+             std::optional<RestartAll> restart_all = std::nullopt);
 
   int workers() const { return workers_; }
   // The view of round r.
@@ -75,6 +88,9 @@ class Membership {
   bool computes(int id, int64_t round) const;
   const std::vector<FaultEvent>& events() const { return events_; }  // scheduled and drawn, by round then id
   bool trivial() const { return events_.empty(); }
+  const std::optional<RestartAll>& restart_all() const { return restart_all_; }
+  // Whether a worker fails at round r's merge (the whole job restarts then, under restart_all).
+  bool fails_at(int64_t round) const;
 
  private:
   enum class State { member, dying, dead, joining };
@@ -82,6 +98,7 @@ class Membership {
 
   int workers_;
   std::vector<FaultEvent> events_;
+  std::optional<RestartAll> restart_all_;
 };
 
 // The churn events of `workers` for rounds < horizon (pure function of the churn's seed).

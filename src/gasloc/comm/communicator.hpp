@@ -57,6 +57,9 @@ class Communicator {
   // clock advances by inner_steps * (its per-step compute time); a real clock ignores it
   // because real time already passed.
   virtual void compute(int64_t inner_steps) = 0;
+  // Accounts `seconds` in which this worker neither computes nor communicates (a restart's
+  // downtime) as idle time on its clock; a real clock ignores it because real time already passed.
+  virtual void pause(double seconds) {}
   virtual CommStats stats() const = 0;
 };
 

@@ -159,6 +159,13 @@ class InProcComm final : public Communicator {
     s_.ranks[rank_].clock += static_cast<double>(inner_steps) * s_.model.step_time(rank_);
   }
 
+  void pause(double seconds) override {
+    if (!(seconds >= 0)) throw CommError(fmt::format("pause: rank {} got {} seconds", rank_, seconds));
+    std::lock_guard lk(s_.mu);
+    s_.ranks[rank_].clock += seconds;
+    s_.ranks[rank_].stats.idle_s += seconds;
+  }
+
   CommStats stats() const override {
     std::lock_guard lk(s_.mu);
     return s_.ranks[rank_].stats;

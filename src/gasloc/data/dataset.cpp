@@ -188,8 +188,9 @@ Dataset Dataset::open(const fs::path& dir, int64_t vocab_size_override, bool ver
   if (!fs::is_directory(dir, ec))
     throw DataError("dataset directory '" + dir.string() + "' does not exist",
                     fmt::format("tokenize a corpus into it with `gasloc prepare --input FILE... --out {}`; in a gasloc "
-                                "checkout, `scripts/prepare_data.sh {}` prepares the default corpus there",
-                                dir.string(), dir.string()));
+                                "checkout, `scripts/prepare_data.sh {} {}` prepares the default corpus there with a "
+                                "tokenizer of that many tokens",
+                                dir.string(), dir.string(), dir.filename() == "micro1024" ? 1024 : 8192));
   const fs::path meta_path = dir / "dataset.json";
   if (!fs::exists(meta_path, ec)) return open_llmc(dir, vocab_size_override);
 

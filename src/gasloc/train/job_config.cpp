@@ -230,8 +230,20 @@ void JobConfig::validate() const {
   algo.validate(world);
   network.validate(world);
   require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
-  require(!faults.any() || cluster.elastic, "faults",
-          "injects failures into elastic runs only: set cluster.elastic = true (without it one death stops every worker)");
+  require(!faults.any() || cluster.elastic || faults.restart_all, "faults",
+          "injects failures into elastic runs (cluster.elastic = true) or prices stop-and-resume (faults.restart_all = "
+          "true); without either, one death stops every worker");
+  require(!(faults.restart_all && cluster.elastic), "faults.restart_all",
+          "prices the stop-and-resume an elastic run avoids: set cluster.elastic = false, or faults.restart_all = false");
+  require(!faults.restart_all || cluster.backend == "inproc", "faults.restart_all",
+          "prices restarts on the in-process cluster's virtual clock: set cluster.backend = \"inproc\"");
+  require(faults.restart_delay_s >= 0, "faults.restart_delay_s", "must be >= 0");
+  {
+    const bool rounds = algo::algorithm(algo.name).has_rounds;
+    require(!faults.restart_all || !rounds || train.checkpoint_every % algo.H == 0, "train.checkpoint_every",
+            fmt::format("must be a multiple of algo.H ({}) with faults.restart_all: a checkpoint is taken at a round's end",
+                        algo.H));
+  }
   require(!cluster.elastic || cluster.backend == "inproc", "cluster.elastic",
           "is built for the in-process cluster so far: set cluster.backend = \"inproc\"");
   require(!cluster.elastic || !algo::algorithm(algo.name).single_worker, "cluster.elastic",
@@ -243,12 +255,16 @@ void JobConfig::validate() const {
 }
 
 std::optional<algo::Membership> JobConfig::membership(int world) const {
-  if (!cluster.elastic) return std::nullopt;
+  if (!cluster.elastic && !faults.restart_all) return std::nullopt;
   std::vector<algo::FaultEvent> events;
   for (const auto& k : faults.kill)
     events.push_back({static_cast<int>(k.id), k.round, k.restart_after_rounds});
   const algo::Churn churn{faults.churn_mean_rounds, faults.churn_restart_rounds, static_cast<uint64_t>(faults.churn_seed)};
-  return algo::Membership(world, std::move(events), churn, train.steps / std::max<int64_t>(algo.H, 1) + 1);
+  const bool rounds = algo::algorithm(algo.name).has_rounds;
+  const int64_t steps_per_round = rounds ? std::max<int64_t>(algo.H, 1) : 1;
+  std::optional<algo::RestartAll> restart;
+  if (faults.restart_all) restart = algo::RestartAll{faults.restart_delay_s, train.checkpoint_every / steps_per_round};
+  return algo::Membership(world, std::move(events), churn, train.steps / steps_per_round + 1, restart);
 }
 
 nlohmann::json JobConfig::to_json() const {

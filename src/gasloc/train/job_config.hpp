@@ -231,6 +231,8 @@ struct FaultsSection {
   double churn_mean_rounds = 0.0;
   int64_t churn_restart_rounds = 1;
   int64_t churn_seed = 0;
+  bool restart_all = false;
+  double restart_delay_s = 30.0;
 
   template <class V>
   void visit(V&& v) {
@@ -238,6 +240,9 @@ struct FaultsSection {
     v("churn_mean_rounds", churn_mean_rounds, "random churn: each worker dies after a mean of this many rounds (0 = none)");
     v("churn_restart_rounds", churn_restart_rounds, "random churn: a dead worker rejoins this many rounds later (0 = never)");
     v("churn_seed", churn_seed, "random churn: the seed of the failure times");
+    v("restart_all", restart_all,
+      "instead of an elastic run: price stop-and-resume, every worker restarting from the last checkpoint at each failure");
+    v("restart_delay_s", restart_delay_s, "restart_all: seconds to restart the job (processes, rendezvous, loading)");
   }
   bool any() const { return !kill.empty() || churn_mean_rounds > 0; }
 };
