@@ -64,14 +64,10 @@ struct Loaded {
 };
 
 struct Group {
+  Point point;                                                // its scenario and grid values, no seed
   std::map<std::string, std::vector<Loaded>> finals, tuning;  // variant -> its runs that have started
 };
 
-std::string settings_list(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "`--set " : " --set ") + x;
-  return s.empty() ? std::string("none") : s + "`";
-}
 
 std::string axes_text(const Axes& grid) {
   std::string out;
@@ -145,6 +141,22 @@ std::string over_budget(const SweepSpec& spec, const std::string& name, const st
 
 }  // namespace
 
+std::string settings_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "`--set " : " --set ") + x;
+  return s.empty() ? std::string("none") : s + "`";
+}
+
+fs::path plot_dir(const SweepOptions& opts) {
+  return !opts.plots_dir.empty() ? opts.plots_dir
+         : opts.doc.empty()     ? fs::path("sweep-plots")
+                                : fs::absolute(opts.doc).parent_path() / "results";
+}
+
+std::string plot_link(const SweepOptions& opts, const fs::path& png) {
+  return (opts.doc.empty() ? png : fs::relative(fs::absolute(png), fs::absolute(opts.doc).parent_path())).string();
+}
+
 Projection project_run(const fs::path& run_dir, const std::string& model) {
   const json doc = json::parse(read_file(run_dir / "run.json"), nullptr, false);
   if (doc.is_discarded() || !doc.contains("config")) throw ConfigError("corrupt '" + (run_dir / "run.json").string() + "'");
@@ -197,7 +209,10 @@ Groups collect_groups(const std::vector<SweepRun>& runs) {
   Groups out;
   for (const auto& r : runs) {
     const std::string g = point_name(without_seed(r.point));
-    if (!out.by_name.count(g)) out.order.push_back(g);
+    if (!out.by_name.count(g)) {
+      out.order.push_back(g);
+      out.by_name[g].point = without_seed(r.point);
+    }
     auto& grp = out.by_name[g];
     if (r.provisional || !fs::exists(r.dir / "run.json")) continue;
     Loaded l{&r, read_run_summary(r.dir)};
@@ -206,6 +221,19 @@ Groups collect_groups(const std::vector<SweepRun>& runs) {
     (r.tuning ? grp.tuning : grp.finals)[r.variant].push_back(std::move(l));
   }
   return out;
+}
+
+// The scenarios, each with its settings and the variants that run in it ("" without scenarios).
+std::string scenarios_md(const SweepSpec& spec) {
+  if (spec.scenarios.empty()) return "";
+  std::string md = "\nScenarios (each a group below; its settings come before the variant's):\n\n"
+                   "| scenario | settings | variants |\n| --- | --- | --- |\n";
+  for (const auto& sc : spec.scenarios) {
+    std::string vs;
+    for (const auto& v : sc.variants) vs += (vs.empty() ? "" : ", ") + v;
+    md += fmt::format("| {} | {} | {} |\n", sc.name, settings_list(sc.settings), vs.empty() ? "all" : vs);
+  }
+  return md;
 }
 
 // The section's opening: what was run, the variants and their grids, the tuning protocol.
@@ -224,6 +252,7 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
     md += fmt::format("| {} | {} | {} |\n", v.name, settings,
                       tune.empty() ? "-" : axes_text(tune) + (one ? " (one point: not tuned)" : ""));
   }
+  md += scenarios_md(spec);
   const Axes& grid = opts.quick && !spec.quick_grid.empty() ? spec.quick_grid : spec.grid;
   if (!grid.empty()) md += "\nGrid (every combination, for every variant): " + axes_text(grid) + ".\n";
   const bool any_tuned = std::any_of(spec.variants.begin(), spec.variants.end(),
@@ -241,6 +270,7 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
   md += fmt::format("\nTraining time of these {} runs: {:.1f} min (their own wall clock, summed; a resumed run counts "
                     "each part).\n",
                     started, wall_s / 60);
+  if (!spec.notes.empty()) md += "\n" + spec.notes + (spec.notes.back() == '\n' ? "" : "\n");
   return md;
 }
 
@@ -299,6 +329,7 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
         "| virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
   md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : spec.variants) {
+    if (!spec.runs_in(v.name, grp.point)) continue;
     const auto& rs = grp.finals[v.name];
     std::vector<double> l, below, cd, vt, mb, idle, st, tt;
     int finished = 0;
@@ -365,19 +396,34 @@ std::string plots_md(const SweepSpec& spec, Group& grp, const std::string& g, co
     std::string file = id + (g.empty() ? "" : "-" + g) + "-" + x + ".png";
     std::replace(file.begin(), file.end(), ',', '_');
     std::replace(file.begin(), file.end(), '=', '-');
-    const fs::path dir = !opts.plots_dir.empty() ? opts.plots_dir
-                         : opts.doc.empty()     ? fs::path("sweep-plots")
-                                                : fs::absolute(opts.doc).parent_path() / "results";
+    const fs::path dir = plot_dir(opts);
     fs::create_directories(dir);
     PlotStyle style;
     style.title = spec.title + (g.empty() ? "" : " [" + g + "]") + (opts.quick ? " (quick mode)" : "");
     style.baseline = unigram;
     plot_runs(rs, titles, dir / file, x, style);
-    const fs::path rel = opts.doc.empty() ? dir / file : fs::relative(fs::absolute(dir / file), fs::absolute(opts.doc).parent_path());
-    md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel.string())
-                           : fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());
+    const std::string rel = plot_link(opts, dir / file);
+    md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel)
+                           : fmt::format("\n![validation loss versus {}]({})\n", x, rel);
   }
   return md;
+}
+
+// What each variant holds between steps, from the tensors (its first final run's memory line).
+std::string memory_md(const SweepSpec& spec, Group& grp) {
+  std::string rows;
+  for (const auto& v : spec.variants) {
+    const auto& rs = grp.finals[v.name];
+    if (rs.empty() || rs.front().summary.params <= 0) continue;
+    const RunSummary& r = rs.front().summary;
+    rows += fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} |\n", v.name, r.optim, r.algo, r.params,
+                        r.optimizer_state_per_param, r.sync_state_per_param, r.state_per_param);
+  }
+  if (rows.empty()) return "";
+  return "\nState held between steps, measured from the optimizer's and the algorithm's tensors (the `memory` line of "
+         "each run's metrics.jsonl), in bytes per parameter:\n\n| variant | optimizer | algorithm | parameters | optimizer "
+         "state (B/param) | algorithm state (B/param) | total (B/param) |\n| --- | --- | --- | --- | --- | --- | --- |\n" +
+         rows;
 }
 
 // Paper scale: the same rounds with messages priced as the papers' models.
@@ -409,6 +455,7 @@ std::vector<std::string> judge_claims(const SweepSpec& spec, Group& grp, const s
                                       double budget) {
   std::vector<std::string> claim_lines;
   for (const auto& c : spec.claims) {
+    if (!spec.judged_in(c, grp.point)) continue;
     const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
     Judgement j;
     std::string why = unfit(spec, c.a, ra, unigram);
@@ -468,6 +515,7 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
     const double budget = time_budget(spec, grp);
     md += budget_md(spec, grp, budget);
     md += results_table(spec, grp, unigram, target);
+    if (spec.memory) md += memory_md(spec, grp);
     md += tuning_table(spec, grp);
     md += plots_md(spec, grp, g, id, opts, unigram);
     md += projection_md(spec, grp);

@@ -13,6 +13,9 @@
 //   learned_by = 1.0                            # a verdict needs its runs this many nats below the unigram baseline
 //   project = ["134m:bf16", "551m:bf16"]        # a table of each method's communication at these scales
 //   equal_time = 0.05                           # faster by time: every variant ends within 5% below target_from's virtual time
+//   memory = true                               # a table of the state each variant holds per parameter
+//   notes = "How to read it ..."                # markdown under the heading: fixed text, no numbers from the runs
+//   kind = "train"                              # or "consensus": gossip without training (below)
 //   [set]                                       # settings of every run
 //   "algo.H" = 30
 //   [quick]                                     # on top of them with --quick
@@ -25,6 +28,10 @@
 //   seed = 100                                  # train.seed of every tuning run
 //   seeds = [1, 2, 3]                           # the chosen points rerun on these fresh seeds
 //   quick_seeds = [1]                           # ... with --quick
+//   [[scenario]]                                # optional: named sets of settings, each a group of its own
+//   name = "bw10"
+//   set = { "network.preset" = "straggler_bw10" }
+//   variants = ["diloco", "gasloc-1peer-tb"]    # the variants that run in it (default: all)
 //   [[variant]]
 //   name = "diloco"
 //   set = { "algo.name" = "diloco" }
@@ -39,6 +46,7 @@
 //   tolerance = 0.02                            # within: |a - b| <= tolerance * b; no_worse: a - b <= tolerance * b
 //   by = "steps"                                # faster only: steps to the target, not virtual time
 //   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
+//   scenarios = ["bw10"]                        # judged in these scenarios only (default: every group)
 //
 // Tuning: with a [tuning] table, every point of a variant's `tune` grid runs once on the tuning
 // seed (for every point of [grid]); the point with the lowest final validation loss is chosen,
@@ -51,6 +59,19 @@
 // schedule spans its budget. `equal_time` states the budget in the file and checks it: each run
 // of every variant must end at or below target_from's virtual time and at most that fraction
 // below it, or the faster-by-time verdicts say nothing.
+//
+// Scenarios: a study whose groups differ in several settings at once (a straggler preset here, a
+// list of stragglers there), or whose groups run different variants, lists them as [[scenario]]
+// tables. Each scenario is a group, crossed with [grid]; its settings come after [set] and before
+// the variant's. Runs live in RUNS/NAME/VARIANT/SCENARIO[,GRID-POINT].
+//
+// kind = "consensus": no training. Each variant's settings pick a gossip graph and a GASLoC form
+// (cluster.workers, algo.topology, algo.form, algo.outer_lr, algo.outer_momentum,
+// algo.gossip_step, train.seed: the job file's own keys, checked by its loader), and the section
+// shows the consensus distance of random vectors gossiped for `rounds` rounds against the
+// (1 - gap)^t of plain averaging, and the per-round contraction over `rate_rounds` rounds
+// (algo/consensus.hpp). Its claims are "gap_rate" (a's mean per-round ratio is within tolerance
+// of 1 - gap) and "lower" (a's long-run contraction is lower than b's: it reaches consensus faster).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -78,6 +99,10 @@ struct StudySection {
   double learned_by = 1.0;
   std::vector<std::string> project;
   double equal_time = 0.0;
+  bool memory = false;
+  std::string notes;
+  std::string kind = "train";
+  int64_t rounds = 20, rate_rounds = 2000, dim = 4096;
 
   template <class V>
   void visit(V&& v) {
@@ -93,6 +118,25 @@ struct StudySection {
     v("equal_time", equal_time,
       "faster by time: every variant's runs end within this fraction below target_from's virtual time, never above (0 = "
       "not checked)");
+    v("memory", memory, "a table of the optimizer and algorithm state each variant holds, in bytes per parameter");
+    v("notes", notes, "markdown printed under the section's heading: how to read it (fixed text, no numbers from the runs)");
+    v("kind", kind, "train (training runs) or consensus (gossip of random vectors, no training)");
+    v("rounds", rounds, "consensus: gossip rounds in the table and plot");
+    v("rate_rounds", rate_rounds, "consensus: rounds over which the per-round contraction is measured");
+    v("dim", dim, "consensus: entries of each worker's random vector");
+  }
+};
+
+struct ScenarioSection {
+  std::string name;
+  nlohmann::json set = nlohmann::json::object();
+  std::vector<std::string> variants;
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "the scenario's name in headings, plots and directories");
+    v("set", set, "its settings: { \"section.key\" = value }");
+    v("variants", variants, "the variants that run in it (default: every variant)");
   }
 };
 
@@ -114,6 +158,7 @@ struct ClaimSection {
   double tolerance = 0.0;
   std::string by = "time";
   double target_at = 1.0;
+  std::vector<std::string> scenarios;
 
   template <class V>
   void visit(V&& v) {
@@ -126,6 +171,7 @@ struct ClaimSection {
     v("tolerance", tolerance, "within, no_worse: relative gap allowed; faster: a's time <= b's / (1 + tolerance)");
     v("by", by, "faster: time (virtual seconds) or steps to the target");
     v("target_at", target_at, "faster: the target is target_from's loss at this fraction of train.steps");
+    v("scenarios", scenarios, "judged in these scenarios only (default: every group)");
   }
 };
 
@@ -147,6 +193,16 @@ struct VariantSection {
 };
 
 using SweepClaim = ClaimSection;
+
+struct SweepScenario {
+  std::string name;
+  std::vector<std::string> settings;  // section.key=value
+  std::vector<std::string> variants;  // empty: every variant
+};
+
+// A group's point holds its scenario under this key (a job key always has a dot, so it never
+// collides): point_name writes just the scenario's name, and make_run turns it into its settings.
+inline constexpr const char* kScenarioKey = "scenario";
 
 struct SweepVariant {
   std::string name;
@@ -170,11 +226,22 @@ struct SweepSpec {
   TuningSection tuning;
   std::vector<SweepVariant> variants;
   std::vector<SweepClaim> claims;
+  std::vector<SweepScenario> scenarios;
+  bool memory = false;                // a state-per-parameter table (sweep.memory)
+  std::string notes;                  // markdown under the heading
+  bool consensus = false;             // kind = "consensus": no training runs
+  int64_t rounds = 20, rate_rounds = 2000, dim = 4096;  // consensus only
 
   // The seeds final runs use in this mode (tuned studies only).
   std::vector<int64_t> seeds(bool quick) const;
   // A variant's tuning grid in this mode (empty: nothing to tune).
   const Axes& tune_of(const SweepVariant& v, bool quick) const;
+  // The scenario a group's point names, or nullptr.
+  const SweepScenario* scenario_of(const Point& group) const;
+  // Whether a variant runs in a group (every variant does, unless its scenario lists others).
+  bool runs_in(const std::string& variant, const Point& group) const;
+  // Whether a claim is judged in a group (claim.scenarios).
+  bool judged_in(const SweepClaim& claim, const Point& group) const;
 };
 
 // Reads and checks a study file: unknown keys, an empty grid axis, no variants, duplicate names,
@@ -182,12 +249,14 @@ struct SweepSpec {
 // loaded once, so a bad setting fails before anything runs.
 SweepSpec load_sweep(const std::filesystem::path& file);
 
-// "cluster.workers" = 8 -> "workers=8" (characters a path should not hold become _).
+// "cluster.workers" = 8 -> "workers=8" (characters a path should not hold become _); a scenario
+// entry is its name alone.
 std::string point_name(const Point& point);
 // Every combination of the axes, the first axis outermost; one empty point for no axes.
 std::vector<Point> grid_points(const Axes& axes);
 // A value as the text of --set section.key=TEXT: strings verbatim, the rest as TOML.
 std::string toml_text(const nlohmann::json& v, bool top = true);
+// The --set text of every entry but a scenario's (make_run adds its settings).
 std::vector<std::string> as_overrides(const Point& kv);
 
 }  // namespace gasloc::study

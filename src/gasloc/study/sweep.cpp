@@ -7,6 +7,7 @@
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/study/consensus_study.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/section.hpp"
 #include "gasloc/train/checkpoint.hpp"
@@ -37,8 +38,9 @@ bool has_checkpoint(const fs::path& dir) {
   }
 }
 
-// A run's trainer arguments: the study's settings, the variant's, the grid point's, its tuning
-// point and seed, then --quick's (the study's, then the variant's), and last its directory.
+// A run's trainer arguments: the study's settings, its scenario's, the variant's, the grid
+// point's, its tuning point and seed, then --quick's (the study's, then the variant's), and last
+// its directory.
 SweepRun make_run(const SweepSpec& spec, const SweepVariant& var, const Point& group, const Point& tune, int64_t seed,
                   bool tuning, bool quick, fs::path dir) {
   SweepRun r;
@@ -49,6 +51,7 @@ SweepRun make_run(const SweepSpec& spec, const SweepVariant& var, const Point& g
   r.tuning = tuning;
   r.dir = std::move(dir);
   r.overrides = spec.settings;
+  if (const SweepScenario* sc = spec.scenario_of(group)) r.overrides.insert(r.overrides.end(), sc->settings.begin(), sc->settings.end());
   r.overrides.insert(r.overrides.end(), var.settings.begin(), var.settings.end());
   for (const auto& s : as_overrides(group)) r.overrides.push_back(s);
   for (const auto& s : as_overrides(tune)) r.overrides.push_back(s);
@@ -69,6 +72,20 @@ Axes grid_in(const SweepSpec& spec, bool quick) {
       for (const auto& [qk, qv] : spec.quick_grid)
         if (qk == key) values = qv;
   return axes;
+}
+
+// The groups: each scenario (if any) crossed with the grid's points, scenarios outermost.
+std::vector<Point> groups_in(const SweepSpec& spec, bool quick) {
+  const auto points = grid_points(grid_in(spec, quick));
+  if (spec.scenarios.empty()) return points;
+  std::vector<Point> out;
+  for (const auto& sc : spec.scenarios)
+    for (const auto& p : points) {
+      Point g = {{kScenarioKey, sc.name}};
+      g.insert(g.end(), p.begin(), p.end());
+      out.push_back(std::move(g));
+    }
+  return out;
 }
 
 fs::path group_dir(const fs::path& base, const SweepVariant& var, const Point& group) {
@@ -113,12 +130,13 @@ std::vector<SweepRun> expand_tuning(const SweepSpec& spec, bool quick, const fs:
   std::vector<SweepRun> runs;
   if (!spec.tuned) return runs;
   const fs::path base = sweep_dir(spec, quick, runs_root);
-  const auto groups = grid_points(grid_in(spec, quick));
+  const auto groups = groups_in(spec, quick);
   for (const auto& var : spec.variants) {
     const auto points = grid_points(spec.tune_of(var, quick));
     if (points.size() < 2) continue;  // nothing to choose
     for (const auto& g : groups)
       for (const auto& p : points)
+        if (spec.runs_in(var.name, g))
         runs.push_back(make_run(spec, var, g, p, spec.tuning.seed, true, quick, group_dir(base, var, g) / "tune" / point_name(p)));
   }
   return runs;
@@ -129,13 +147,14 @@ std::vector<SweepRun> expand_final(const SweepSpec& spec, bool quick, const fs::
   std::vector<SweepRun> runs;
   if (!spec.tuned) {
     for (const auto& var : spec.variants)
-      for (const auto& p : grid_points(spec.grid.empty() ? Axes{} : grid_in(spec, quick)))
-        runs.push_back(make_run(spec, var, p, {}, 0, false, quick, p.empty() ? base / var.name : base / var.name / point_name(p)));
+      for (const auto& p : groups_in(spec, quick))
+        if (spec.runs_in(var.name, p)) runs.push_back(make_run(spec, var, p, {}, 0, false, quick, group_dir(base, var, p)));
     return runs;
   }
   for (const auto& var : spec.variants) {
     const auto points = grid_points(spec.tune_of(var, quick));
-    for (const auto& g : grid_points(grid_in(spec, quick))) {
+    for (const auto& g : groups_in(spec, quick)) {
+      if (!spec.runs_in(var.name, g)) continue;
       Point tune = points.front();
       bool provisional = false;
       if (points.size() > 1) {
@@ -237,7 +256,44 @@ size_t run_all(const SweepSpec& spec, const std::vector<SweepRun>& runs, const S
 
 }  // namespace
 
+namespace {
+
+// Writes a section where the options say: printed, into --doc, or into the sweep's own directory.
+void write_section(const SweepSpec& spec, const SweepOptions& opts, const std::vector<SweepRun>& runs) {
+  SweepOptions o = opts;
+  if (o.command.empty()) o.command = fmt::format("gasloc sweep {}{}", spec.file.string(), opts.quick ? " --quick" : "");
+  const fs::path own = sweep_dir(spec, opts.quick, opts.runs_root);
+  if (o.print_only) {
+    o.doc.clear();
+    if (o.plots_dir.empty()) o.plots_dir = own / "results";
+  } else if (o.doc.empty()) {
+    o.doc = own / "results.md";
+  }
+  const std::string section = spec.consensus ? consensus_section(spec, runs, o) : sweep_section(spec, runs, o);
+  if (o.print_only) {
+    fmt::print("{}\n", section);
+  } else {
+    write_doc_section(o.doc, spec.name + (opts.quick ? "-quick" : ""), section);
+    fmt::print("wrote the '{}' section of {}\n", spec.name, o.doc.string());
+  }
+}
+
+// A consensus study trains nothing: its variants are simulated as the section is written.
+void run_consensus(const SweepSpec& spec, const SweepOptions& opts) {
+  const auto runs = expand_sweep(spec, opts.quick, opts.runs_root);
+  if (opts.dry_run) {
+    for (size_t i = 0; i < runs.size(); ++i)
+      fmt::print("[consensus {}/{}] {}: simulated when the section is written (no training run)\n", i + 1, runs.size(),
+                 run_title(runs[i]));
+    return;
+  }
+  write_section(spec, opts, runs);
+}
+
+}  // namespace
+
 void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
+  if (spec.consensus) return run_consensus(spec, opts);
   const auto tuning = expand_tuning(spec, opts.quick, opts.runs_root);
   // Refuse to mix results before anything runs; the final runs of points already chosen too.
   check_same_config(spec, tuning);
@@ -252,24 +308,9 @@ void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   if (opts.dry_run) return;
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60.0;
   fmt::print("sweep '{}': {} run{} done in {:.1f} min\n", spec.name, done, done == 1 ? "" : "s", minutes);
-  SweepOptions o = opts;
-  if (o.command.empty()) o.command = fmt::format("gasloc sweep {}{}", spec.file.string(), opts.quick ? " --quick" : "");
-  const fs::path own = sweep_dir(spec, opts.quick, opts.runs_root);
-  if (o.print_only) {
-    o.doc.clear();
-    if (o.plots_dir.empty()) o.plots_dir = own / "results";
-  } else if (o.doc.empty()) {
-    o.doc = own / "results.md";
-  }
   std::vector<SweepRun> all = tuning;
   all.insert(all.end(), finals.begin(), finals.end());
-  const std::string section = sweep_section(spec, all, o);
-  if (o.print_only) {
-    fmt::print("{}\n", section);
-  } else {
-    write_doc_section(o.doc, spec.name + (opts.quick ? "-quick" : ""), section);
-    fmt::print("wrote the '{}' section of {}\n", spec.name, o.doc.string());
-  }
+  write_section(spec, opts, all);
 }
 
 }  // namespace gasloc::study

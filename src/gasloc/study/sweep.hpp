@@ -1,8 +1,9 @@
 // Running a study (study_file.hpp has the file format): `gasloc sweep FILE` runs every run that
 // is not finished yet (finished runs are reused, stopped ones resumed from their checkpoint):
 // first the tuning runs, then each variant's chosen point on the fresh seeds. Then it writes the
-// study's report (section.hpp) into its own output directory, RUNS/NAME/results.md. Only
-// scripts/experiments.sh passes --doc docs/results.md, so a user's sweep never rewrites the
+// study's report (section.hpp; consensus_study.hpp for kind = "consensus", which trains nothing)
+// into its own output directory, RUNS/NAME/results.md. Only scripts/experiments.sh and the
+// scripts/results_*.sh wrappers pass --doc docs/results.md, so a user's sweep never rewrites the
 // tracked results.
 #pragma once
 #include <filesystem>
