@@ -735,3 +735,48 @@ TEST(SweepVerdicts, ConsensusClaimsCompareTheRatesAsDeclared) {
   EXPECT_EQ(study::judge_contraction_lower(a, b, 100).verdict, "reproduced");
   EXPECT_EQ(study::judge_contraction_lower(b, a, 100).verdict, "not reproduced");
 }
+
+// launch = { ranks = N }: the variant's runs start as processes under `gasloc launch` (over
+// Gloo), and step_time_from gives an in-process variant the seconds per step they measured.
+TEST_F(Sweep, LaunchedVariantsRunAsProcessesAndCalibrateTheOthers) {
+  const std::string gloo = "set = { \"cluster.backend\" = \"gloo\" }\n";
+  expect_config_error("[[variant]]\nname = \"a\"\nlaunch = { ranks = 2 }\n", "variant.a.launch");
+  expect_config_error("[[variant]]\nname = \"a\"\n" + gloo, "add launch = { ranks = N }");
+  expect_config_error("[[variant]]\nname = \"a\"\n" + gloo + "launch = { ranks = 1 }\n", "launch.ranks");
+  expect_config_error("[[variant]]\nname = \"a\"\n" + gloo + "launch = { ranks = 2, hosts = 2 }\n", "hosts");
+  expect_config_error("[[variant]]\nname = \"a\"\nstep_time_from = \"b\"\n[[variant]]\nname = \"b\"\n", "variant.a.step_time_from");
+  const auto spec = study::load_sweep(sweep_file("launch", R"(
+[set]
+"cluster.workers" = 2
+"algo.name" = "diloco"
+"algo.H" = 2
+[[variant]]
+name = "real"
+set = { "cluster.backend" = "gloo", "cluster.timeout_s" = 120 }
+launch = { ranks = 2 }
+[[variant]]
+name = "virtual"
+step_time_from = "real"
+)"));
+  auto runs = study::expand_sweep(spec, false, kRoot / "runs");
+  ASSERT_EQ(runs.size(), 2u);
+  study::apply_step_times(spec, runs);
+  EXPECT_TRUE(runs[1].awaits_step_time);  // real has not run yet
+  auto o = options("launch.md");
+  o.gasloc = fs::path(GASLOC_BINARY_DIR) / "gasloc";
+  study::run_sweep(spec, o);
+  const auto real = study::read_run_summary(runs[0].dir);
+  ASSERT_TRUE(real.finished()) << read_file(runs[0].dir.string() + ".log");
+  EXPECT_EQ(real.workers, 2);
+  EXPECT_NE(read_file(runs[0].dir.string() + ".log").find("[rank 1]"), std::string::npos);
+  const auto cfg = nlohmann::json::parse(read_file(runs[1].dir / "run.json"));
+  EXPECT_DOUBLE_EQ(cfg["config"]["network"]["step_time_s"].get<double>(),
+                   real.train_wall_s / static_cast<double>(real.last_train_step));
+  EXPECT_EQ(cfg["config"]["cluster"]["backend"].get<std::string>(), "inproc");
+  const std::string doc = read_file(kRoot / "launch.md");
+  EXPECT_NE(doc.find("run as 2 processes (`gasloc launch -n 2`)"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| virtual | - | 1 | 1 |"), std::string::npos) << doc;
+  // Again: both are reused, and the calibrated run's configuration still matches.
+  study::run_sweep(spec, o);
+  EXPECT_EQ(study::read_run_summary(runs[1].dir).last_step, 4);
+}

@@ -75,6 +75,10 @@ RunSummary read_run_summary(const fs::path& dir) {
       if (t->step >= w.step)
         w = {t->step, t->bytes_sent, t->local_steps.value_or(t->step), t->idle_s, t->virtual_time_s};
       r.virtual_s = std::max(r.virtual_s, t->virtual_time_s);
+      if (t->step > r.last_train_step || (t->step == r.last_train_step && t->wall_time_s > r.train_wall_s)) {
+        r.last_train_step = t->step;
+        r.train_wall_s = t->wall_time_s;
+      }
     }
   }
   r.wall_s += segment_wall;

@@ -28,6 +28,8 @@ struct RunSummary {
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
   double wall_s = 0;             // training time on the wall clock, summed over resumed segments
+  double train_wall_s = 0;       // the latest training line's wall time (of its segment), before the final evaluation
+  int64_t last_train_step = 0;   // ... and its step: train_wall_s / last_train_step is a measured step time
   double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
   std::vector<EvalPoint> curve;
   // Evaluated at train.steps: the run is complete.

@@ -249,6 +249,11 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
     const bool one = grid_points(tune).size() < 2;
     std::string settings = settings_list(v.settings);
     if (opts.quick && !v.quick_settings.empty()) settings += "; quick mode adds " + settings_list(v.quick_settings);
+    if (v.ranks > 0)
+      settings += fmt::format("; run as {} processes (`gasloc launch -n {}{}`): its times are the wall clock", v.ranks, v.ranks,
+                              v.netns ? " --netns" : "");
+    if (!v.step_time_from.empty())
+      settings += "; `network.step_time_s` is the seconds per step that " + v.step_time_from + "'s run of the same group measured";
     md += fmt::format("| {} | {} | {} |\n", v.name, settings,
                       tune.empty() ? "-" : axes_text(tune) + (one ? " (one point: not tuned)" : ""));
   }

@@ -305,6 +305,25 @@ void read_run_tables(const json& doc, SweepSpec& spec) {
   }
 }
 
+// A variant's launch table and step_time_from (`names`: the variants declared before it, itself included).
+void read_launch(const VariantSection& vs, const std::string& where, const std::set<std::string>& names, SweepVariant& var,
+                 const SweepSpec& spec) {
+  if (!vs.launch.empty()) {
+    const auto ls = read_section<LaunchSection>(vs.launch, where + ".launch");
+    if (ls.ranks < 2) bad(where + ".launch.ranks", "must be at least 2 processes, e.g. launch = { ranks = 4 }");
+    var.ranks = ls.ranks;
+    var.netns = ls.netns;
+  }
+  var.step_time_from = vs.step_time_from;
+  if (spec.consensus && (var.ranks > 0 || !var.step_time_from.empty()))
+    bad(where + (var.ranks > 0 ? ".launch" : ".step_time_from"), "a consensus study trains nothing: remove it");
+  if (var.step_time_from.empty()) return;
+  if (var.step_time_from == var.name || !names.count(var.step_time_from))
+    bad(where + ".step_time_from", "'" + var.step_time_from + "' must be a variant declared before this one (it runs first)");
+  if (!var.tune.empty() || !var.quick_tune.empty())
+    bad(where + ".step_time_from", "a calibrated variant is paired with its calibration run by seed: give it no tune grid");
+}
+
 // The [[variant]] tables; returns their names.
 std::set<std::string> read_variants(const json& doc, SweepSpec& spec) {
   std::set<std::string> names;
@@ -325,9 +344,22 @@ std::set<std::string> read_variants(const json& doc, SweepSpec& spec) {
       if (!has_axis(var.tune, key)) bad(where + ".quick_tune." + key, "replaces a tune axis in --quick mode, but tune has no '" + key + "'");
     for (const auto& [key, values] : var.tune)
       if (key == "train.seed" || has_axis(spec.grid, key)) bad(where + ".tune." + key, "is also set by the sweep itself");
+    read_launch(vs, where, names, var, spec);
     spec.variants.push_back(std::move(var));
   }
   return names;
+}
+
+// Launched runs talk over Gloo, in-process ones over the in-process cluster: the other way round
+// a run would fail only when it starts.
+void check_backend(const SweepSpec& spec, const std::string& variant, const train::JobConfig& job) {
+  const auto& var = *std::find_if(spec.variants.begin(), spec.variants.end(), [&](const auto& v) { return v.name == variant; });
+  const bool gloo = job.cluster.backend == "gloo";
+  if (var.ranks > 0 && !gloo)
+    bad("variant." + variant + ".launch", "launched runs need \"cluster.backend\" = \"gloo\" in the variant's set");
+  if (var.ranks == 0 && job.cluster.backend != "inproc")
+    bad("variant." + variant + ".set", "cluster.backend = \"" + job.cluster.backend.str() +
+                                           "\" needs processes: add launch = { ranks = N } to the variant");
 }
 
 // Every run's job must load: a bad setting fails here, before hours of other runs.
@@ -336,11 +368,13 @@ void check_every_job_loads(const SweepSpec& spec) {
     auto runs = expand_tuning(spec, quick, "runs/experiments");
     for (auto& r : expand_final(spec, quick, "runs/experiments", {})) runs.push_back(std::move(r));
     for (const auto& r : runs) {
+      train::JobConfig job;
       try {
-        train::load_job(spec.job, r.overrides);
+        job = train::load_job(spec.job, r.overrides);
       } catch (const ConfigError& e) {
         throw ConfigError(fmt::format("sweep run {} {}: {}", r.variant, r.dir.filename().string(), e.what()), e.hint());
       }
+      check_backend(spec, r.variant, job);
     }
   }
 }
@@ -370,6 +404,10 @@ SweepSpec load_sweep(const fs::path& file) {
       if (!names.count(v)) bad("scenario." + sc.name + ".variants", "'" + v + "' is not a variant");
     if (!spec.target_from.empty() && !spec.runs_in(spec.target_from, {{kScenarioKey, sc.name}}))
       bad("scenario." + sc.name + ".variants", "must include target_from '" + spec.target_from + "': each group's target is its loss");
+    for (const auto& v : spec.variants)
+      if (!v.step_time_from.empty() && spec.runs_in(v.name, {{kScenarioKey, sc.name}}) &&
+          !spec.runs_in(v.step_time_from, {{kScenarioKey, sc.name}}))
+        bad("scenario." + sc.name + ".variants", "runs '" + v.name + "' but not '" + v.step_time_from + "', whose run sets its step time");
   }
   if (doc.contains("claim")) {
     if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");

@@ -48,6 +48,13 @@
 //   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
 //   scenarios = ["bw10"]                        # judged in these scenarios only (default: every group)
 //
+// Real processes: a variant with `launch = { ranks = 4 }` runs each of its runs as
+// `gasloc launch -n 4 [--netns] -- gasloc train ...` (its settings must include
+// cluster.backend = "gloo"); its times are then the wall clock. To compare them with the virtual
+// clock, an in-process variant sets `step_time_from = "calibration"`: its network.step_time_s is
+// the seconds per step (the last training line's wall time over its step) that the named variant's
+// run of the same group and seed took, so that variant runs first (it must be declared earlier).
+//
 // Tuning: with a [tuning] table, every point of a variant's `tune` grid runs once on the tuning
 // seed (for every point of [grid]); the point with the lowest final validation loss is chosen,
 // then runs on each of `seeds`. A variant whose grid has one point (or none) runs on the seeds
@@ -175,12 +182,25 @@ struct ClaimSection {
   }
 };
 
+struct LaunchSection {
+  int64_t ranks = 0;
+  bool netns = false;
+
+  template <class V>
+  void visit(V&& v) {
+    v("ranks", ranks, "processes to start (gasloc launch -n), at least 2");
+    v("netns", netns, "each rank in its own network namespace with shaped links (gasloc launch --netns; root)");
+  }
+};
+
 struct VariantSection {
   std::string name;
   nlohmann::json set = nlohmann::json::object();
   nlohmann::json tune = nlohmann::json::object();
   nlohmann::json quick_tune = nlohmann::json::object();
   nlohmann::json quick_set = nlohmann::json::object();
+  nlohmann::json launch = nlohmann::json::object();
+  std::string step_time_from;
 
   template <class V>
   void visit(V&& v) {
@@ -189,6 +209,9 @@ struct VariantSection {
     v("tune", tune, "its own tuning grid: { \"section.key\" = [values] } (needs [tuning])");
     v("quick_tune", quick_tune, "--quick: this grid instead");
     v("quick_set", quick_set, "--quick: these settings on top of [quick]'s");
+    v("launch", launch, "run as real processes: { ranks = 4, netns = false } (gasloc launch; needs cluster.backend = \"gloo\")");
+    v("step_time_from", step_time_from,
+      "network.step_time_s := the seconds per step this earlier variant's run of the same group and seed measured");
   }
 };
 
@@ -209,6 +232,9 @@ struct SweepVariant {
   std::vector<std::string> settings;  // section.key=value
   Axes tune, quick_tune;              // empty: nothing to tune
   std::vector<std::string> quick_settings;  // --quick: on top of the study's [quick]
+  int64_t ranks = 0;           // > 0: its runs start as this many processes under gasloc launch
+  bool netns = false;          // ... each in its own network namespace
+  std::string step_time_from;  // a variant whose measured seconds per step become network.step_time_s
 };
 
 struct SweepSpec {

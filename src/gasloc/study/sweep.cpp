@@ -2,8 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
@@ -15,6 +23,8 @@
 #include "gasloc/train/run.hpp"
 #include "gasloc/train/run_files.hpp"
 #include "gasloc/train/trainer.hpp"
+
+extern char** environ;
 
 namespace gasloc::study {
 namespace fs = std::filesystem;
@@ -95,7 +105,7 @@ fs::path group_dir(const fs::path& base, const SweepVariant& var, const Point& g
 // Refuse to mix results: a directory must hold this very configuration.
 void check_same_config(const SweepSpec& spec, const std::vector<SweepRun>& runs) {
   for (const auto& r : runs) {
-    if (!fs::exists(r.dir / "run.json")) continue;
+    if (r.awaits_step_time || !fs::exists(r.dir / "run.json")) continue;
     const json expected = train::load_job(spec.job, r.overrides).to_json();
     const json found = json::parse(read_file(r.dir / "run.json"), nullptr, false);
     if (found.is_discarded() || !found.contains("config"))
@@ -199,56 +209,135 @@ Chosen choose_points(const SweepSpec& spec, const std::vector<SweepRun>& tuning_
   return out;
 }
 
+void apply_step_times(const SweepSpec& spec, std::vector<SweepRun>& runs) {
+  constexpr const char* kKey = "network.step_time_s=";
+  for (auto& r : runs) {
+    const auto& from = std::find_if(spec.variants.begin(), spec.variants.end(), [&](const auto& v) { return v.name == r.variant; })
+                           ->step_time_from;
+    if (from.empty()) continue;
+    const auto cal = std::find_if(runs.begin(), runs.end(), [&](const SweepRun& c) {
+      return c.variant == from && c.point == r.point && c.seed == r.seed && !c.tuning;
+    });
+    const bool ready = cal != runs.end() && fs::exists(cal->dir / "run.json") && read_run_summary(cal->dir).finished();
+    // Drop a step time set before (the run's own settings may hold one too: the calibrated one comes last and wins).
+    auto& o = r.overrides;
+    if (r.calibrated) o.erase(o.end() - 2);
+    r.calibrated = false;
+    r.awaits_step_time = !ready;
+    if (!ready) continue;
+    const RunSummary s = read_run_summary(cal->dir);
+    const double step_s = s.train_wall_s / static_cast<double>(std::max<int64_t>(1, s.last_train_step));
+    o.insert(o.end() - 1, fmt::format("{}{}", kKey, step_s));  // before train.run_dir, which stays last
+    r.calibrated = true;
+  }
+}
+
 namespace {
 
-// Runs (or reuses, or resumes) each run in turn; returns how many are done.
-size_t run_all(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts, const std::string& stage) {
+const SweepVariant& variant_of(const SweepSpec& spec, const std::string& name) {
+  return *std::find_if(spec.variants.begin(), spec.variants.end(), [&](const auto& v) { return v.name == name; });
+}
+
+// One run of a launched variant: `gasloc launch -n RANKS [--netns] -- gasloc train ...`, started
+// without a shell, its output (every rank's, prefixed) into DIR.log beside the run.
+void launch_run(const SweepSpec& spec, const SweepVariant& var, const SweepRun& r, bool resume, const SweepOptions& opts) {
+  if (opts.gasloc.empty())
+    throw Error("variant '" + var.name + "' runs as processes, but this sweep was not started by the gasloc program",
+                "run it with `gasloc sweep`");
+  std::vector<std::string> args = {opts.gasloc.string(), "launch", "-n", std::to_string(var.ranks)};
+  if (var.netns) args.push_back("--netns");
+  for (const char* a : {"--", "gasloc", "train"}) args.emplace_back(a);
+  if (resume) {
+    args.insert(args.end(), {"--resume", r.dir.string()});
+  } else {
+    args.insert(args.end(), {"--config", spec.job});
+    for (const auto& o : r.overrides) args.insert(args.end(), {"--set", o});
+  }
+  const std::string log = r.dir.string() + ".log";
+  fs::create_directories(r.dir.parent_path());
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | (resume ? O_APPEND : O_TRUNC), 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int err = posix_spawn(&pid, args[0].c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (err != 0) throw Error(fmt::format("cannot start {}: {}", args[0], std::strerror(err)));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw Error(fmt::format("lost the launcher of {}: {}", r.dir.string(), std::strerror(errno)));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw Error(fmt::format("the launched run {} failed ({}); its ranks' output is in {}", r.dir.string(),
+                            WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status)) : "killed by a signal", log),
+                "read that log; the same command resumes it from its checkpoint, or starts it over");
+}
+
+// Trains one unfinished run: resumed from its checkpoint, else from scratch; in this process or,
+// for a launched variant, as processes.
+void train_run(const SweepSpec& spec, const SweepRun& r, const SweepOptions& opts, const std::string& what) {
+  const bool resume = has_checkpoint(r.dir);
+  if (resume) {
+    fmt::print("{}: resuming {}\n", what, r.dir.string());
+  } else {
+    fmt::print("{}: running into {}\n", what, r.dir.string());
+    fs::remove_all(r.dir);  // a run that died before its first checkpoint starts over
+  }
+  std::fflush(stdout);
+  const SweepVariant& var = variant_of(spec, r.variant);
+  if (var.ranks > 0) return launch_run(spec, var, r, resume, opts);
+  train::TrainRequest req;
+  if (resume) {
+    req.resume_dir = r.dir.string();
+  } else {
+    req.config_path = spec.job;
+    req.overrides = r.overrides;
+  }
+  if (train::run_training(req).interrupted)
+    throw Error("sweep interrupted during " + what, "run the same command again: finished runs are reused and this one resumes");
+}
+
+// What a dry run says of a run.
+void print_state(const SweepRun& r, const std::string& what, bool finished) {
+  if (r.provisional)
+    fmt::print("{}: after tuning (its point, and so its directory under {}, is chosen then)\n", what, r.dir.parent_path().string());
+  else if (r.awaits_step_time && !finished)
+    fmt::print("{}: to run after its step_time_from run, which sets its step time ({})\n", what, r.dir.string());
+  else
+    fmt::print("{}: {} ({})\n", what, finished ? "finished" : has_checkpoint(r.dir) ? "stopped, will resume" : "to run",
+               r.dir.string());
+}
+
+// Runs (or reuses, or resumes) each run in turn; returns how many are done. A calibrated run
+// takes its step time here, from a run finished earlier in the same loop.
+size_t run_all(const SweepSpec& spec, std::vector<SweepRun>& runs, const SweepOptions& opts, const std::string& stage) {
   size_t done = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
+    apply_step_times(spec, runs);
     const auto& r = runs[i];
     const std::string what = fmt::format("[{} {}/{}] {}", stage, i + 1, runs.size(), run_title(r));
     // Finished: evaluated at its last step. Its results are complete even if its final checkpoint
     // then failed (a full disk), so it is not redone.
     const bool finished = fs::exists(r.dir / "run.json") && read_run_summary(r.dir).finished();
     if (opts.dry_run) {
-      if (r.provisional) {
-        fmt::print("{}: after tuning (its point, and so its directory under {}, is chosen then)\n", what,
-                   r.dir.parent_path().string());
-        continue;
-      }
-      fmt::print("{}: {} ({})\n", what, finished ? "finished" : has_checkpoint(r.dir) ? "stopped, will resume" : "to run",
-                 r.dir.string());
+      print_state(r, what, finished);
       continue;
+    }
+    if (r.awaits_step_time)
+      throw Error(what + ": the run that sets its step time (step_time_from) did not finish", "run the same command again");
+    if (finished) {
+      fmt::print("{}: finished, reused\n", what);
+    } else {
+      train_run(spec, r, opts, what);
     }
     // A finished run's checkpoints cost about 16 bytes per parameter per worker (a GB for 8 tiny
     // workers) and serve no result: they go, unless the sweep keeps them to train on later.
-    auto tidy = [&] {
-      if (spec.keep_checkpoints) return;
+    if (!spec.keep_checkpoints)
       if (const uintmax_t freed = train::RunCheckpoints(r.dir, /*world: the layout does not depend on it*/ 1).remove_all(); freed > 0)
         fmt::print("{}: removed its checkpoints ({:.0f} MB; sweep.keep_checkpoints = true keeps them)\n", what,
                    static_cast<double>(freed) / 1e6);
-    };
-    if (finished) {
-      fmt::print("{}: finished, reused\n", what);
-      tidy();
-      ++done;
-      continue;
-    }
-    train::TrainRequest req;
-    if (has_checkpoint(r.dir)) {
-      fmt::print("{}: resuming {}\n", what, r.dir.string());
-      req.resume_dir = r.dir.string();
-    } else {
-      fmt::print("{}: running into {}\n", what, r.dir.string());
-      fs::remove_all(r.dir);  // a run that died before its first checkpoint starts over
-      req.config_path = spec.job;
-      req.overrides = r.overrides;
-    }
-    std::fflush(stdout);
-    const train::TrainSummary s = train::run_training(req);
-    if (s.interrupted)
-      throw Error("sweep interrupted during " + what, "run the same command again: finished runs are reused and this one resumes");
-    tidy();
     ++done;
   }
   return done;
@@ -294,15 +383,18 @@ void run_consensus(const SweepSpec& spec, const SweepOptions& opts) {
 
 void run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   if (spec.consensus) return run_consensus(spec, opts);
-  const auto tuning = expand_tuning(spec, opts.quick, opts.runs_root);
+  auto tuning = expand_tuning(spec, opts.quick, opts.runs_root);
   // Refuse to mix results before anything runs; the final runs of points already chosen too.
   check_same_config(spec, tuning);
-  check_same_config(spec, expand_final(spec, opts.quick, opts.runs_root, choose_points(spec, tuning)));
+  auto known = expand_final(spec, opts.quick, opts.runs_root, choose_points(spec, tuning));
+  apply_step_times(spec, known);
+  check_same_config(spec, known);
   const auto t0 = std::chrono::steady_clock::now();
   size_t done = run_all(spec, tuning, opts, "tuning");
   // The tuning is complete here (or this is a dry run): each variant's point is fixed from now on.
   const Chosen chosen = choose_points(spec, tuning);
-  const auto finals = expand_final(spec, opts.quick, opts.runs_root, chosen);
+  auto finals = expand_final(spec, opts.quick, opts.runs_root, chosen);
+  apply_step_times(spec, finals);
   check_same_config(spec, finals);
   done += run_all(spec, finals, opts, spec.tuned ? "seeds" : "run");
   if (opts.dry_run) return;
