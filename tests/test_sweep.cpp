@@ -780,3 +780,32 @@ step_time_from = "real"
   study::run_sweep(spec, o);
   EXPECT_EQ(study::read_run_summary(runs[1].dir).last_step, 4);
 }
+
+// by = "time" on within: the runs' final times on their own clocks (a launched run's is the wall
+// clock), paired by seed, instead of their losses.
+TEST(SweepClaims, WithinByTimeComparesEachRunsFinalTime) {
+  const fs::path root = kRoot / "within_time";
+  study::SweepSpec spec;
+  spec.name = spec.title = "t";
+  spec.learned_by = 0.0;
+  spec.plot_x.clear();
+  spec.variants = {{"real", {}, {}, {}}, {"virtual", {}, {}, {}}};
+  spec.claims = {{"the virtual clock predicts the real time within 10%", "within", "real", "virtual", 0.1, "time"}};
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  auto write_run = [&](const std::string& dir, const std::string& variant, double seconds) {
+    auto r = write_eval_run(root / dir, variant, 0, {{{120, 6.0, seconds}}});
+    std::ofstream(root / dir / "metrics.jsonl", std::ios::app)
+        << "{\"event\":\"train\",\"step\":120,\"worker\":0,\"virtual_time_s\":" << seconds << "}\n";
+    return r;
+  };
+  const auto virt = write_run("virtual", "virtual", 100.0);
+  std::string md = study::sweep_section(spec, {write_run("close", "real", 105.0), virt}, o);
+  EXPECT_NE(md.find("within 10%: **reproduced** (a = real, b = virtual; final time (s, each run's own clock): a 105.0000, "
+                    "b 100.0000"),
+            std::string::npos) << md;
+  md = study::sweep_section(spec, {write_run("far", "real", 125.0), virt}, o);
+  EXPECT_NE(md.find("within 10%: **not reproduced**"), std::string::npos) << md;
+  fs::remove_all(root);
+}

@@ -455,42 +455,56 @@ std::string projection_md(const SweepSpec& spec, Group& grp) {
   return md;
 }
 
+// A faster claim: time (or steps) to the group's target, or to target_from's loss at
+// c.target_at of its steps; `why` gets the equal-time budget's objection, if any.
+Judgement judge_faster_claim(const SweepSpec& spec, const SweepClaim& c, Group& grp, double target, double budget,
+                             std::string& why) {
+  const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
+  const bool steps = c.by == "steps";
+  if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.a, ra, budget);
+  if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.b, rb, budget);
+  double t = target;
+  std::string which = "target";
+  if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
+    std::vector<double> at;
+    for (const auto& l : grp.finals[spec.target_from])
+      if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
+    t = at.empty() ? 0.0 : stats_of(at).hi;
+    which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps, the highest of its runs)", t, spec.target_from,
+                        100 * c.target_at);
+  }
+  Judgement j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
+  j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;
+  return j;
+}
+
+// Each run's final time on its clock (the wall clock for launched runs) per seed.
+BySeed final_times_of(const std::vector<Loaded>& runs) {
+  BySeed out;
+  for (const auto& l : runs) out[seed_of(*l.run)] = l.summary.virtual_s;
+  return out;
+}
+
+// lower, within, no_worse: on the final losses, or with by = "time" on the runs' final times.
+Judgement judge_value_claim(const SweepClaim& c, Group& grp) {
+  const bool time = c.by == "time";
+  const BySeed a = time ? final_times_of(grp.finals[c.a]) : losses_of(grp.finals[c.a]);
+  const BySeed b = time ? final_times_of(grp.finals[c.b]) : losses_of(grp.finals[c.b]);
+  Judgement j = c.kind == "within" ? judge_within(a, b, c.tolerance) : c.kind == "no_worse" ? judge_no_worse(a, b, c.tolerance)
+                                                                                            : judge_lower(a, b);
+  j.numbers = (time ? "final time (s, each run's own clock): " : "final loss: ") + j.numbers;
+  return j;
+}
+
 // Each claim's verdict for this group, as a markdown list item.
 std::vector<std::string> judge_claims(const SweepSpec& spec, Group& grp, const std::string& g, double unigram, double target,
                                       double budget) {
   std::vector<std::string> claim_lines;
   for (const auto& c : spec.claims) {
     if (!spec.judged_in(c, grp.point)) continue;
-    const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
-    Judgement j;
-    std::string why = unfit(spec, c.a, ra, unigram);
-    if (why.empty()) why = unfit(spec, c.b, rb, unigram);
-    if (c.kind == "faster") {
-      const bool steps = c.by == "steps";
-      if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.a, ra, budget);
-      if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.b, rb, budget);
-      double t = target;
-      std::string which = "target";
-      if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
-        std::vector<double> at;
-        for (const auto& l : grp.finals[spec.target_from])
-          if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
-        t = at.empty() ? 0.0 : stats_of(at).hi;
-        which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps, the highest of its runs)", t,
-                            spec.target_from, 100 * c.target_at);
-      }
-      j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
-      j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;
-    } else if (c.kind == "within") {
-      j = judge_within(losses_of(ra), losses_of(rb), c.tolerance);
-      j.numbers = "final loss: " + j.numbers;
-    } else if (c.kind == "no_worse") {
-      j = judge_no_worse(losses_of(ra), losses_of(rb), c.tolerance);
-      j.numbers = "final loss: " + j.numbers;
-    } else {
-      j = judge_lower(losses_of(ra), losses_of(rb));
-      j.numbers = "final loss: " + j.numbers;
-    }
+    std::string why = unfit(spec, c.a, grp.finals[c.a], unigram);
+    if (why.empty()) why = unfit(spec, c.b, grp.finals[c.b], unigram);
+    Judgement j = c.kind == "faster" ? judge_faster_claim(spec, c, grp, target, budget, why) : judge_value_claim(c, grp);
     if (!why.empty()) j.verdict = "says nothing: " + why;
     claim_lines.push_back(fmt::format("- {}{}: **{}** (a = {}, b = {}; {})", c.text, g.empty() ? "" : " [" + g + "]", j.verdict,
                                       c.a, c.b, j.numbers));

@@ -44,7 +44,8 @@
 //   a = "gasloc-2peer"
 //   b = "diloco"
 //   tolerance = 0.02                            # within: |a - b| <= tolerance * b; no_worse: a - b <= tolerance * b
-//   by = "steps"                                # faster only: steps to the target, not virtual time
+//   by = "steps"                                # faster: steps to the target, not virtual time; the others:
+//                                               # by = "time" compares each run's final time, not its loss
 //   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
 //   scenarios = ["bw10"]                        # judged in these scenarios only (default: every group)
 //
@@ -163,7 +164,7 @@ struct TuningSection {
 struct ClaimSection {
   std::string text, kind, a, b;
   double tolerance = 0.0;
-  std::string by = "time";
+  std::string by;  // "": time for faster, loss for the others
   double target_at = 1.0;
   std::vector<std::string> scenarios;
 
@@ -176,7 +177,9 @@ struct ClaimSection {
     v("a", a, "variant the claim is about");
     v("b", b, "variant it is compared with");
     v("tolerance", tolerance, "within, no_worse: relative gap allowed; faster: a's time <= b's / (1 + tolerance)");
-    v("by", by, "faster: time (virtual seconds) or steps to the target");
+    v("by", by,
+      "faster: time (virtual seconds, the default) or steps to the target; lower, within, no_worse: loss (the default) or "
+      "time (each run's final time on its own clock: the wall clock for launched variants)");
     v("target_at", target_at, "faster: the target is target_from's loss at this fraction of train.steps");
     v("scenarios", scenarios, "judged in these scenarios only (default: every group)");
   }
