@@ -45,6 +45,11 @@ research_data() { prepare_corpus data/micro1024 1024; }
 run_study() {
   local file=$1
   shift
+  # The old scripts took STEPS (and N ROUNDS); the study file fixes them now, before any run.
+  if [[ ${1:-} =~ ^[0-9]+$ ]]; then
+    echo "$(basename "$0") takes no step or round count any more: $file fixes them (--quick runs fewer)" >&2
+    return 2
+  fi
   [ -x build/gasloc ] || scripts/setup.sh
   build/gasloc sweep "$file" --doc "${RESULTS_DOC:-docs/results.md}" "$@"
 }
