@@ -16,11 +16,14 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/train/checkpoint.hpp"
+#include "gasloc/study/consensus_study.hpp"
 #include "gasloc/study/section.hpp"
 #include "gasloc/study/study_file.hpp"
 #include "gasloc/study/sweep.hpp"
 #include "gasloc/study/verdict.hpp"
 #include "gasloc/model/llama.hpp"
+#include "gasloc/algo/consensus.hpp"
+#include "gasloc/topology/topology.hpp"
 #include "test_util.hpp"
 
 using namespace gasloc;
@@ -56,10 +59,10 @@ class Sweep : public ::testing::Test {
     return o;
   }
 
-  static void expect_config_error(const std::string& body, const std::string& needle) {
+  static void expect_config_error(const std::string& body, const std::string& needle, const std::string& sweep_extra = "") {
     static int k = 0;
     try {
-      study::load_sweep(sweep_file("bad" + std::to_string(k++), body));
+      study::load_sweep(sweep_file("bad" + std::to_string(k++), body, sweep_extra));
       ADD_FAILURE() << "expected an error mentioning " << needle;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -580,4 +583,229 @@ TEST(SweepVerdicts, NoWorseCountsBeingBetterAsHolding) {
   EXPECT_EQ(study::judge_no_worse(BySeed{{1, 5.09}, {2, 5.11}}, b, 0.02).verdict.rfind("inconclusive", 0), 0u);
   // A run without a seed (an untuned grid point) is named as such.
   EXPECT_NE(study::judge_lower(BySeed{{0, 4.0}}, BySeed{{0, 5.0}}).numbers.find("one run: -1.0000"), std::string::npos);
+}
+
+// [[scenario]]: each is a group with its own settings (after [set], before the variant's) and,
+// where it lists them, its own variants; a claim is judged in the scenarios it names only.
+TEST_F(Sweep, ScenariosAreGroupsWithTheirOwnSettingsAndVariants) {
+  const std::string variants = "[[variant]]\nname = \"a\"\n[[variant]]\nname = \"b\"\nset = { \"optim.lr\" = 0.01 }\n";
+  const std::string slow_only_a = "[[scenario]]\nname = \"fast\"\n[[scenario]]\nname = \"slow\"\nvariants = [\"a\"]\n";
+  expect_config_error(slow_only_a + variants + "[[claim]]\ntext = \"t\"\nkind = \"lower\"\na = \"a\"\nb = \"b\"\n",
+                      "scenario 'slow' does not run variant 'b'");
+  expect_config_error(slow_only_a + variants + "[[claim]]\ntext = \"t\"\nkind = \"lower\"\na = \"a\"\nb = \"b\"\nscenarios = [\"mid\"]\n",
+                      "'mid' is not a [[scenario]]");
+  expect_config_error("[[scenario]]\nname = \"x\"\nvariants = [\"zz\"]\n" + variants, "scenario.x.variants");
+  expect_config_error("[[scenario]]\nname = \"x\"\n[[scenario]]\nname = \"x\"\n" + variants, "appears twice");
+  expect_config_error("[[scenario]]\nname = \"x,y\"\n" + variants, "scenario.name");
+  expect_config_error("[[scenario]]\nname = \"x\"\nset = { \"network.stragglerz\" = 1 }\n" + variants, "network.stragglerz");
+  expect_config_error("[[scenario]]\nname = \"x\"\nspeed = 1\n" + variants, "scenario.speed");
+  const std::string body = R"(
+[set]
+"cluster.workers" = 2
+"algo.name" = "diloco"
+"algo.H" = 2
+[[scenario]]
+name = "fast"
+[[scenario]]
+name = "slow"
+set = { "network.stragglers" = [{ rank = 1, bandwidth = 0.01 }] }
+variants = ["a"]
+)" + variants + R"(
+[[claim]]
+text = "a ends lower than b"
+kind = "lower"
+a = "a"
+b = "b"
+scenarios = ["fast"]
+)";
+  const auto spec = study::load_sweep(sweep_file("scen", body, "learned_by = 0.0\n"));
+  const auto runs = study::expand_sweep(spec, false, kRoot / "runs");
+  ASSERT_EQ(runs.size(), 3u);  // a in both scenarios, b in "fast" only
+  EXPECT_EQ(runs[1].dir, kRoot / "runs" / "scen" / "a" / "slow");
+  EXPECT_EQ(runs[2].dir, kRoot / "runs" / "scen" / "b" / "fast");
+  const auto& o = runs[1].overrides;
+  const auto straggler = std::find(o.begin(), o.end(), "network.stragglers=[{ bandwidth = 0.01, rank = 1 }]");
+  ASSERT_NE(straggler, o.end());
+  EXPECT_LT(std::find(o.begin(), o.end(), "algo.H=2"), straggler);  // [set] first
+  study::run_sweep(spec, options("scen.md"));
+  // The straggler's scenario reached its run: its all-reduces take longer on the virtual clock.
+  EXPECT_GT(study::read_run_summary(runs[1].dir).virtual_s, study::read_run_summary(runs[0].dir).virtual_s);
+  const std::string doc = read_file(kRoot / "scen.md");
+  const auto slow = doc.find("\n### slow\n"), claims = doc.find("\nClaims:");
+  ASSERT_NE(doc.find("\n### fast\n"), std::string::npos) << doc;
+  ASSERT_NE(slow, std::string::npos) << doc;
+  ASSERT_NE(claims, std::string::npos) << doc;
+  EXPECT_NE(doc.find("| slow | `--set network.stragglers=[{ bandwidth = 0.01, rank = 1 }]` | a |"), std::string::npos) << doc;
+  EXPECT_EQ(doc.substr(slow, claims - slow).find("| b |"), std::string::npos) << "b does not run in slow:\n" << doc;
+  EXPECT_NE(doc.find("- a ends lower than b [fast]: **"), std::string::npos) << doc;
+  EXPECT_EQ(doc.find("[slow]: **"), std::string::npos) << doc;
+}
+
+// sweep.memory: each variant's state per parameter, from the memory line its trainer logged.
+TEST_F(Sweep, MemoryTableShowsEachVariantsStatePerParameter) {
+  const auto spec = study::load_sweep(sweep_file("mem", R"(
+[set]
+"cluster.workers" = 1
+"algo.name" = "none"
+[[variant]]
+name = "adamw"
+set = { "optim.name" = "adamw" }
+)", "memory = true\nnotes = \"How to read it: a fixed note.\"\n"));
+  study::run_sweep(spec, options("mem.md"));
+  const auto run = study::expand_sweep(spec, false, kRoot / "runs").at(0);
+  const auto s = study::read_run_summary(run.dir);
+  ASSERT_GT(s.params, 0);
+  // AdamW holds two moments in fp32.
+  EXPECT_DOUBLE_EQ(s.optimizer_state_per_param, 8.0);
+  EXPECT_DOUBLE_EQ(s.sync_state_per_param, 0.0);
+  const std::string doc = read_file(kRoot / "mem.md");
+  EXPECT_NE(doc.find(fmt::format("| adamw | adamw | none | {} | 8.0 | 0.0 | 8.0 |", s.params)), std::string::npos) << doc;
+  EXPECT_NE(doc.find("\nHow to read it: a fixed note.\n"), std::string::npos) << doc;
+}
+
+// kind = "consensus": nothing trains; each variant's job keys pick the graph and the form, and
+// the section's numbers are the consensus simulator's (algo/consensus.hpp) for them.
+TEST_F(Sweep, ConsensusStudySimulatesEachVariantAndJudgesItsClaims) {
+  const std::string kind = "kind = \"consensus\"\nrounds = 5\nrate_rounds = 200\ndim = 64\n";
+  const std::string one = "[[variant]]\nname = \"a\"\n";
+  expect_config_error(one, "sweep.kind", "kind = \"gossip\"\n");
+  expect_config_error(one, "sweep.rounds", "rounds = 5\n");  // a training study
+  expect_config_error(one, "sweep.target_from", kind + "target_from = \"a\"\n");
+  expect_config_error("[tuning]\nseed = 7\nseeds = [1]\n" + one, "nothing to tune", kind);
+  expect_config_error("[[scenario]]\nname = \"x\"\n" + one, "no scenarios", kind);
+  expect_config_error(one + "[[claim]]\ntext = \"t\"\nkind = \"gap_rate\"\na = \"a\"\nb = \"a\"\n", "claim.b", kind);
+  expect_config_error(one + "[[claim]]\ntext = \"t\"\nkind = \"faster\"\na = \"a\"\nb = \"a\"\n", "claim.kind", kind);
+  expect_config_error(one + "[[claim]]\ntext = \"t\"\nkind = \"gap_rate\"\na = \"a\"\nb = \"a\"\n", "claim.kind");  // training
+  const auto spec = study::load_sweep(sweep_file("cons", R"(
+[set]
+"cluster.workers" = 8
+"algo.name" = "gasloc"
+"algo.outer_lr" = 1.0
+"algo.outer_momentum" = 0.0
+"train.seed" = 3
+[[variant]]
+name = "plain"
+set = { "algo.topology" = "1peer" }
+[[variant]]
+name = "outer"
+set = { "algo.topology" = "1peer", "algo.outer_lr" = 0.7, "algo.outer_momentum" = 0.9 }
+[[claim]]
+text = "plain gossip decays as the gap says"
+kind = "gap_rate"
+a = "plain"
+tolerance = 0.1
+[[claim]]
+text = "the outer step slows consensus"
+kind = "lower"
+a = "plain"
+b = "outer"
+)", kind));
+  study::run_sweep(spec, options("cons.md"));
+  EXPECT_FALSE(fs::exists(kRoot / "runs" / "cons")) << "a consensus study trains nothing";
+  const auto runs = study::expand_sweep(spec, false, kRoot / "runs");
+  ASSERT_EQ(runs.size(), 2u);
+  const auto plain = study::simulate_run(spec, runs[0]);
+  const topology::Topology t(topology::Kind::one_peer, 8, 3);
+  EXPECT_EQ(plain.distance, algo::simulate_consensus(t, 5, 64, 3, {}));
+  EXPECT_TRUE(plain.plain);
+  const auto outer = study::simulate_run(spec, runs[1]);
+  EXPECT_EQ(outer.distance, algo::simulate_consensus(t, 5, 64, 3, {0.7, 0.9}));
+  const std::string doc = read_file(kRoot / "cons.md");
+  EXPECT_NE(doc.find(fmt::format("| plain | 1peer | 8 | plain averaging | {:.4f} |", plain.gap)), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| outer | 1peer | 8 | anchor, lr 0.7, momentum 0.9 |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("- plain gossip decays as the gap says: **"), std::string::npos) << doc;
+  // The outer step's per-round contraction is about 0.9 against plain averaging's 0.45 (docs/topology.md).
+  EXPECT_NE(doc.find("- the outer step slows consensus: **reproduced** (a = plain, b = outer;"), std::string::npos) << doc;
+  EXPECT_TRUE(fs::exists(kRoot / "plots" / "cons-consensus.png"));
+}
+
+// The consensus verdicts on hand-made numbers.
+TEST(SweepVerdicts, ConsensusClaimsCompareTheRatesAsDeclared) {
+  study::ConsensusResult a;
+  a.gap = 0.5;
+  a.rate.mean = 0.52;  // 4% above 1 - gap
+  EXPECT_EQ(study::judge_gap_rate(a, 0.05, 100).verdict, "reproduced");
+  EXPECT_NE(study::judge_gap_rate(a, 0.05, 100).numbers.find("+4.0%"), std::string::npos);
+  EXPECT_EQ(study::judge_gap_rate(a, 0.03, 100).verdict, "not reproduced");
+  a.rate.mean = 0.47;  // 6% below
+  EXPECT_EQ(study::judge_gap_rate(a, 0.05, 100).verdict, "not reproduced");
+  study::ConsensusResult b;
+  a.rate.geometric = 0.4;
+  b.rate.geometric = 0.9;
+  EXPECT_EQ(study::judge_contraction_lower(a, b, 100).verdict, "reproduced");
+  EXPECT_EQ(study::judge_contraction_lower(b, a, 100).verdict, "not reproduced");
+}
+
+// launch = { ranks = N }: the variant's runs start as processes under `gasloc launch` (over
+// Gloo), and step_time_from gives an in-process variant the seconds per step they measured.
+TEST_F(Sweep, LaunchedVariantsRunAsProcessesAndCalibrateTheOthers) {
+  const std::string gloo = "set = { \"cluster.backend\" = \"gloo\" }\n";
+  expect_config_error("[[variant]]\nname = \"a\"\nlaunch = { ranks = 2 }\n", "variant.a.launch");
+  expect_config_error("[[variant]]\nname = \"a\"\n" + gloo, "add launch = { ranks = N }");
+  expect_config_error("[[variant]]\nname = \"a\"\n" + gloo + "launch = { ranks = 1 }\n", "launch.ranks");
+  expect_config_error("[[variant]]\nname = \"a\"\n" + gloo + "launch = { ranks = 2, hosts = 2 }\n", "hosts");
+  expect_config_error("[[variant]]\nname = \"a\"\nstep_time_from = \"b\"\n[[variant]]\nname = \"b\"\n", "variant.a.step_time_from");
+  const auto spec = study::load_sweep(sweep_file("launch", R"(
+[set]
+"cluster.workers" = 2
+"algo.name" = "diloco"
+"algo.H" = 2
+[[variant]]
+name = "real"
+set = { "cluster.backend" = "gloo", "cluster.timeout_s" = 120 }
+launch = { ranks = 2 }
+[[variant]]
+name = "virtual"
+step_time_from = "real"
+)"));
+  auto runs = study::expand_sweep(spec, false, kRoot / "runs");
+  ASSERT_EQ(runs.size(), 2u);
+  study::apply_step_times(spec, runs);
+  EXPECT_TRUE(runs[1].awaits_step_time);  // real has not run yet
+  auto o = options("launch.md");
+  o.gasloc = fs::path(GASLOC_BINARY_DIR) / "gasloc";
+  study::run_sweep(spec, o);
+  const auto real = study::read_run_summary(runs[0].dir);
+  ASSERT_TRUE(real.finished()) << read_file(runs[0].dir.string() + ".log");
+  EXPECT_EQ(real.workers, 2);
+  EXPECT_NE(read_file(runs[0].dir.string() + ".log").find("[rank 1]"), std::string::npos);
+  const auto cfg = nlohmann::json::parse(read_file(runs[1].dir / "run.json"));
+  EXPECT_DOUBLE_EQ(cfg["config"]["network"]["step_time_s"].get<double>(),
+                   real.train_wall_s / static_cast<double>(real.last_train_step));
+  EXPECT_EQ(cfg["config"]["cluster"]["backend"].get<std::string>(), "inproc");
+  const std::string doc = read_file(kRoot / "launch.md");
+  EXPECT_NE(doc.find("run as 2 processes (`gasloc launch -n 2`)"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| virtual | - | 1 | 1 |"), std::string::npos) << doc;
+  // Again: both are reused, and the calibrated run's configuration still matches.
+  study::run_sweep(spec, o);
+  EXPECT_EQ(study::read_run_summary(runs[1].dir).last_step, 4);
+}
+
+// by = "time" on within: the runs' final times on their own clocks (a launched run's is the wall
+// clock), paired by seed, instead of their losses.
+TEST(SweepClaims, WithinByTimeComparesEachRunsFinalTime) {
+  const fs::path root = kRoot / "within_time";
+  study::SweepSpec spec;
+  spec.name = spec.title = "t";
+  spec.learned_by = 0.0;
+  spec.plot_x.clear();
+  spec.variants = {{"real", {}, {}, {}}, {"virtual", {}, {}, {}}};
+  spec.claims = {{"the virtual clock predicts the real time within 10%", "within", "real", "virtual", 0.1, "time"}};
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  auto write_run = [&](const std::string& dir, const std::string& variant, double seconds) {
+    auto r = write_eval_run(root / dir, variant, 0, {{{120, 6.0, seconds}}});
+    std::ofstream(root / dir / "metrics.jsonl", std::ios::app)
+        << "{\"event\":\"train\",\"step\":120,\"worker\":0,\"virtual_time_s\":" << seconds << "}\n";
+    return r;
+  };
+  const auto virt = write_run("virtual", "virtual", 100.0);
+  std::string md = study::sweep_section(spec, {write_run("close", "real", 105.0), virt}, o);
+  EXPECT_NE(md.find("within 10%: **reproduced** (a = real, b = virtual; final time (s, each run's own clock): a 105.0000, "
+                    "b 100.0000"),
+            std::string::npos) << md;
+  md = study::sweep_section(spec, {write_run("far", "real", 125.0), virt}, o);
+  EXPECT_NE(md.find("within 10%: **not reproduced**"), std::string::npos) << md;
+  fs::remove_all(root);
 }

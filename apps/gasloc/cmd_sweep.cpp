@@ -34,6 +34,8 @@ Action add_sweep(CLI::App& app) {
     opts.print_only = o->print;
     opts.runs_root = o->runs;
     opts.command = fmt::format("gasloc sweep {}{}", o->file, o->quick ? " --quick" : "");
+    std::error_code ec;
+    opts.gasloc = std::filesystem::read_symlink("/proc/self/exe", ec);  // launched variants run this very build
     study::run_sweep(spec, opts);
     return 0;
   };

@@ -38,3 +38,18 @@ results_prereqs() {
 
 # The research regime's data (configs/research.toml): a 1024-token tokenizer, in data/micro1024.
 research_data() { prepare_corpus data/micro1024 1024; }
+
+# run_study FILE [gasloc sweep options: --quick, --dry-run, --runs DIR]: builds gasloc if needed
+# and runs the study, writing its section of docs/results.md (or $RESULTS_DOC). The study file
+# holds everything else: the runs, the claims and the section's text.
+run_study() {
+  local file=$1
+  shift
+  # The old scripts took STEPS (and N ROUNDS); the study file fixes them now, before any run.
+  if [[ ${1:-} =~ ^[0-9]+$ ]]; then
+    echo "$(basename "$0") takes no step or round count any more: $file fixes them (--quick runs fewer)" >&2
+    return 2
+  fi
+  [ -x build/gasloc ] || scripts/setup.sh
+  build/gasloc sweep "$file" --doc "${RESULTS_DOC:-docs/results.md}" "$@"
+}

@@ -75,27 +75,31 @@ void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::strin
       data += fmt::format("{} {}\n", v, x == "consensus" ? e.consensus : e.val_loss);
     }
     data += "\n\n";
-    plot += fmt::format("{}{} index {} with linespoints title {}", i ? ", " : "", gp_quote(dat.filename().string()), i,
-                        gp_quote(titles[i]));
+    const bool dashed = i < style.dashed.size() && style.dashed[i];
+    plot += fmt::format("{}{} index {} with {} title {}", i ? ", " : "", gp_quote(dat.filename().string()), i,
+                        dashed ? "lines dashtype 2" : "linespoints", gp_quote(titles[i]));
   }
   const bool baseline = style.baseline >= 0 && x != "consensus";
   if (baseline)
     plot += fmt::format(", {} with lines dashtype 2 linecolor 'gray40' title {}", style.baseline,
                         gp_quote(fmt::format("unigram baseline ({:.3f})", style.baseline)));
-  const std::string xlabel = x == "time"    ? "virtual time (s)"
-                             : x == "bytes" ? "data sent by worker 0 (MB)"
-                                            : "training step (inner steps)";
+  const std::string xlabel = !style.xlabel.empty() ? style.xlabel
+                             : x == "time"          ? "virtual time (s)"
+                             : x == "bytes"         ? "data sent by worker 0 (MB)"
+                                                    : "training step (inner steps)";
   // Consensus distance decays geometrically under gossip: a log scale shows the rate. Exact zeros
   // (all-reduce methods) have no place on it and gnuplot leaves them out.
   std::string ylabel = "set ylabel 'validation loss (nats per token, average model)'";
   if (x == "consensus")
-    ylabel = std::string("set ylabel 'consensus distance (mean squared distance to the average)'") +
+    ylabel = "set ylabel " +
+             gp_quote(style.ylabel.empty() ? "consensus distance (mean squared distance to the average)" : style.ylabel) +
              (any_positive ? "\nset logscale y" : "");
+  if (x != "consensus" && !style.ylabel.empty()) ylabel = "set ylabel " + gp_quote(style.ylabel);
   const std::string title = style.title.empty() ? "" : "set title " + gp_quote(style.title) + "\n";
   write_file_atomic(dat, data);
   write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560 noenhanced\nset output {}\n{}set xlabel '{}'\n"
-                                    "{}\nset grid\nset key top right\n{}\n",
-                                    gp_quote(png.filename().string()), title, xlabel, ylabel, plot));
+                                    "{}\nset grid\nset key {}\n{}\n",
+                                    gp_quote(png.filename().string()), title, xlabel, ylabel, style.key, plot));
   const int first = run_gnuplot(gp, /*quiet=*/true);
   if (first == 127) throw Error("gnuplot not found: cannot draw " + png.string(), "install gnuplot-nox (scripts/setup.sh does)");
   if (first != 0) {

@@ -11,6 +11,9 @@ namespace gasloc::study {
 struct PlotStyle {
   std::string title;    // above the plot; empty: none
   double baseline = -1;  // a dashed line at this loss (the unigram baseline); < 0: none. Not for consensus
+  std::string xlabel, ylabel;  // the axes' labels; empty: the default for x
+  std::vector<bool> dashed;    // per run: drawn as a dashed line without points (a prediction); empty: none
+  std::string key = "top right";  // where the legend goes (gnuplot's words): away from the curves
 };
 
 // Draws validation loss against x ("step", "time" or "bytes"), or with x = "consensus" the

@@ -38,6 +38,7 @@ RunSummary read_run_summary(const fs::path& dir) {
   r.workers = info.value("world", int64_t{1});
   r.planned_steps = info["config"]["train"].value("steps", int64_t{0});
   r.label = name;
+  r.algo = name;
   // Gossip algorithms are labelled with their graph; a name this build does not know, without.
   if (algo::algorithm_choices().contains(name) && algo::algorithm(name).needs_topology) {
     r.label += '-';
@@ -56,6 +57,9 @@ RunSummary read_run_summary(const fs::path& dir) {
     if (const auto* m = std::get_if<train::MemoryEvent>(&event)) {
       const double n = static_cast<double>(std::max<int64_t>(1, m->params));
       r.state_per_param = static_cast<double>(m->optimizer_state_bytes + m->sync_state_bytes) / n;
+      r.optimizer_state_per_param = static_cast<double>(m->optimizer_state_bytes) / n;
+      r.sync_state_per_param = static_cast<double>(m->sync_state_bytes) / n;
+      r.params = m->params;
     } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
       r.curve.push_back({e->step, e->val_loss, e->virtual_time_s, static_cast<double>(e->bytes_sent) / 1e6,
                          e->consensus_distance});
@@ -71,6 +75,10 @@ RunSummary read_run_summary(const fs::path& dir) {
       if (t->step >= w.step)
         w = {t->step, t->bytes_sent, t->local_steps.value_or(t->step), t->idle_s, t->virtual_time_s};
       r.virtual_s = std::max(r.virtual_s, t->virtual_time_s);
+      if (t->step > r.last_train_step || (t->step == r.last_train_step && t->wall_time_s > r.train_wall_s)) {
+        r.last_train_step = t->step;
+        r.train_wall_s = t->wall_time_s;
+      }
     }
   }
   r.wall_s += segment_wall;

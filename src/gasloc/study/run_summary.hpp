@@ -18,14 +18,18 @@ struct EvalPoint {
 };
 
 struct RunSummary {
-  std::string dir, label, optim;  // label: algorithm (with its topology for gossip)
+  std::string dir, label, optim, algo;  // label: algorithm (with its topology for gossip)
   int64_t workers = 1, last_step = 0, planned_steps = 0;
   double val_loss = 0, consensus = 0, mb_per_worker = 0, virtual_s = 0;
   bool has_val_loss = false;
   double state_per_param = -1;   // optimizer + algorithm bytes per parameter; < 0 if not logged
+  double optimizer_state_per_param = -1, sync_state_per_param = -1;  // its two parts
+  int64_t params = 0;            // parameters of the model, from the memory line; 0 if not logged
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
   double wall_s = 0;             // training time on the wall clock, summed over resumed segments
+  double train_wall_s = 0;       // the latest training line's wall time (of its segment), before the final evaluation
+  int64_t last_train_step = 0;   // ... and its step: train_wall_s / last_train_step is a measured step time
   double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
   std::vector<EvalPoint> curve;
   // Evaluated at train.steps: the run is complete.

@@ -64,14 +64,10 @@ struct Loaded {
 };
 
 struct Group {
+  Point point;                                                // its scenario and grid values, no seed
   std::map<std::string, std::vector<Loaded>> finals, tuning;  // variant -> its runs that have started
 };
 
-std::string settings_list(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "`--set " : " --set ") + x;
-  return s.empty() ? std::string("none") : s + "`";
-}
 
 std::string axes_text(const Axes& grid) {
   std::string out;
@@ -145,6 +141,22 @@ std::string over_budget(const SweepSpec& spec, const std::string& name, const st
 
 }  // namespace
 
+std::string settings_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "`--set " : " --set ") + x;
+  return s.empty() ? std::string("none") : s + "`";
+}
+
+fs::path plot_dir(const SweepOptions& opts) {
+  return !opts.plots_dir.empty() ? opts.plots_dir
+         : opts.doc.empty()     ? fs::path("sweep-plots")
+                                : fs::absolute(opts.doc).parent_path() / "results";
+}
+
+std::string plot_link(const SweepOptions& opts, const fs::path& png) {
+  return (opts.doc.empty() ? png : fs::relative(fs::absolute(png), fs::absolute(opts.doc).parent_path())).string();
+}
+
 Projection project_run(const fs::path& run_dir, const std::string& model) {
   const json doc = json::parse(read_file(run_dir / "run.json"), nullptr, false);
   if (doc.is_discarded() || !doc.contains("config")) throw ConfigError("corrupt '" + (run_dir / "run.json").string() + "'");
@@ -197,7 +209,10 @@ Groups collect_groups(const std::vector<SweepRun>& runs) {
   Groups out;
   for (const auto& r : runs) {
     const std::string g = point_name(without_seed(r.point));
-    if (!out.by_name.count(g)) out.order.push_back(g);
+    if (!out.by_name.count(g)) {
+      out.order.push_back(g);
+      out.by_name[g].point = without_seed(r.point);
+    }
     auto& grp = out.by_name[g];
     if (r.provisional || !fs::exists(r.dir / "run.json")) continue;
     Loaded l{&r, read_run_summary(r.dir)};
@@ -206,6 +221,19 @@ Groups collect_groups(const std::vector<SweepRun>& runs) {
     (r.tuning ? grp.tuning : grp.finals)[r.variant].push_back(std::move(l));
   }
   return out;
+}
+
+// The scenarios, each with its settings and the variants that run in it ("" without scenarios).
+std::string scenarios_md(const SweepSpec& spec) {
+  if (spec.scenarios.empty()) return "";
+  std::string md = "\nScenarios (each a group below; its settings come before the variant's):\n\n"
+                   "| scenario | settings | variants |\n| --- | --- | --- |\n";
+  for (const auto& sc : spec.scenarios) {
+    std::string vs;
+    for (const auto& v : sc.variants) vs += (vs.empty() ? "" : ", ") + v;
+    md += fmt::format("| {} | {} | {} |\n", sc.name, settings_list(sc.settings), vs.empty() ? "all" : vs);
+  }
+  return md;
 }
 
 // The section's opening: what was run, the variants and their grids, the tuning protocol.
@@ -221,9 +249,15 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
     const bool one = grid_points(tune).size() < 2;
     std::string settings = settings_list(v.settings);
     if (opts.quick && !v.quick_settings.empty()) settings += "; quick mode adds " + settings_list(v.quick_settings);
+    if (v.ranks > 0)
+      settings += fmt::format("; run as {} processes (`gasloc launch -n {}{}`): its times are the wall clock", v.ranks, v.ranks,
+                              v.netns ? " --netns" : "");
+    if (!v.step_time_from.empty())
+      settings += "; `network.step_time_s` is the seconds per step that " + v.step_time_from + "'s run of the same group measured";
     md += fmt::format("| {} | {} | {} |\n", v.name, settings,
                       tune.empty() ? "-" : axes_text(tune) + (one ? " (one point: not tuned)" : ""));
   }
+  md += scenarios_md(spec);
   const Axes& grid = opts.quick && !spec.quick_grid.empty() ? spec.quick_grid : spec.grid;
   if (!grid.empty()) md += "\nGrid (every combination, for every variant): " + axes_text(grid) + ".\n";
   const bool any_tuned = std::any_of(spec.variants.begin(), spec.variants.end(),
@@ -241,6 +275,7 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
   md += fmt::format("\nTraining time of these {} runs: {:.1f} min (their own wall clock, summed; a resumed run counts "
                     "each part).\n",
                     started, wall_s / 60);
+  if (!spec.notes.empty()) md += "\n" + spec.notes + (spec.notes.back() == '\n' ? "" : "\n");
   return md;
 }
 
@@ -299,6 +334,7 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
         "| virtual s to target | virtual time (s) | MB sent per worker | idle |\n";
   md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : spec.variants) {
+    if (!spec.runs_in(v.name, grp.point)) continue;
     const auto& rs = grp.finals[v.name];
     std::vector<double> l, below, cd, vt, mb, idle, st, tt;
     int finished = 0;
@@ -365,19 +401,34 @@ std::string plots_md(const SweepSpec& spec, Group& grp, const std::string& g, co
     std::string file = id + (g.empty() ? "" : "-" + g) + "-" + x + ".png";
     std::replace(file.begin(), file.end(), ',', '_');
     std::replace(file.begin(), file.end(), '=', '-');
-    const fs::path dir = !opts.plots_dir.empty() ? opts.plots_dir
-                         : opts.doc.empty()     ? fs::path("sweep-plots")
-                                                : fs::absolute(opts.doc).parent_path() / "results";
+    const fs::path dir = plot_dir(opts);
     fs::create_directories(dir);
     PlotStyle style;
     style.title = spec.title + (g.empty() ? "" : " [" + g + "]") + (opts.quick ? " (quick mode)" : "");
     style.baseline = unigram;
     plot_runs(rs, titles, dir / file, x, style);
-    const fs::path rel = opts.doc.empty() ? dir / file : fs::relative(fs::absolute(dir / file), fs::absolute(opts.doc).parent_path());
-    md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel.string())
-                           : fmt::format("\n![validation loss versus {}]({})\n", x, rel.string());
+    const std::string rel = plot_link(opts, dir / file);
+    md += x == "consensus" ? fmt::format("\n![consensus distance versus step]({})\n", rel)
+                           : fmt::format("\n![validation loss versus {}]({})\n", x, rel);
   }
   return md;
+}
+
+// What each variant holds between steps, from the tensors (its first final run's memory line).
+std::string memory_md(const SweepSpec& spec, Group& grp) {
+  std::string rows;
+  for (const auto& v : spec.variants) {
+    const auto& rs = grp.finals[v.name];
+    if (rs.empty() || rs.front().summary.params <= 0) continue;
+    const RunSummary& r = rs.front().summary;
+    rows += fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} |\n", v.name, r.optim, r.algo, r.params,
+                        r.optimizer_state_per_param, r.sync_state_per_param, r.state_per_param);
+  }
+  if (rows.empty()) return "";
+  return "\nState held between steps, measured from the optimizer's and the algorithm's tensors (the `memory` line of "
+         "each run's metrics.jsonl), in bytes per parameter:\n\n| variant | optimizer | algorithm | parameters | optimizer "
+         "state (B/param) | algorithm state (B/param) | total (B/param) |\n| --- | --- | --- | --- | --- | --- | --- |\n" +
+         rows;
 }
 
 // Paper scale: the same rounds with messages priced as the papers' models.
@@ -404,41 +455,56 @@ std::string projection_md(const SweepSpec& spec, Group& grp) {
   return md;
 }
 
+// A faster claim: time (or steps) to the group's target, or to target_from's loss at
+// c.target_at of its steps; `why` gets the equal-time budget's objection, if any.
+Judgement judge_faster_claim(const SweepSpec& spec, const SweepClaim& c, Group& grp, double target, double budget,
+                             std::string& why) {
+  const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
+  const bool steps = c.by == "steps";
+  if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.a, ra, budget);
+  if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.b, rb, budget);
+  double t = target;
+  std::string which = "target";
+  if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
+    std::vector<double> at;
+    for (const auto& l : grp.finals[spec.target_from])
+      if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
+    t = at.empty() ? 0.0 : stats_of(at).hi;
+    which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps, the highest of its runs)", t, spec.target_from,
+                        100 * c.target_at);
+  }
+  Judgement j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
+  j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;
+  return j;
+}
+
+// Each run's final time on its clock (the wall clock for launched runs) per seed.
+BySeed final_times_of(const std::vector<Loaded>& runs) {
+  BySeed out;
+  for (const auto& l : runs) out[seed_of(*l.run)] = l.summary.virtual_s;
+  return out;
+}
+
+// lower, within, no_worse: on the final losses, or with by = "time" on the runs' final times.
+Judgement judge_value_claim(const SweepClaim& c, Group& grp) {
+  const bool time = c.by == "time";
+  const BySeed a = time ? final_times_of(grp.finals[c.a]) : losses_of(grp.finals[c.a]);
+  const BySeed b = time ? final_times_of(grp.finals[c.b]) : losses_of(grp.finals[c.b]);
+  Judgement j = c.kind == "within" ? judge_within(a, b, c.tolerance) : c.kind == "no_worse" ? judge_no_worse(a, b, c.tolerance)
+                                                                                            : judge_lower(a, b);
+  j.numbers = (time ? "final time (s, each run's own clock): " : "final loss: ") + j.numbers;
+  return j;
+}
+
 // Each claim's verdict for this group, as a markdown list item.
 std::vector<std::string> judge_claims(const SweepSpec& spec, Group& grp, const std::string& g, double unigram, double target,
                                       double budget) {
   std::vector<std::string> claim_lines;
   for (const auto& c : spec.claims) {
-    const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
-    Judgement j;
-    std::string why = unfit(spec, c.a, ra, unigram);
-    if (why.empty()) why = unfit(spec, c.b, rb, unigram);
-    if (c.kind == "faster") {
-      const bool steps = c.by == "steps";
-      if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.a, ra, budget);
-      if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.b, rb, budget);
-      double t = target;
-      std::string which = "target";
-      if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
-        std::vector<double> at;
-        for (const auto& l : grp.finals[spec.target_from])
-          if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
-        t = at.empty() ? 0.0 : stats_of(at).hi;
-        which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps, the highest of its runs)", t,
-                            spec.target_from, 100 * c.target_at);
-      }
-      j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
-      j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;
-    } else if (c.kind == "within") {
-      j = judge_within(losses_of(ra), losses_of(rb), c.tolerance);
-      j.numbers = "final loss: " + j.numbers;
-    } else if (c.kind == "no_worse") {
-      j = judge_no_worse(losses_of(ra), losses_of(rb), c.tolerance);
-      j.numbers = "final loss: " + j.numbers;
-    } else {
-      j = judge_lower(losses_of(ra), losses_of(rb));
-      j.numbers = "final loss: " + j.numbers;
-    }
+    if (!spec.judged_in(c, grp.point)) continue;
+    std::string why = unfit(spec, c.a, grp.finals[c.a], unigram);
+    if (why.empty()) why = unfit(spec, c.b, grp.finals[c.b], unigram);
+    Judgement j = c.kind == "faster" ? judge_faster_claim(spec, c, grp, target, budget, why) : judge_value_claim(c, grp);
     if (!why.empty()) j.verdict = "says nothing: " + why;
     claim_lines.push_back(fmt::format("- {}{}: **{}** (a = {}, b = {}; {})", c.text, g.empty() ? "" : " [" + g + "]", j.verdict,
                                       c.a, c.b, j.numbers));
@@ -468,6 +534,7 @@ std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& ru
     const double budget = time_budget(spec, grp);
     md += budget_md(spec, grp, budget);
     md += results_table(spec, grp, unigram, target);
+    if (spec.memory) md += memory_md(spec, grp);
     md += tuning_table(spec, grp);
     md += plots_md(spec, grp, g, id, opts, unigram);
     md += projection_md(spec, grp);

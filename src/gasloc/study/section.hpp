@@ -15,6 +15,13 @@ namespace gasloc::study {
 // to opts.plots_dir (or ./sweep-plots) and are linked by that path.
 std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts);
 
+// "`--set a=1 --set b=2`", or "none".
+std::string settings_list(const std::vector<std::string>& settings);
+// Where a section's plots go (opts.plots_dir, else results/ beside opts.doc, else ./sweep-plots),
+// and how the section links a plot there (relative to the doc's directory).
+std::filesystem::path plot_dir(const SweepOptions& opts);
+std::string plot_link(const SweepOptions& opts, const std::filesystem::path& png);
+
 // What one run's communication would cost with messages priced as `model` (PRESET:DTYPE) on the
 // virtual clock's cost model (comm/network_model.hpp), its own network, topology and rounds.
 struct Projection {

@@ -78,16 +78,55 @@ void only_keys(const json& t, const std::string& where, std::initializer_list<co
   }
 }
 
+// A consensus study's claims: gap_rate about one variant, lower between two.
+void check_consensus_claim(const std::set<std::string>& names, const json& raw, const SweepClaim& cl) {
+  for (const char* k : {"text", "kind", "a"})
+    if (!raw.contains(k)) bad(std::string("claim.") + k, "is required");
+  if (cl.kind != "gap_rate" && cl.kind != "lower")
+    bad("claim.kind", "a consensus study judges gap_rate (a's mean per-round ratio against 1 - gap) or lower (a's contraction "
+                      "is lower than b's)");
+  if (cl.kind == "lower" && !raw.contains("b")) bad("claim.b", "is required: the variant a is compared with");
+  if (cl.kind == "gap_rate" && raw.contains("b")) bad("claim.b", "a gap_rate claim is about one variant, a: remove b");
+  for (const auto& n : {cl.a, cl.b})
+    if (!n.empty() && !names.count(n)) bad("claim.a/b", "'" + n + "' is not a variant");
+  if (cl.tolerance < 0) bad("claim.tolerance", "must be a number >= 0");
+  for (const char* k : {"by", "target_at", "scenarios"})
+    if (raw.contains(k)) bad(std::string("claim.") + k, "applies to training studies only");
+}
+
+// claim.scenarios: known scenarios, each running both variants.
+void check_claim_scenarios(const SweepSpec& spec, const SweepClaim& cl) {
+  for (const auto& name : cl.scenarios) {
+    const auto it = std::find_if(spec.scenarios.begin(), spec.scenarios.end(), [&](const auto& s) { return s.name == name; });
+    if (it == spec.scenarios.end()) bad("claim.scenarios", "'" + name + "' is not a [[scenario]]");
+    const Point group = {{kScenarioKey, name}};
+    for (const auto& v : {cl.a, cl.b})
+      if (!spec.runs_in(v, group))
+        bad("claim.scenarios", "scenario '" + name + "' does not run variant '" + v + "': list only scenarios that run both");
+  }
+  if (cl.scenarios.empty())
+    for (const auto& sc : spec.scenarios)
+      for (const auto& v : {cl.a, cl.b})
+        if (!spec.runs_in(v, {{kScenarioKey, sc.name}}))
+          bad("claim.scenarios", "scenario '" + sc.name + "' does not run variant '" + v +
+                                     "': name the scenarios the claim is about, e.g. scenarios = [\"bw10\"]");
+}
+
 void check_claim(const SweepSpec& spec, const std::set<std::string>& names, const json& raw, const SweepClaim& cl) {
+  if (spec.consensus) return check_consensus_claim(names, raw, cl);
   for (const char* k : {"text", "kind", "a", "b"})
     if (!raw.contains(k)) bad(std::string("claim.") + k, "is required");
   if (cl.kind != "lower" && cl.kind != "within" && cl.kind != "no_worse" && cl.kind != "faster")
     bad("claim.kind", "must be lower, within, no_worse or faster");
   for (const auto& n : {cl.a, cl.b})
     if (!names.count(n)) bad("claim.a/b", "'" + n + "' is not a variant");
+  check_claim_scenarios(spec, cl);
   if (cl.tolerance < 0) bad("claim.tolerance", "must be a number >= 0");
-  if (cl.by != "time" && cl.by != "steps") bad("claim.by", "must be time (virtual seconds) or steps");
-  if (raw.contains("by") && cl.kind != "faster") bad("claim.by", "only a 'faster' claim measures time or steps");
+  if (cl.kind == "faster" && !cl.by.empty() && cl.by != "time" && cl.by != "steps")
+    bad("claim.by", "a 'faster' claim measures time (virtual seconds, the default) or steps to the target");
+  if (cl.kind != "faster" && !cl.by.empty() && cl.by != "loss" && cl.by != "time")
+    bad("claim.by", "lower, within and no_worse compare the final loss (the default) or time (each run's final time on its "
+                    "clock); steps is for 'faster'");
   if (raw.contains("target_at")) {
     if (!(cl.target_at > 0 && cl.target_at <= 1)) bad("claim.target_at", "must be a fraction of train.steps in (0, 1]");
     if (cl.kind != "faster" || spec.target_from.empty())
@@ -118,7 +157,8 @@ std::string toml_text(const json& v, bool top) {
 
 std::vector<std::string> as_overrides(const Point& kv) {
   std::vector<std::string> out;
-  for (const auto& [k, v] : kv) out.push_back(k + "=" + toml_text(v));
+  for (const auto& [k, v] : kv)
+    if (k != kScenarioKey) out.push_back(k + "=" + toml_text(v));
   return out;
 }
 
@@ -128,7 +168,7 @@ std::string point_name(const Point& point) {
     std::string value = toml_text(v);
     for (char& c : value)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
-    s += (s.empty() ? "" : ",") + k.substr(k.rfind('.') + 1) + "=" + value;
+    s += (s.empty() ? "" : ",") + (k == kScenarioKey ? value : k.substr(k.rfind('.') + 1) + "=" + value);
   }
   return s;
 }
@@ -156,6 +196,24 @@ std::vector<int64_t> SweepSpec::seeds(bool quick) const {
 
 const Axes& SweepSpec::tune_of(const SweepVariant& v, bool quick) const {
   return quick && !v.quick_tune.empty() ? v.quick_tune : v.tune;
+}
+
+const SweepScenario* SweepSpec::scenario_of(const Point& group) const {
+  for (const auto& [k, v] : group)
+    if (k == kScenarioKey)
+      for (const auto& s : scenarios)
+        if (v.is_string() && s.name == v.get<std::string>()) return &s;
+  return nullptr;
+}
+
+bool SweepSpec::runs_in(const std::string& variant, const Point& group) const {
+  const SweepScenario* s = scenario_of(group);
+  return !s || s->variants.empty() || std::find(s->variants.begin(), s->variants.end(), variant) != s->variants.end();
+}
+
+bool SweepSpec::judged_in(const SweepClaim& claim, const Point& group) const {
+  const SweepScenario* s = scenario_of(group);
+  return !s || claim.scenarios.empty() || std::find(claim.scenarios.begin(), claim.scenarios.end(), s->name) != claim.scenarios.end();
 }
 
 namespace {
@@ -192,6 +250,42 @@ void read_sweep_table(const StudySection& sw, SweepSpec& spec) {
   if (sw.equal_time > 0 && sw.target_from.empty())
     bad("sweep.equal_time", "needs sweep.target_from: the budget is that variant's virtual time");
   spec.equal_time = sw.equal_time;
+  spec.memory = sw.memory;
+  spec.notes = sw.notes;
+}
+
+// kind = "consensus": what it needs, and the training-only keys it refuses (they would be ignored).
+void read_kind(const json& raw, const StudySection& sw, SweepSpec& spec) {
+  if (sw.kind != "train" && sw.kind != "consensus") bad("sweep.kind", "must be train or consensus");
+  spec.consensus = sw.kind == "consensus";
+  if (!spec.consensus) {
+    for (const char* k : {"rounds", "rate_rounds", "dim"})
+      if (raw.contains(k)) bad(std::string("sweep.") + k, "applies to kind = \"consensus\" only");
+    return;
+  }
+  for (const char* k : {"target_from", "target", "plot_x", "project", "equal_time", "memory", "keep_checkpoints"})
+    if (raw.contains(k)) bad(std::string("sweep.") + k, "applies to training studies only (this one has kind = \"consensus\")");
+  if (sw.rounds < 1 || sw.rounds > 200) bad("sweep.rounds", "must be 1 to 200 (the table and plot show every round)");
+  if (sw.rate_rounds < 1) bad("sweep.rate_rounds", "must be a number of rounds >= 1");
+  if (sw.dim < 1) bad("sweep.dim", "must be a number of entries >= 1");
+  spec.rounds = sw.rounds;
+  spec.rate_rounds = sw.rate_rounds;
+  spec.dim = sw.dim;
+}
+
+// The [[scenario]] tables: names unique, variants known (checked once variants are read).
+void read_scenarios(const json& doc, SweepSpec& spec) {
+  if (!doc.contains("scenario")) return;
+  if (!doc["scenario"].is_array()) bad("scenario", "write scenarios as [[scenario]] tables");
+  if (spec.consensus) bad("scenario", "a consensus study has no scenarios: give each setting its own variant");
+  std::set<std::string> names;
+  for (const auto& raw : doc["scenario"]) {
+    const auto ss = read_section<ScenarioSection>(raw, "scenario");
+    if (ss.name.empty() || ss.name.find_first_of("/ \t,=") != std::string::npos)
+      bad("scenario.name", "must be a non-empty word (no / , = or spaces: it names directories)");
+    if (!names.insert(ss.name).second) bad("scenario.name", "'" + ss.name + "' appears twice");
+    spec.scenarios.push_back({ss.name, as_overrides(settings_of(ss.set, "scenario." + ss.name + ".set")), ss.variants});
+  }
 }
 
 // [set], [quick], [grid], [quick_grid] and [tuning].
@@ -214,6 +308,25 @@ void read_run_tables(const json& doc, SweepSpec& spec) {
   }
 }
 
+// A variant's launch table and step_time_from (`names`: the variants declared before it, itself included).
+void read_launch(const VariantSection& vs, const std::string& where, const std::set<std::string>& names, SweepVariant& var,
+                 const SweepSpec& spec) {
+  if (!vs.launch.empty()) {
+    const auto ls = read_section<LaunchSection>(vs.launch, where + ".launch");
+    if (ls.ranks < 2) bad(where + ".launch.ranks", "must be at least 2 processes, e.g. launch = { ranks = 4 }");
+    var.ranks = ls.ranks;
+    var.netns = ls.netns;
+  }
+  var.step_time_from = vs.step_time_from;
+  if (spec.consensus && (var.ranks > 0 || !var.step_time_from.empty()))
+    bad(where + (var.ranks > 0 ? ".launch" : ".step_time_from"), "a consensus study trains nothing: remove it");
+  if (var.step_time_from.empty()) return;
+  if (var.step_time_from == var.name || !names.count(var.step_time_from))
+    bad(where + ".step_time_from", "'" + var.step_time_from + "' must be a variant declared before this one (it runs first)");
+  if (!var.tune.empty() || !var.quick_tune.empty())
+    bad(where + ".step_time_from", "a calibrated variant is paired with its calibration run by seed: give it no tune grid");
+}
+
 // The [[variant]] tables; returns their names.
 std::set<std::string> read_variants(const json& doc, SweepSpec& spec) {
   std::set<std::string> names;
@@ -234,9 +347,22 @@ std::set<std::string> read_variants(const json& doc, SweepSpec& spec) {
       if (!has_axis(var.tune, key)) bad(where + ".quick_tune." + key, "replaces a tune axis in --quick mode, but tune has no '" + key + "'");
     for (const auto& [key, values] : var.tune)
       if (key == "train.seed" || has_axis(spec.grid, key)) bad(where + ".tune." + key, "is also set by the sweep itself");
+    read_launch(vs, where, names, var, spec);
     spec.variants.push_back(std::move(var));
   }
   return names;
+}
+
+// Launched runs talk over Gloo, in-process ones over the in-process cluster: the other way round
+// a run would fail only when it starts.
+void check_backend(const SweepSpec& spec, const std::string& variant, const train::JobConfig& job) {
+  const auto& var = *std::find_if(spec.variants.begin(), spec.variants.end(), [&](const auto& v) { return v.name == variant; });
+  const bool gloo = job.cluster.backend == "gloo";
+  if (var.ranks > 0 && !gloo)
+    bad("variant." + variant + ".launch", "launched runs need \"cluster.backend\" = \"gloo\" in the variant's set");
+  if (var.ranks == 0 && job.cluster.backend != "inproc")
+    bad("variant." + variant + ".set", "cluster.backend = \"" + job.cluster.backend.str() +
+                                           "\" needs processes: add launch = { ranks = N } to the variant");
 }
 
 // Every run's job must load: a bad setting fails here, before hours of other runs.
@@ -245,11 +371,13 @@ void check_every_job_loads(const SweepSpec& spec) {
     auto runs = expand_tuning(spec, quick, "runs/experiments");
     for (auto& r : expand_final(spec, quick, "runs/experiments", {})) runs.push_back(std::move(r));
     for (const auto& r : runs) {
+      train::JobConfig job;
       try {
-        train::load_job(spec.job, r.overrides);
+        job = train::load_job(spec.job, r.overrides);
       } catch (const ConfigError& e) {
         throw ConfigError(fmt::format("sweep run {} {}: {}", r.variant, r.dir.filename().string(), e.what()), e.hint());
       }
+      check_backend(spec, r.variant, job);
     }
   }
 }
@@ -259,18 +387,31 @@ SweepSpec load_sweep(const fs::path& file) {
   SweepSpec spec;
   spec.file = file;
   const json doc = config::parse_toml_file(file.string());
-  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "quick_grid", "tuning", "variant", "claim"});
+  only_keys(doc, "sweep file", {"sweep", "set", "quick", "grid", "quick_grid", "tuning", "variant", "claim", "scenario"});
   if (!doc.contains("sweep")) bad("sweep", "the [sweep] table is required (name, job)");
   const auto sw = read_section<StudySection>(doc["sweep"], "sweep");
   if (!doc["sweep"].contains("name")) bad("sweep.name", "is required");
   if (!doc["sweep"].contains("job")) bad("sweep.job", "is required");
   read_sweep_table(sw, spec);
+  read_kind(doc["sweep"], sw, spec);
   read_run_tables(doc, spec);
+  if (spec.consensus && spec.tuned) bad("tuning", "a consensus study trains nothing, so it has nothing to tune");
+  read_scenarios(doc, spec);
   if (!doc.contains("variant") || !doc["variant"].is_array() || doc["variant"].empty())
     bad("variant", "at least one [[variant]] with a name (and its settings) is required");
   const std::set<std::string> names = read_variants(doc, spec);
   if (!spec.target_from.empty() && !names.count(spec.target_from))
     bad("sweep.target_from", "'" + spec.target_from + "' is not a variant");
+  for (const auto& sc : spec.scenarios) {
+    for (const auto& v : sc.variants)
+      if (!names.count(v)) bad("scenario." + sc.name + ".variants", "'" + v + "' is not a variant");
+    if (!spec.target_from.empty() && !spec.runs_in(spec.target_from, {{kScenarioKey, sc.name}}))
+      bad("scenario." + sc.name + ".variants", "must include target_from '" + spec.target_from + "': each group's target is its loss");
+    for (const auto& v : spec.variants)
+      if (!v.step_time_from.empty() && spec.runs_in(v.name, {{kScenarioKey, sc.name}}) &&
+          !spec.runs_in(v.step_time_from, {{kScenarioKey, sc.name}}))
+        bad("scenario." + sc.name + ".variants", "runs '" + v.name + "' but not '" + v.step_time_from + "', whose run sets its step time");
+  }
   if (doc.contains("claim")) {
     if (!doc["claim"].is_array()) bad("claim", "write claims as [[claim]] tables");
     for (const auto& c : doc["claim"]) {

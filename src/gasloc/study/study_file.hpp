@@ -13,6 +13,9 @@
 //   learned_by = 1.0                            # a verdict needs its runs this many nats below the unigram baseline
 //   project = ["134m:bf16", "551m:bf16"]        # a table of each method's communication at these scales
 //   equal_time = 0.05                           # faster by time: every variant ends within 5% below target_from's virtual time
+//   memory = true                               # a table of the state each variant holds per parameter
+//   notes = "How to read it ..."                # markdown under the heading: fixed text, no numbers from the runs
+//   kind = "train"                              # or "consensus": gossip without training (below)
 //   [set]                                       # settings of every run
 //   "algo.H" = 30
 //   [quick]                                     # on top of them with --quick
@@ -25,6 +28,10 @@
 //   seed = 100                                  # train.seed of every tuning run
 //   seeds = [1, 2, 3]                           # the chosen points rerun on these fresh seeds
 //   quick_seeds = [1]                           # ... with --quick
+//   [[scenario]]                                # optional: named sets of settings, each a group of its own
+//   name = "bw10"
+//   set = { "network.preset" = "straggler_bw10" }
+//   variants = ["diloco", "gasloc-1peer-tb"]    # the variants that run in it (default: all)
 //   [[variant]]
 //   name = "diloco"
 //   set = { "algo.name" = "diloco" }
@@ -37,8 +44,17 @@
 //   a = "gasloc-2peer"
 //   b = "diloco"
 //   tolerance = 0.02                            # within: |a - b| <= tolerance * b; no_worse: a - b <= tolerance * b
-//   by = "steps"                                # faster only: steps to the target, not virtual time
+//   by = "steps"                                # faster: steps to the target, not virtual time; the others:
+//                                               # by = "time" compares each run's final time, not its loss
 //   target_at = 0.75                            # faster only: target_from's loss at 3/4 of the steps
+//   scenarios = ["bw10"]                        # judged in these scenarios only (default: every group)
+//
+// Real processes: a variant with `launch = { ranks = 4 }` runs each of its runs as
+// `gasloc launch -n 4 [--netns] -- gasloc train ...` (its settings must include
+// cluster.backend = "gloo"); its times are then the wall clock. To compare them with the virtual
+// clock, an in-process variant sets `step_time_from = "calibration"`: its network.step_time_s is
+// the seconds per step (the last training line's wall time over its step) that the named variant's
+// run of the same group and seed took, so that variant runs first (it must be declared earlier).
 //
 // Tuning: with a [tuning] table, every point of a variant's `tune` grid runs once on the tuning
 // seed (for every point of [grid]); the point with the lowest final validation loss is chosen,
@@ -51,6 +67,19 @@
 // schedule spans its budget. `equal_time` states the budget in the file and checks it: each run
 // of every variant must end at or below target_from's virtual time and at most that fraction
 // below it, or the faster-by-time verdicts say nothing.
+//
+// Scenarios: a study whose groups differ in several settings at once (a straggler preset here, a
+// list of stragglers there), or whose groups run different variants, lists them as [[scenario]]
+// tables. Each scenario is a group, crossed with [grid]; its settings come after [set] and before
+// the variant's. Runs live in RUNS/NAME/VARIANT/SCENARIO[,GRID-POINT].
+//
+// kind = "consensus": no training. Each variant's settings pick a gossip graph and a GASLoC form
+// (cluster.workers, algo.topology, algo.form, algo.outer_lr, algo.outer_momentum,
+// algo.gossip_step, train.seed: the job file's own keys, checked by its loader), and the section
+// shows the consensus distance of random vectors gossiped for `rounds` rounds against the
+// (1 - gap)^t of plain averaging, and the per-round contraction over `rate_rounds` rounds
+// (algo/consensus.hpp). Its claims are "gap_rate" (a's mean per-round ratio is within tolerance
+// of 1 - gap) and "lower" (a's long-run contraction is lower than b's: it reaches consensus faster).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -78,6 +107,10 @@ struct StudySection {
   double learned_by = 1.0;
   std::vector<std::string> project;
   double equal_time = 0.0;
+  bool memory = false;
+  std::string notes;
+  std::string kind = "train";
+  int64_t rounds = 20, rate_rounds = 2000, dim = 4096;
 
   template <class V>
   void visit(V&& v) {
@@ -93,6 +126,25 @@ struct StudySection {
     v("equal_time", equal_time,
       "faster by time: every variant's runs end within this fraction below target_from's virtual time, never above (0 = "
       "not checked)");
+    v("memory", memory, "a table of the optimizer and algorithm state each variant holds, in bytes per parameter");
+    v("notes", notes, "markdown printed under the section's heading: how to read it (fixed text, no numbers from the runs)");
+    v("kind", kind, "train (training runs) or consensus (gossip of random vectors, no training)");
+    v("rounds", rounds, "consensus: gossip rounds in the table and plot");
+    v("rate_rounds", rate_rounds, "consensus: rounds over which the per-round contraction is measured");
+    v("dim", dim, "consensus: entries of each worker's random vector");
+  }
+};
+
+struct ScenarioSection {
+  std::string name;
+  nlohmann::json set = nlohmann::json::object();
+  std::vector<std::string> variants;
+
+  template <class V>
+  void visit(V&& v) {
+    v("name", name, "the scenario's name in headings, plots and directories");
+    v("set", set, "its settings: { \"section.key\" = value }");
+    v("variants", variants, "the variants that run in it (default: every variant)");
   }
 };
 
@@ -112,8 +164,9 @@ struct TuningSection {
 struct ClaimSection {
   std::string text, kind, a, b;
   double tolerance = 0.0;
-  std::string by = "time";
+  std::string by;  // "": time for faster, loss for the others
   double target_at = 1.0;
+  std::vector<std::string> scenarios;
 
   template <class V>
   void visit(V&& v) {
@@ -124,8 +177,22 @@ struct ClaimSection {
     v("a", a, "variant the claim is about");
     v("b", b, "variant it is compared with");
     v("tolerance", tolerance, "within, no_worse: relative gap allowed; faster: a's time <= b's / (1 + tolerance)");
-    v("by", by, "faster: time (virtual seconds) or steps to the target");
+    v("by", by,
+      "faster: time (virtual seconds, the default) or steps to the target; lower, within, no_worse: loss (the default) or "
+      "time (each run's final time on its own clock: the wall clock for launched variants)");
     v("target_at", target_at, "faster: the target is target_from's loss at this fraction of train.steps");
+    v("scenarios", scenarios, "judged in these scenarios only (default: every group)");
+  }
+};
+
+struct LaunchSection {
+  int64_t ranks = 0;
+  bool netns = false;
+
+  template <class V>
+  void visit(V&& v) {
+    v("ranks", ranks, "processes to start (gasloc launch -n), at least 2");
+    v("netns", netns, "each rank in its own network namespace with shaped links (gasloc launch --netns; root)");
   }
 };
 
@@ -135,6 +202,8 @@ struct VariantSection {
   nlohmann::json tune = nlohmann::json::object();
   nlohmann::json quick_tune = nlohmann::json::object();
   nlohmann::json quick_set = nlohmann::json::object();
+  nlohmann::json launch = nlohmann::json::object();
+  std::string step_time_from;
 
   template <class V>
   void visit(V&& v) {
@@ -143,16 +212,32 @@ struct VariantSection {
     v("tune", tune, "its own tuning grid: { \"section.key\" = [values] } (needs [tuning])");
     v("quick_tune", quick_tune, "--quick: this grid instead");
     v("quick_set", quick_set, "--quick: these settings on top of [quick]'s");
+    v("launch", launch, "run as real processes: { ranks = 4, netns = false } (gasloc launch; needs cluster.backend = \"gloo\")");
+    v("step_time_from", step_time_from,
+      "network.step_time_s := the seconds per step this earlier variant's run of the same group and seed measured");
   }
 };
 
 using SweepClaim = ClaimSection;
+
+struct SweepScenario {
+  std::string name;
+  std::vector<std::string> settings;  // section.key=value
+  std::vector<std::string> variants;  // empty: every variant
+};
+
+// A group's point holds its scenario under this key (a job key always has a dot, so it never
+// collides): point_name writes just the scenario's name, and make_run turns it into its settings.
+inline constexpr const char* kScenarioKey = "scenario";
 
 struct SweepVariant {
   std::string name;
   std::vector<std::string> settings;  // section.key=value
   Axes tune, quick_tune;              // empty: nothing to tune
   std::vector<std::string> quick_settings;  // --quick: on top of the study's [quick]
+  int64_t ranks = 0;           // > 0: its runs start as this many processes under gasloc launch
+  bool netns = false;          // ... each in its own network namespace
+  std::string step_time_from;  // a variant whose measured seconds per step become network.step_time_s
 };
 
 struct SweepSpec {
@@ -170,11 +255,22 @@ struct SweepSpec {
   TuningSection tuning;
   std::vector<SweepVariant> variants;
   std::vector<SweepClaim> claims;
+  std::vector<SweepScenario> scenarios;
+  bool memory = false;                // a state-per-parameter table (sweep.memory)
+  std::string notes;                  // markdown under the heading
+  bool consensus = false;             // kind = "consensus": no training runs
+  int64_t rounds = 20, rate_rounds = 2000, dim = 4096;  // consensus only
 
   // The seeds final runs use in this mode (tuned studies only).
   std::vector<int64_t> seeds(bool quick) const;
   // A variant's tuning grid in this mode (empty: nothing to tune).
   const Axes& tune_of(const SweepVariant& v, bool quick) const;
+  // The scenario a group's point names, or nullptr.
+  const SweepScenario* scenario_of(const Point& group) const;
+  // Whether a variant runs in a group (every variant does, unless its scenario lists others).
+  bool runs_in(const std::string& variant, const Point& group) const;
+  // Whether a claim is judged in a group (claim.scenarios).
+  bool judged_in(const SweepClaim& claim, const Point& group) const;
 };
 
 // Reads and checks a study file: unknown keys, an empty grid axis, no variants, duplicate names,
@@ -182,12 +278,14 @@ struct SweepSpec {
 // loaded once, so a bad setting fails before anything runs.
 SweepSpec load_sweep(const std::filesystem::path& file);
 
-// "cluster.workers" = 8 -> "workers=8" (characters a path should not hold become _).
+// "cluster.workers" = 8 -> "workers=8" (characters a path should not hold become _); a scenario
+// entry is its name alone.
 std::string point_name(const Point& point);
 // Every combination of the axes, the first axis outermost; one empty point for no axes.
 std::vector<Point> grid_points(const Axes& axes);
 // A value as the text of --set section.key=TEXT: strings verbatim, the rest as TOML.
 std::string toml_text(const nlohmann::json& v, bool top = true);
+// The --set text of every entry but a scenario's (make_run adds its settings).
 std::vector<std::string> as_overrides(const Point& kv);
 
 }  // namespace gasloc::study
