@@ -14,6 +14,7 @@
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
+#include "gasloc/study/run_summary.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
@@ -356,6 +357,10 @@ TEST_F(ElasticRun, TheTrainerRunsThroughDeathsAndJoinsAndResumesBitExactly) {
   for (const auto& e : train::read_metrics(root_ / "elastic_full"))
     if (const auto* ev = std::get_if<train::EvalEvent>(&e)) members = ev->members;
   EXPECT_EQ(members, (std::vector<int64_t>{0, 1, 2}));
+  // What gasloc report and the sweep's tables count.
+  const auto summary = study::read_run_summary(root_ / "elastic_full");
+  EXPECT_EQ(summary.deaths, 2);
+  EXPECT_EQ(summary.rejoins, 1);
 
   auto first = elastic;
   first.push_back("train.stop_at=17");  // mid-round, while worker 1 is dead

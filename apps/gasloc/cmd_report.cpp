@@ -5,6 +5,8 @@
 // metric line as one CSV. Reading runs is study/run_summary.hpp.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <filesystem>
 
@@ -54,10 +56,13 @@ Action add_report(CLI::App& app) {
       target = ref.val_loss;
     }
     const bool with_target = std::isfinite(target);
+    // Elastic runs: the workers that died and rejoined, only where some did.
+    const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
     if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
     fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | state B/param |{}\n",
-               with_target ? " steps to target | virtual s to target |" : "");
-    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n", with_target ? " --- | --- |" : "");
+               std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | rejoins |" : ""));
+    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
+               std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- |" : ""));
     for (size_t i = 0; i < reports.size(); ++i) {
       const auto& r = reports[i];
       std::string cols;
@@ -65,6 +70,7 @@ Action add_report(CLI::App& app) {
         const auto hit = study::reach_target(r.curve, target);
         cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
       }
+      if (churn) cols += fmt::format(" {} | {} |", r.deaths, r.rejoins);
       const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
       const std::string loss = r.has_val_loss ? fmt::format("{:.4f}", r.val_loss) : "-";
       const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";

@@ -60,6 +60,9 @@ RunSummary read_run_summary(const fs::path& dir) {
       r.optimizer_state_per_param = static_cast<double>(m->optimizer_state_bytes) / n;
       r.sync_state_per_param = static_cast<double>(m->sync_state_bytes) / n;
       r.params = m->params;
+    } else if (const auto* v = std::get_if<train::ViewEvent>(&event)) {
+      r.deaths += static_cast<int64_t>(v->died.size());
+      r.rejoins += static_cast<int64_t>(v->joined.size());
     } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
       r.curve.push_back({e->step, e->val_loss, e->virtual_time_s, static_cast<double>(e->bytes_sent) / 1e6,
                          e->consensus_distance});

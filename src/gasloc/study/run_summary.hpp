@@ -31,6 +31,7 @@ struct RunSummary {
   double train_wall_s = 0;       // the latest training line's wall time (of its segment), before the final evaluation
   int64_t last_train_step = 0;   // ... and its step: train_wall_s / last_train_step is a measured step time
   double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
+  int64_t deaths = 0, rejoins = 0;  // elastic runs: workers that died, and that rejoined healed (view lines)
   std::vector<EvalPoint> curve;
   // Evaluated at train.steps: the run is complete.
   bool finished() const { return has_val_loss && last_step >= planned_steps && planned_steps > 0; }
