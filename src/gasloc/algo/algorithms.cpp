@@ -7,35 +7,36 @@
 
 namespace gasloc::algo {
 
-AllReduceSync::AllReduceSync(int world, const Membership* membership)
-    : ViewSync(RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership)) {}
-
-bool AllReduceSync::wants_compute(int64_t step, comm::Communicator& comm) { return mixer_.computes(comm.rank(), step - 1); }
-
-void AllReduceSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
-  const int64_t t = step - 1;
-  handled_ = t;
-  if (!mixer_.elastic()) {
-    comm.all_reduce_mean(params.grad());
-    return;
-  }
-  if (stood_by(t, params, comm)) return;
-  torch::NoGradGuard no_grad;
-  params.grad().copy_(mixer_.mix(t, params.grad(), comm, torch::kFloat));
-}
-
-StateDict AllReduceSync::state() const {
+StateDict StepSync::state() const {
   StateDict s;
   save_restart_clock(s);
   return s;
 }
 
-bool AllReduceSync::after_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
+bool StepSync::enter_round(int64_t step, FlatParams& params, comm::Communicator& comm) {
+  handled_ = step - 1;
+  return stood_by(step - 1, params, comm);
+}
+
+void StepSync::end_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
   const int64_t t = step - 1;
   if (handled_ != t) stood_by(t, params, comm);  // a step it did not compute: dead or joining
   ended(t, comm);
   steps_ = step;
-  return false;
+}
+
+AllReduceSync::AllReduceSync(int world, const Membership* membership)
+    : StepSync(RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership)) {}
+
+void AllReduceSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
+  if (!mixer_.elastic()) {
+    enter_round(step, params, comm);  // mixes: a fixed world has nobody to stand by
+    comm.all_reduce_mean(params.grad());
+    return;
+  }
+  if (enter_round(step, params, comm)) return;
+  torch::NoGradGuard no_grad;
+  params.grad().copy_(mixer_.mix(step - 1, params.grad(), comm, torch::kFloat));
 }
 
 bool RoundCounter::step_done() { return ++steps_ >= policy_.H(); }
@@ -265,31 +266,13 @@ void LocalDAdamSync::load_state(const StateDict& s) {
 
 // ---------------------------------------------------------------------------------------------
 
-bool DAdamSync::wants_compute(int64_t step, comm::Communicator& comm) { return mixer_.computes(comm.rank(), step - 1); }
-
 void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
   // Round t = step - 1: the gradient was taken at the pre-mixing x_i; mix x before AdamW moves it.
-  const int64_t t = step - 1;
-  handled_ = t;
-  if (stood_by(t, params, comm)) return;
+  if (enter_round(step, params, comm)) return;
   optim::EvalScope at_x(optimizer());
-  auto m = mixer_.mix(t, params.data(), comm, wire_);
+  auto m = mixer_.mix(step - 1, params.data(), comm, wire_);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
-}
-
-StateDict DAdamSync::state() const {
-  StateDict s;
-  save_restart_clock(s);
-  return s;
-}
-
-bool DAdamSync::after_step(int64_t step, FlatParams& params, comm::Communicator& comm) {
-  const int64_t t = step - 1;
-  if (handled_ != t) stood_by(t, params, comm);  // a step it did not compute: dead or joining
-  ended(t, comm);
-  steps_ = step;
-  return true;
 }
 
 }  // namespace gasloc::algo
