@@ -28,12 +28,19 @@ void check_finite(const torch::Tensor& t, int peer, const char* what) {
                     "that worker diverged: lower optim.lr or restart it from its last checkpoint");
 }
 
+namespace {
+// An all-reduce's mean, checked, back in x's dtype.
+torch::Tensor checked_mean(const torch::Tensor& mean, const torch::Tensor& x, const char* what) {
+  check_finite(mean, -1, what);
+  return mean.scalar_type() == x.scalar_type() ? mean : mean.to(x.scalar_type());
+}
+}  // namespace
+
 torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what) {
   torch::NoGradGuard no_grad;
   auto buf = x.to(wire, /*non_blocking=*/false, /*copy=*/true);
   comm.all_reduce_mean(buf);
-  check_finite(buf, -1, what);
-  return buf.scalar_type() == x.scalar_type() ? buf : buf.to(x.scalar_type());
+  return checked_mean(buf, x, what);
 }
 
 torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm::Communicator& comm,
@@ -45,9 +52,7 @@ torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm
   // retry is over the survivors, so the mean is theirs and the round is not lost.
   if (!comm.all_reduce_mean_over(buf, view.members) && !comm.all_reduce_mean_over(buf, view.survivors()))
     throw CommError(std::string(what) + ": the retry over the survivors was aborted too (a second death in one round)");
-  if (!mixes) return {};
-  check_finite(buf, -1, what);
-  return buf.scalar_type() == x.scalar_type() ? buf : buf.to(x.scalar_type());
+  return mixes ? checked_mean(buf, x, what) : torch::Tensor();
 }
 
 RoundMixer::RoundMixer(topology::Topology topo, const Membership* membership)
@@ -107,23 +112,20 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
     check_finite(recv[k], g.peers[k], "gossip exchange");
     if (recv[k].scalar_type() != x.scalar_type()) recv[k] = recv[k].to(x.scalar_type());
   }
+  // The tensor behind each entry of the row (undefined for a failed edge), found once.
+  std::vector<const torch::Tensor*> src;
+  for (const auto& [j, w] : g.row)
+    src.push_back(j == me ? &x : &recv[std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin()]);
   // W_ij of a failed edge moves onto W_ii: with both ends seeing it, W stays symmetric and doubly stochastic.
   double self_weight = 0.0;
-  for (const auto& [j, w] : g.row) {
-    if (j == me) self_weight += w;
-    else if (!recv[std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin()].defined()) self_weight += w;
-  }
+  for (size_t k = 0; k < g.row.size(); ++k)
+    if (g.row[k].first == me || !src[k]->defined()) self_weight += g.row[k].second;
   torch::Tensor m;
-  for (const auto& [j, w] : g.row) {
-    const torch::Tensor* src = &x;
-    double weight = w;
-    if (j == me) weight = self_weight;
-    else {
-      src = &recv[std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin()];
-      if (!src->defined()) continue;
-    }
-    if (!m.defined()) m = *src * weight;
-    else m.add_(*src, weight);
+  for (size_t k = 0; k < g.row.size(); ++k) {
+    if (!src[k]->defined()) continue;
+    const double weight = g.row[k].first == me ? self_weight : g.row[k].second;
+    if (!m.defined()) m = *src[k] * weight;
+    else m.add_(*src[k], weight);
   }
   return m;
 }

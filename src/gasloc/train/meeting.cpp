@@ -24,11 +24,12 @@ Meeting::Meeting(const std::vector<data::Batch>* val, int local_ranks, int world
 
 EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker) {
   torch::NoGradGuard no_grad;
+  const auto holders = worker.sync().holders();
+  const bool elastic = holders.has_value();
   std::vector<int> members;
-  if (auto h = worker.sync().holders()) members = *h;
+  if (elastic) members = *holders;
   else
     for (int r = 0; r < control.world(); ++r) members.push_back(r);
-  const bool elastic = worker.sync().holders().has_value();
   const bool holds = std::find(members.begin(), members.end(), control.rank()) != members.end();
   auto& phi = worker.params().data();
   torch::Tensor avg = holds ? phi.clone() : torch::Tensor();
