@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -21,9 +22,11 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "commands.hpp"
+#include "gasloc/comm/elastic_roster.hpp"
 #include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/atomic_file.hpp"
@@ -150,6 +153,9 @@ struct Opts {
   double heartbeat_timeout = 30;  // 0: ranks are not judged by their heartbeats
   std::string bandwidth;
   bool netns = false, keep = false, cleanup = false;
+  bool elastic = false;  // a failed rank restarts and rejoins; the others go on
+  int max_restarts = 3;  // restarts of failed ranks over the whole job
+  int min_ranks = 1;     // fewer live ranks stop the job
   std::string netns_config;               // links of the test bed for a command that is not gasloc train
   std::vector<std::string> netns_set;
   std::vector<std::string> cmd;
@@ -203,6 +209,10 @@ void validate(const Opts& o) {
     throw Error(fmt::format("launch: --heartbeat-timeout {} is shorter than two heartbeats (one a second)", o.heartbeat_timeout),
                 "use 2 s or more, or 0 to turn the check off");
   if (o.addr.empty()) throw Error("launch: --master-addr is empty", "the default 127.0.0.1 serves ranks on this host");
+  if (o.max_restarts < 0) throw Error(fmt::format("launch: --max-restarts {} must be >= 0", o.max_restarts));
+  if (o.min_ranks < 1 || o.min_ranks > o.n)
+    throw Error(fmt::format("launch: --min-ranks {} is outside 1..{} (-n)", o.min_ranks, o.n),
+                "the job stops when fewer ranks than --min-ranks are alive; it cannot ask for more than it starts");
 }
 
 // The ranks' command line: gasloc's own commands get the job's token and --timeout /
@@ -212,6 +222,7 @@ std::vector<std::string> rank_args(const Opts& o, bool self_cmd, bool gasloc_ran
   std::vector<std::string> args = o.cmd;
   if (gasloc_ranks) args.insert(args.begin() + 2, {"--job-id", job_token});
   if (self_cmd && args[1] == "train") {
+    if (o.elastic) args.insert(args.begin() + 2, {"--set", "cluster.elastic=true"});
     if (o.timeout) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", *o.timeout)});
     if (!o.bandwidth.empty())
       throw Error("launch: --bandwidth-limit does not apply to gasloc train",
@@ -272,23 +283,19 @@ class SignalCapture {
   std::array<struct sigaction, 4> old_{};
 };
 
-// Starts the ranks. Everything the children need is prepared before fork(): between fork and
-// exec only async-signal-safe calls are allowed.
-std::vector<Rank> spawn_ranks(const std::string& exe, std::vector<std::string>& args,
-                              std::vector<std::vector<std::string>>& envs, NetnsTestbed* testbed) {
-  const int n = static_cast<int>(envs.size());
-  std::vector<std::vector<char*>> envps(n);
-  for (int i = 0; i < n; ++i) {
-    for (auto& kv : envs[i]) envps[i].push_back(kv.data());
-    envps[i].push_back(nullptr);
-  }
+// Starts rank i. Everything the child needs is prepared before fork(): between fork and exec
+// only async-signal-safe calls are allowed.
+Rank spawn_rank(const std::string& exe, std::vector<std::string> args, std::vector<std::string> env, NetnsTestbed* testbed,
+                int i) {
+  std::vector<char*> envp;
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string exec_error = fmt::format("launch: cannot run {}: ", exe);
   const pid_t launcher = ::getpid();
-  std::vector<Rank> ranks(n);
-  for (int i = 0; i < n; ++i) {
+  {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw Error("launch: pipe failed");
     // Signals stay blocked across fork() until the child has reset its handlers: a signal that
@@ -321,7 +328,7 @@ std::vector<Rank> spawn_ranks(const std::string& exe, std::vector<std::string>& 
         [[maybe_unused]] auto w0 = ::write(2, msg, sizeof msg - 1);
         ::_exit(127);
       }
-      ::execve(exe.c_str(), argv.data(), envps[i].data());
+      ::execve(exe.c_str(), argv.data(), envp.data());
       [[maybe_unused]] auto w1 = ::write(2, exec_error.data(), exec_error.size());
       const char* e = ::strerror(errno);
       [[maybe_unused]] auto w2 = ::write(2, e, std::strlen(e));
@@ -331,23 +338,41 @@ std::vector<Rank> spawn_ranks(const std::string& exe, std::vector<std::string>& 
     ::setpgid(pid, pid);  // also from the parent: no race with the first signal_all
     ::close(out[1]);
     ::close(err[1]);
-    ranks[i] = Rank{i, pid, out[0], err[0], {}, {}, {}, true, 0};
+    return Rank{i, pid, out[0], err[0], {}, {}, {}, true, 0};
   }
-  return ranks;
+}
+
+// The arguments of incarnation `inc` of a rank of an elastic run (gasloc train --incarnation).
+std::vector<std::string> with_incarnation(std::vector<std::string> args, int64_t inc) {
+  args.insert(args.begin() + 2, {"--incarnation", std::to_string(inc)});
+  return args;
 }
 
 Clock::time_point after_seconds(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+// What --elastic adds to the supervision: the roster of incarnations (the one writer of the job's
+// membership, comm/elastic_roster.hpp), restarts of dead ranks, and the floor of live ranks.
+struct ElasticPolicy {
+  comm::RosterWriter roster;
+  int restarts_left = 0;
+  int min_ranks = 1;
+  std::vector<int64_t> incarnation;                 // by id: the newest started
+  std::function<Rank(int id, int64_t inc)> spawn;  // starts incarnation inc of rank id
+};
+
 // Watches the ranks until all have exited and their output is read: forwards signals, stops
-// every rank when one fails, and records each failure in the store.
+// every rank when one fails (elastic: restarts it, and stops the job only when fewer than
+// --min-ranks are left), and records each failure in the store.
 class Supervisor {
  public:
-  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, double grace, double heartbeat_timeout)
+  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, double grace, double heartbeat_timeout,
+             ElasticPolicy* elastic = nullptr)
       : ranks_(ranks), store_(store), grace_(grace), t_start_(Clock::now()),
-        heartbeats_(static_cast<int>(ranks.size()), heartbeat_timeout), judge_heartbeats_(heartbeat_timeout > 0) {}
-  int first_failed = -1;  // the rank whose failure stopped the job
+        heartbeats_(static_cast<int>(ranks.size()), heartbeat_timeout), judge_heartbeats_(heartbeat_timeout > 0),
+        elastic_(elastic) {}
+  int first_failed = -1;  // the entry of `ranks` whose failure stopped the job
   bool interrupted = false;
 
   void run() {
@@ -356,6 +381,7 @@ class Supervisor {
       handle_signals();
       reap();
       check_heartbeats();
+      if (elastic_) tend_roster();
       if (kill_at_ && Clock::now() >= *kill_at_) {
         if (any_running()) write_all(2, fmt::format("launch: ranks still running {:g} s after SIGTERM; killing them\n", grace_));
         signal_all(ranks_, SIGKILL);
@@ -404,27 +430,90 @@ class Supervisor {
     }
   }
 
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - t_start_).count(); }
+
   void reap() {
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) return;
-      for (auto& r : ranks_) {
+      for (size_t k = 0; k < ranks_.size(); ++k) {
+        Rank& r = ranks_[k];
         if (r.pid != pid || !r.running) continue;
         r.running = false;
         r.status = status;
+        if (elastic_) {
+          elastic_exit(k);
+          break;
+        }
         if (!failed(status) || interrupted) continue;
         // A rank's own record, written before it exited, wins over this one.
         comm::publish_failure(store_, r.index,
                               {r.index, fmt::format("rank {} exited with {} (seen by gasloc launch)", r.index,
                                                     describe_status(status))});
         if (first_failed >= 0) continue;
-        first_failed = r.index;
-        const double t = std::chrono::duration<double>(Clock::now() - t_start_).count();
+        first_failed = static_cast<int>(k);
         write_all(2, fmt::format("launch: rank {} failed with {} after {:.1f} s; stopping the other ranks\n", r.index,
-                                 describe_status(status), t));
-        signal_all(ranks_, SIGTERM);
-        kill_at_ = after_seconds(grace_);
+                                 describe_status(status), seconds()));
+        stop_all();
+      }
+    }
+  }
+
+  void stop_all() {
+    signal_all(ranks_, SIGTERM);
+    kill_at_ = after_seconds(grace_);
+  }
+
+  // Elastic: an exited rank leaves the roster at once (its peers stop waiting for it); a failed
+  // one is started again as the next incarnation while restarts are left, and joins.
+  void elastic_exit(size_t k) {
+    const int id = ranks_[k].index;
+    const int status = ranks_[k].status;
+    const int64_t inc = elastic_->incarnation[id];
+    elastic_->roster.exited(id, inc);
+    if (!failed(status) || interrupted || first_failed >= 0) return;
+    comm::publish_failure(store_, id, {id, fmt::format("rank {} exited with {} (seen by gasloc launch)", id, describe_status(status))});
+    if (elastic_->restarts_left > 0) {
+      --elastic_->restarts_left;
+      write_all(2, fmt::format("launch: rank {} (incarnation {}) failed with {} after {:.1f} s; the others go on, and it "
+                               "restarts as incarnation {} ({} restart(s) left)\n",
+                               id, inc, describe_status(status), seconds(), inc + 1, elastic_->restarts_left));
+      elastic_->incarnation[id] = inc + 1;
+      heartbeats_.forget(id);
+      elastic_->roster.started(id, inc + 1, /*member=*/false);
+      ranks_.push_back(elastic_->spawn(id, inc + 1));
+      return;
+    }
+    const auto alive = static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
+    write_all(2, fmt::format("launch: rank {} (incarnation {}) failed with {} after {:.1f} s and no restart is left "
+                             "(--max-restarts); {} rank(s) go on without it\n",
+                             id, inc, describe_status(status), seconds(), alive));
+    if (alive >= elastic_->min_ranks) return;
+    std::vector<int> missing;
+    for (size_t j = 0; j < elastic_->incarnation.size(); ++j) {
+      const bool running = std::any_of(ranks_.begin(), ranks_.end(), [&](const Rank& r) { return r.running && r.index == static_cast<int>(j); });
+      if (!running) missing.push_back(static_cast<int>(j));
+    }
+    write_all(2, fmt::format("launch: only {} rank(s) alive, fewer than --min-ranks {}: no view can form without "
+                             "rank(s) {}; stopping the job\n",
+                             alive, elastic_->min_ranks, fmt::join(missing, ", ")));
+    first_failed = static_cast<int>(k);
+    stop_all();
+  }
+
+  // Elastic: announcements into the roster, and ranks a peer reported (a link that failed while
+  // the rank looked alive): fenced by a kill, they restart and rejoin.
+  void tend_roster() {
+    for (int id : elastic_->roster.poll())
+      write_all(2, fmt::format("launch: rank {} (incarnation {}) rejoined after {:.1f} s\n", id, elastic_->incarnation[id], seconds()));
+    for (const auto& [id, inc] : elastic_->roster.take_suspects()) {
+      if (elastic_->incarnation[id] != inc) continue;
+      for (auto& r : ranks_) {
+        if (!r.running || r.index != id) continue;
+        write_all(2, fmt::format("launch: a peer reported its link to rank {} broken; killing rank {} (it restarts)\n", id, id));
+        ::kill(-r.pid, SIGKILL);
+        ::kill(-r.pid, SIGCONT);
       }
     }
   }
@@ -438,8 +527,10 @@ class Supervisor {
     if (now < next_heartbeat_check_) return;
     next_heartbeat_check_ = now + 1.0;
     for (int r : heartbeats_.stalled(store_, now)) {
-      Rank& rank = ranks_[r];
-      if (!rank.running) continue;
+      // The newest incarnation of rank r.
+      auto it = std::find_if(ranks_.rbegin(), ranks_.rend(), [r](const Rank& x) { return x.index == r; });
+      if (it == ranks_.rend() || !it->running) continue;
+      Rank& rank = *it;
       const std::string what = fmt::format("rank {} sent no heartbeat for {:g} s (stopped, frozen or cut off from the store); "
                                            "gasloc launch killed it",
                                            r, heartbeats_.timeout_s());
@@ -476,21 +567,22 @@ class Supervisor {
   comm::HeartbeatWatch heartbeats_;
   bool judge_heartbeats_;
   double next_heartbeat_check_ = 0;
+  ElasticPolicy* elastic_;
 };
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 
 // The failed rank's last lines, the other ranks' ends, and the rank its record blames first.
-int report_failure(const std::vector<Rank>& ranks, int first_failed, c10d::Store& store) {
+int report_failure(const std::vector<Rank>& ranks, int first_failed, c10d::Store& store, int world) {
   const Rank& f = ranks[first_failed];
-  std::string msg = fmt::format("launch: rank {} of {} failed with {}. {}\n", f.index, ranks.size(), describe_status(f.status),
+  std::string msg = fmt::format("launch: rank {} of {} failed with {}. {}\n", f.index, world, describe_status(f.status),
                                 f.tail.empty() ? "It printed nothing." : fmt::format("Its last {} lines:", f.tail.size()));
   for (const auto& line : f.tail) msg += "  | " + line + "\n";
   // The others: one line each, plus the last lines of those that exited on their own (not
   // by our signal): their errors say what they saw, and when two ranks failed at the same
   // moment the launcher cannot tell which came first.
   for (const auto& r : ranks) {
-    if (r.index == f.index || !failed(r.status)) continue;
+    if (&r == &f || !failed(r.status)) continue;
     msg += fmt::format("launch: rank {} ended with {}{}\n", r.index, describe_status(r.status),
                        WIFEXITED(r.status) && !r.tail.empty() ? "; its last lines:" : "");
     if (!WIFEXITED(r.status)) continue;
@@ -534,11 +626,29 @@ int run_launch(const Opts& o) {
   std::vector<std::string> args = rank_args(o, self_cmd, gasloc_ranks, job.token);
   auto envs = rank_envs(o.n, master_addr, store_host.port(), testbed != nullptr);
 
+  if (o.elastic && !(self_cmd && o.cmd[1] == "train"))
+    throw Error("launch --elastic runs gasloc train ranks only", "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
   const SignalCapture signals;
-  std::vector<Rank> ranks = spawn_ranks(exe, args, envs, testbed.get());
-  Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? o.heartbeat_timeout : 0.0);
+  std::optional<ElasticPolicy> elastic;
+  if (o.elastic) {
+    elastic.emplace(ElasticPolicy{comm::RosterWriter(store_host.store(), o.n), o.max_restarts, o.min_ranks,
+                                  std::vector<int64_t>(o.n, 0), [&](int id, int64_t inc) {
+                                    return spawn_rank(exe, with_incarnation(args, inc), envs[id], testbed.get(), id);
+                                  }});
+    for (int i = 0; i < o.n; ++i) elastic->roster.started(i, 0, /*member=*/true);
+  }
+  std::vector<Rank> ranks;
+  for (int i = 0; i < o.n; ++i)
+    ranks.push_back(spawn_rank(exe, o.elastic ? with_incarnation(args, 0) : args, envs[i], testbed.get(), i));
+  Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? o.heartbeat_timeout : 0.0,
+                        elastic ? &*elastic : nullptr);
   supervisor.run();
-  if (supervisor.first_failed >= 0) return report_failure(ranks, supervisor.first_failed, store_host.store());
+  if (supervisor.first_failed >= 0) return report_failure(ranks, supervisor.first_failed, store_host.store(), o.n);
+  if (elastic && !supervisor.interrupted) {
+    // The job completed if a rank finished it; ranks that died on the way were reported then.
+    if (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return !failed(r.status); })) return 0;
+    return exit_code(ranks.back().status);
+  }
   if (supervisor.interrupted) {
     for (const auto& r : ranks)
       if (failed(r.status)) return exit_code(r.status);
@@ -562,6 +672,13 @@ Action add_launch(CLI::App& app) {
   app.add_option("--heartbeat-timeout", o->heartbeat_timeout,
                  "seconds without a heartbeat after which a gasloc rank counts as hung and is killed, which stops the job "
                  "naming it (0 = off)")
+      ->capture_default_str();
+  app.add_flag("--elastic", o->elastic,
+               "gasloc train ranks with cluster.elastic: a rank that dies leaves the others training, and restarts "
+               "and rejoins (up to --max-restarts); the launcher keeps the roster of ranks in its store");
+  app.add_option("--max-restarts", o->max_restarts, "with --elastic: restarts of failed ranks over the whole job")
+      ->capture_default_str();
+  app.add_option("--min-ranks", o->min_ranks, "with --elastic: the job stops when fewer ranks than this are alive")
       ->capture_default_str();
   app.add_flag("--netns", o->netns,
                "run every rank in its own network namespace on a private bridge, its links shaped with tbf as the job's "

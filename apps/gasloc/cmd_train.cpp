@@ -32,6 +32,10 @@ Action add_train(CLI::App& app) {
   app.add_option("--job-id", o->req.job_id,
                  "gloo/nccl: the job token gasloc launch hands its ranks, or a gasloc store's --job-id (ranks started by "
                  "hand otherwise derive one from train.run_dir); the store refuses ranks of another job");
+  app.add_option("--incarnation", o->req.incarnation,
+                 "elastic gloo runs: which start of this rank this is; gasloc launch --elastic sets it, and a rank "
+                 "started again (> 0) joins the running job, taking a running worker's state")
+      ->check(CLI::NonNegativeNumber);
   return [o]() {
     if (o->help_config) {
       std::cout << train::describe_job();
@@ -46,6 +50,7 @@ Action add_train(CLI::App& app) {
     if (!o->device.empty()) req.overrides.push_back("train.device=" + o->device);
     if (!o->dtype.empty()) req.overrides.push_back("train.dtype=" + o->dtype);
     const auto s = train::run_training(req);
+    if (s.ended_before_join) return 0;
     if (s.interrupted || !std::isfinite(s.final_val_loss))
       fmt::print("stopped after {} step{}; checkpoint committed (run: {}; continue with `gasloc train --resume {}`)\n",
                  s.steps_done, s.steps_done == 1 ? "" : "s", s.run_dir, s.run_dir);

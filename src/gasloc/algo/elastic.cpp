@@ -1,5 +1,6 @@
 #include "gasloc/algo/elastic.hpp"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -43,15 +44,22 @@ torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, t
   return checked_mean(buf, x, what);
 }
 
-torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm::Communicator& comm,
-                                  torch::ScalarType wire, const char* what) {
+torch::Tensor all_reduce_mix_over(const Membership& membership, const View& view, const torch::Tensor& x,
+                                  comm::Communicator& comm, torch::ScalarType wire, const char* what) {
   torch::NoGradGuard no_grad;
   const bool mixes = x.defined() && view.is_member(comm.rank()) && !view.is_dying(comm.rank());
   torch::Tensor buf = mixes ? x.to(wire, /*non_blocking=*/false, /*copy=*/true) : torch::Tensor();
   // The first attempt is over the view; a member that dies there aborts it for everyone, and the
-  // retry is over the survivors, so the mean is theirs and the round is not lost.
-  if (!comm.all_reduce_mean_over(buf, view.members) && !comm.all_reduce_mean_over(buf, view.survivors()))
-    throw CommError(std::string(what) + ": the retry over the survivors was aborted too (a second death in one round)");
+  // retry is over the survivors, so the mean is theirs and the round is not lost. An aborted
+  // attempt changes nobody's tensor.
+  constexpr int64_t kAttempts = 64;  // call ids: the round's attempts
+  View v = view;
+  for (int attempt = 0;; v = membership.retry(view, ++attempt)) {
+    if (attempt >= kAttempts) throw CommError(fmt::format("{}: round {} was aborted {} times", what, view.round, kAttempts));
+    const bool member = mixes && v.is_member(comm.rank());
+    torch::Tensor mine = member ? buf : torch::Tensor();
+    if (comm.all_reduce_mean_over(mine, v.members, view.round * kAttempts + attempt)) break;
+  }
   return mixes ? checked_mean(buf, x, what) : torch::Tensor();
 }
 
@@ -102,7 +110,8 @@ RoundGraph RoundMixer::graph(int id, int64_t round) const {
 torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const {
   torch::NoGradGuard no_grad;
   if (topo_.is_all_reduce())
-    return membership_ ? all_reduce_mix_over(view(round), x, comm, wire, "all-reduce") : all_reduce_mix(x, comm, wire, "all-reduce");
+    return membership_ ? all_reduce_mix_over(*membership_, view(round), x, comm, wire, "all-reduce")
+                       : all_reduce_mix(x, comm, wire, "all-reduce");
   const int me = comm.rank();
   const RoundGraph g = graph(me, round);
   std::vector<torch::Tensor> recv;
@@ -134,7 +143,7 @@ void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
   const View v = view(round);
   const int me = comm.rank();
   if (topo_.is_all_reduce()) {
-    all_reduce_mix_over(v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
+    all_reduce_mix_over(*membership_, v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
     return;
   }
   std::vector<torch::Tensor> recv;

@@ -90,9 +90,10 @@ class ViewSync : public Synchronizer {
 };
 
 // mean_i x_i over `view`'s members by all-reduce (x cast to `wire`, returned in x's dtype),
-// retried over the survivors when a member dies at it; x undefined for a worker that does not
-// mix. Every worker of the world calls it. Returns the mean (undefined for a non-mixer).
-torch::Tensor all_reduce_mix_over(const View& view, const torch::Tensor& x, comm::Communicator& comm,
-                                  torch::ScalarType wire, const char* what);
+// retried over the view `membership` gives after an abort (the survivors) until one commits; x
+// undefined for a worker that does not mix. Every worker of the world calls it. Returns the mean
+// (undefined for a non-mixer).
+torch::Tensor all_reduce_mix_over(const Membership& membership, const View& view, const torch::Tensor& x,
+                                  comm::Communicator& comm, torch::ScalarType wire, const char* what);
 
 }  // namespace gasloc::algo

@@ -128,6 +128,16 @@ View Membership::view(int64_t round) const {
   return v;
 }
 
+View Membership::retry(const View& v, int attempt) const {
+  if (attempt > 1)
+    throw CommError(fmt::format("round {}: the all-reduce's retry over the survivors was aborted too (a second death in one round)",
+                                v.round));
+  View s = v;
+  s.members = v.survivors();
+  s.dying.clear();
+  return s;
+}
+
 bool Membership::computes(int id, int64_t round) const {
   const State s = state(id, round);
   return s == State::member || s == State::dying;

@@ -52,6 +52,9 @@ struct View {
   std::vector<int> members;  // in the view: they take part in the round's mix (dying ones included)
   std::vector<int> dying;    // members that die at this round's merge: their edges and all-reduce fail
   std::vector<int> joining;  // healed from a donor at this round's merge; not in the mix
+  // Process runs, where a death is seen after the fact: members of the previous round's view
+  // that are not in this one (they died in between).
+  std::vector<int> left;
 
   bool is_member(int id) const;
   bool is_dying(int id) const;
@@ -71,6 +74,9 @@ struct HealPlan {
   bool receives = false;
 };
 
+// Who acts in each round. This class is the in-process reference, a pure function of a fault
+// schedule; an elastic process run derives from it a source whose views the job's store pins
+// (store_views.hpp), and every synchronizer reads either through the same calls.
 class Membership {
  public:
   // `workers` ids 0..workers-1; events are checked (ConfigError naming the entry): an id inside
@@ -81,16 +87,25 @@ class Membership {
   Membership(int workers, std::vector<FaultEvent> events, Churn churn = {}, int64_t horizon_rounds = 0,
              std::optional<RestartAll> restart_all = std::nullopt);
 
+  virtual ~Membership() = default;
   int workers() const { return workers_; }
   // The view of round r.
-  View view(int64_t round) const;
+  virtual View view(int64_t round) const;
   // Whether `id` computes round r's local steps: a member, dying or not; not a joiner or a dead worker.
-  bool computes(int id, int64_t round) const;
+  virtual bool computes(int id, int64_t round) const;
+  // The view an all-reduce of `v` aborted at its `attempt`-th try (from 1) is retried over: its
+  // survivors. A schedule kills at most one round's dying at once, so a second abort is a bug.
+  virtual View retry(const View& v, int attempt) const;
   const std::vector<FaultEvent>& events() const { return events_; }  // scheduled and drawn, by round then id
-  bool trivial() const { return events_.empty(); }
+  // Every worker in every round: the fixed-world path, bit for bit.
+  virtual bool trivial() const { return events_.empty(); }
   const std::optional<RestartAll>& restart_all() const { return restart_all_; }
   // Whether a worker fails at round r's merge (the whole job restarts then, under restart_all).
   bool fails_at(int64_t round) const;
+
+ protected:
+  // A source of views without a schedule (store_views.hpp).
+  explicit Membership(int workers) : workers_(workers) {}
 
  private:
   enum class State { member, dying, dead, joining };

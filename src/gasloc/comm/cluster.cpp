@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "gasloc/comm/elastic_gloo.hpp"
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/comm/nccl.hpp"
@@ -136,6 +137,30 @@ class ProcessCluster final : public Cluster {
   ControlView control_;
 };
 
+// One elastic Gloo rank: no group of the world, pair groups met through the store.
+class ElasticProcessCluster final : public Cluster {
+ public:
+  explicit ElasticProcessCluster(std::unique_ptr<ElasticGlooComm> c, int local_world)
+      : c_(std::move(c)), ranks_{c_->rank()}, local_world_(local_world) {}
+  int world() const override { return c_->world(); }
+  const std::vector<int>& local_ranks() const override { return ranks_; }
+  int host_processes() const override { return local_world_; }
+  Communicator& comm(int rank) override { return check(rank), *c_; }
+  Communicator& control(int rank) override { return check(rank), *c_; }
+  Communicator* processes() override { return nullptr; }
+  void run(const std::function<void(int, Communicator&)>& f) override { f(ranks_[0], *c_); }
+  ElasticRoster* elastic_roster() override { return &c_->roster(); }
+
+ private:
+  void check(int rank) const {
+    if (rank != ranks_[0])
+      throw CommError(fmt::format("rank {} is not hosted by this process (it hosts rank {})", rank, ranks_[0]));
+  }
+  std::unique_ptr<ElasticGlooComm> c_;
+  std::vector<int> ranks_;
+  int local_world_;
+};
+
 }  // namespace
 
 void check_process_backend(const std::string& backend) {
@@ -158,15 +183,23 @@ std::unique_ptr<ProcessGroupComm> make_process_group(const std::string& backend,
 std::unique_ptr<Cluster> make_cluster(const ClusterOptions& o) {
   if (o.backend == "inproc")
     return std::make_unique<ThreadCluster>(o.workers, o.network(o.workers), o.timeout_s, o.elastic ? o.heartbeat_timeout_s : -1.0);
-  if (o.elastic)
+  if (o.elastic && o.backend != "gloo")
     throw ConfigError("cluster.elastic: elastic runs over " + o.backend + " are not built yet",
-                      "run elastic jobs on the in-process cluster (cluster.backend = \"inproc\") for now");
+                      "run elastic jobs over Gloo (cluster.backend = \"gloo\", under gasloc launch --elastic) or on the "
+                      "in-process cluster");
   check_process_backend(o.backend);  // before the launcher's variables: a missing backend is the first thing to say
   GlooOptions po = gloo_options_from_env();
   po.timeout_s = o.timeout_s;
   po.job = o.job;
   po.store_all_interfaces = o.store_all_interfaces;
   if (o.handed_in) po.agent_store = false;  // gasloc launch hosts gasloc's store, not torchrun's
+  if (o.elastic) {
+    if (o.throttle)
+      throw ConfigError("network.throttle_gloo: elastic Gloo runs do not throttle their links yet",
+                        "leave network.throttle_gloo = false, or shape real links (gasloc launch --netns)");
+    po.connect_only = true;  // gasloc launch hosts the store and its roster
+    return std::make_unique<ElasticProcessCluster>(std::make_unique<ElasticGlooComm>(po, o.incarnation), po.local_world);
+  }
   if (o.throttle) po.bandwidth_limit_Bps = o.network(po.world).bandwidth(po.rank);
   return process_cluster(make_process_group(o.backend, po));
 }

@@ -19,6 +19,7 @@
 namespace gasloc::comm {
 
 class ProcessGroupComm;
+class ElasticRoster;
 struct GlooOptions;
 
 class Cluster {
@@ -46,6 +47,10 @@ class Cluster {
   // comm's stats and clock are then the run's own, from zero); false when they start afresh
   // here and the caller adds the checkpoint's on top.
   virtual bool restore(int rank, double clock, const CommStats& stats) { return false; }
+  // An elastic process rank's side of the membership (elastic_roster.hpp); nullptr otherwise. Such
+  // a cluster has no collective over all ranks: processes() is nullptr and set-up, evaluation,
+  // stopping and checkpoints go through the store.
+  virtual ElasticRoster* elastic_roster() { return nullptr; }
 };
 
 struct ClusterOptions {
@@ -61,10 +66,12 @@ struct ClusterOptions {
   JobIdentity job;
   bool handed_in = false;
   bool store_all_interfaces = false;  // rank 0 hosting the store: every interface
-  // Elastic membership (docs/design.md section 10; the in-process cluster so far): a worker that
-  // dies at a round costs its partners heartbeat_timeout_s after its death on their clocks.
+  // Elastic membership (docs/design.md section 10): in-process, a worker that dies at a round
+  // costs its partners heartbeat_timeout_s after its death on their clocks; over Gloo, ranks
+  // started by `gasloc launch --elastic` meet in pair groups (elastic_gloo.hpp).
   bool elastic = false;
   double heartbeat_timeout_s = 10.0;
+  int64_t incarnation = 0;  // elastic Gloo: this process's incarnation of its rank (launch --elastic counts restarts)
 };
 
 // Throws ConfigError for a backend this build lacks (nccl without a CUDA LibTorch) or does not

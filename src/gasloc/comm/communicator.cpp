@@ -10,7 +10,7 @@ static int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool Communicator::all_reduce_mean_over(torch::Tensor&, const std::vector<int>&) {
+bool Communicator::all_reduce_mean_over(torch::Tensor&, const std::vector<int>&, int64_t) {
   throw CommError("all_reduce_mean_over: this backend has no elastic rounds yet",
                   "elastic runs (cluster.elastic = true) need cluster.backend = \"inproc\" for now");
 }

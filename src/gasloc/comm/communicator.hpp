@@ -48,9 +48,11 @@ class Communicator {
   // Every rank calls it, members or not; a rank outside passes an undefined tensor and is left
   // alone. A member passing an undefined tensor dies at this round: the round is aborted for all,
   // nobody's tensor changes, and false is returned, so that the caller retries over the
-  // survivors. Over every rank it is all_reduce_mean, bit for bit. Backends without elastic
-  // rounds throw CommError.
-  virtual bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members);
+  // survivors. Over every rank it is all_reduce_mean, bit for bit. `call_id` names the call the
+  // same on every member (its round and attempt) for a backend that meets by key rather than by
+  // the order of calls; the in-process backend checks the order instead. Backends without
+  // elastic rounds throw CommError.
+  virtual bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members, int64_t call_id);
   // Seconds on this worker's clock: virtual in simulation, wall time since start otherwise.
   virtual double now() const = 0;
   // Accounts `inner_steps` inner steps of local compute on this worker's clock: the virtual

@@ -12,6 +12,11 @@ namespace gasloc::comm {
 // connects to every other rank. Throws CommError naming what to check.
 BuiltBackend gloo_backend(const GlooOptions& o, const c10::intrusive_ptr<c10d::Store>& store);
 
+// A Gloo group of `size` ranks over `store`, this process being `rank` (an elastic run's pair
+// groups, elastic_gloo.hpp). Throws what c10d throws when a member never connects.
+c10::intrusive_ptr<C10dBackend> gloo_group(const GlooOptions& o, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size);
+
 class GlooCommunicator final : public ProcessGroupComm {
  public:
   // Joins the process group described by `o` (blocks until all ranks have joined, at most

@@ -102,7 +102,7 @@ class InProcComm final : public Communicator {
     t.copy_(mean.view(t.sizes()));
   }
 
-  bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members) override {
+  bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members, int64_t) override {
     torch::NoGradGuard no_grad;
     inproc::Entry e;
     if (t.defined()) e.tensor = t.reshape({-1});

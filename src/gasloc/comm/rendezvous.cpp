@@ -281,8 +281,8 @@ std::string store_host_name(const GlooOptions& o) {
   return "rank 0";
 }
 
-c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o) {
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(o.timeout_s, 10.0) * 1000));
+c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o, double max_timeout_s) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(o.timeout_s, max_timeout_s) * 1000));
   return job_keys(c10::make_intrusive<StoreClient>(o.master_addr, o.master_port, timeout, o.job));
 }
 

@@ -69,8 +69,10 @@ void validate(const GlooOptions& o, bool check_rank = true);
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o);
 
 // Another connection of this rank to its job's keys in the store (gasloc's store only: not the
-// agent's), for a thread that must not wait behind the rank's own calls (the heartbeat).
-c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o);
+// agent's), for a thread that must not wait behind the rank's own calls (the heartbeat), or for
+// an elastic rank, which meets its peers through the store alone. Calls wait at most
+// min(o.timeout_s, max_timeout_s).
+c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o, double max_timeout_s = 10.0);
 
 // Store-side arrival records of collectives: before its seq-th collective (counted from 1, the
 // same on every rank) a rank records (seq, op) under its key; a collective that times out reads

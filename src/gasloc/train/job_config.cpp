@@ -244,8 +244,11 @@ void JobConfig::validate() const {
             fmt::format("must be a multiple of algo.H ({}) with faults.restart_all: a checkpoint is taken at a round's end",
                         algo.H));
   }
-  require(!cluster.elastic || cluster.backend == "inproc", "cluster.elastic",
-          "is built for the in-process cluster so far: set cluster.backend = \"inproc\"");
+  require(!cluster.elastic || cluster.backend != "nccl", "cluster.elastic",
+          "is built for the in-process cluster and Gloo so far: set cluster.backend = \"gloo\" or \"inproc\"");
+  require(!cluster.elastic || cluster.backend == "inproc" || !faults.any(), "faults",
+          "are simulated on the in-process cluster's virtual clock; over Gloo, failures are real (kill a rank: gasloc "
+          "launch --elastic restarts it)");
   require(!cluster.elastic || !algo::algorithm(algo.name).single_worker, "cluster.elastic",
           "needs several workers: algo.name = '" + algo.name.str() + "' trains one");
   require(faults.churn_mean_rounds >= 0, "faults.churn_mean_rounds", "must be >= 0 (0 = no churn)");

@@ -202,7 +202,8 @@ struct ClusterSection {
     v("store_all_interfaces", store_all_interfaces,
       "ranks started by hand: rank 0's rendezvous store listens on every interface, not only MASTER_ADDR's");
     v("elastic", elastic,
-      "a dead worker leaves the view and a restarted one rejoins, without stopping the others (inproc, algorithms of rounds)");
+      "a dead worker leaves the view and a restarted one rejoins, without stopping the others (inproc, or gloo under "
+      "gasloc launch --elastic)");
     v("heartbeat_timeout_s", heartbeat_timeout_s,
       "elastic: seconds after a death until it is detected; a dead peer's partners wait this long (virtual clock)");
   }

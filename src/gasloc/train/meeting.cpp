@@ -33,7 +33,7 @@ EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker) {
   const bool holds = std::find(members.begin(), members.end(), control.rank()) != members.end();
   auto& phi = worker.params().data();
   torch::Tensor avg = holds ? phi.clone() : torch::Tensor();
-  if (elastic) control.all_reduce_mean_over(avg, members);  // nobody leaves at an evaluation: it completes
+  if (elastic) control.all_reduce_mean_over(avg, members, -1);  // nobody leaves at an evaluation: it completes
   else control.all_reduce_mean(avg);
   const double own_loss = holds ? worker.evaluate(*val_) : 0.0;
   const double own_distance = holds ? (phi - avg).pow(2).sum().item<double>() : 0.0;

@@ -228,10 +228,14 @@ nlohmann::json shared_settings(const nlohmann::json& resolved) {
 }
 }  // namespace
 
-void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved, const std::string& data_fingerprint) {
+nlohmann::json shared_config(const nlohmann::json& resolved, const std::string& data_fingerprint) {
   nlohmann::json mine = shared_settings(resolved);
   mine["data"]["fingerprint"] = data_fingerprint;
-  const std::string text = mine.dump();
+  return mine;
+}
+
+void agree_on_config(comm::Communicator& c, const nlohmann::json& resolved, const std::string& data_fingerprint) {
+  const std::string text = shared_config(resolved, data_fingerprint).dump();
   std::vector<nlohmann::json> all(static_cast<size_t>(c.world()));
   for (int root = 0; root < c.world(); ++root) {
     auto len = torch::tensor({static_cast<int64_t>(root == c.rank() ? text.size() : 0)}, torch::kInt64);

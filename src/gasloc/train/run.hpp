@@ -95,6 +95,9 @@ std::string config_difference(const nlohmann::json& expected, const nlohmann::js
 // The data is part of it: data.dir may differ between hosts, but the dataset's fingerprint
 // (dataset.json and shard sizes) must not.
 void agree_on_config(comm::Communicator& processes, const nlohmann::json& resolved, const std::string& data_fingerprint);
+// What every rank of a job must share: the resolved settings without the keys that may differ
+// between ranks (paths, thread counts, the timeout, the world), and the data's fingerprint.
+nlohmann::json shared_config(const nlohmann::json& resolved, const std::string& data_fingerprint);
 
 // Every rank's committed checkpoint steps, wherever its files are: ranks of other processes
 // (or hosts) tell theirs through `processes` (null: every rank is in this process).

@@ -12,10 +12,12 @@
 #include <thread>
 #include <unistd.h>
 
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/interrupt.hpp"
+#include "gasloc/train/elastic_process.hpp"
 #include "gasloc/train/meeting.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/run.hpp"
@@ -71,6 +73,8 @@ struct RunState {
   Progress* progress = nullptr;
   Meeting* meeting = nullptr;
   comm::Cluster* cluster = nullptr;
+  ElasticProcess* elastic = nullptr;             // an elastic Gloo rank: no collective over all ranks
+  const std::vector<data::Batch>* val = nullptr;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   int reporter = 0;                       // the rank that fills `summary` (the lowest rank in this process)
   std::map<int, Counters> base;           // each local rank's counters at the start of this invocation
@@ -177,9 +181,11 @@ class Evaluator {
                                 .virtual_time_s = vt,
                                 .bytes_sent = c.bytes_sent,
                                 .members = {e.members.begin(), e.members.end()}});
-    s_.say(rank_, s_.run.world() == 1 ? fmt::format("step {:>6} | val_loss {:.4f}", step, e.val_loss)
-                                      : fmt::format("step {:>6} | val_loss {:.4f} (average model) | consensus {:.3e}",
-                                                    step, e.val_loss, e.consensus_distance));
+    if (s_.elastic) s_.say(rank_, fmt::format("step {:>6} | val_loss {:.4f} (worker {}'s own model)", step, e.val_loss, rank_));
+    else
+      s_.say(rank_, s_.run.world() == 1 ? fmt::format("step {:>6} | val_loss {:.4f}", step, e.val_loss)
+                                        : fmt::format("step {:>6} | val_loss {:.4f} (average model) | consensus {:.3e}",
+                                                      step, e.val_loss, e.consensus_distance));
   }
   // A run stopped by train.stop_at between evaluations still reports its model's val_loss.
   void finish() {
@@ -189,7 +195,7 @@ class Evaluator {
 
  private:
   EvalResult evaluate() {
-    const EvalResult e = s_.meeting->evaluate(s_.cluster->control(rank_), w_);
+    const EvalResult e = s_.elastic ? s_.elastic->evaluate(w_, *s_.val) : s_.meeting->evaluate(s_.cluster->control(rank_), w_);
     if (rank_ == s_.reporter) s_.summary.final_val_loss = e.val_loss;
     return e;
   }
@@ -206,16 +212,19 @@ void report_view(RunState& s, int rank, const std::optional<algo::View>& v, comm
   const auto survivors = v->survivors();
   if (survivors.empty() || survivors.front() != rank) return;
   auto ids = [](const std::vector<int>& x) { return std::vector<int64_t>(x.begin(), x.end()); };
+  std::vector<int> died = v->dying;  // at this round's merge (in-process), or since the last round (processes)
+  died.insert(died.end(), v->left.begin(), v->left.end());
   s.metrics->write(ViewEvent{.step = step,
                              .worker = rank,
                              .round = v->round,
                              .members = ids(v->members),
-                             .died = ids(v->dying),
+                             .died = ids(died),
                              .joined = ids(v->joining),
                              .virtual_time_s = s.counters(rank, c).virtual_time_s});
   if (s.quiet) return;
   std::string line = fmt::format("step {:>6} | round {}: {} workers in the view", step, v->round, v->members.size());
   if (!v->dying.empty()) line += fmt::format(", worker(s) {} died (their partners mixed without them)", fmt::join(v->dying, ", "));
+  if (!v->left.empty()) line += fmt::format(", worker(s) {} left (died since the round before)", fmt::join(v->left, ", "));
   for (int j : v->joining) line += fmt::format(", worker {} rejoined (state from worker {})", j, v->donor(j));
   s.progress->println(line);
 }
@@ -234,7 +243,8 @@ class Checkpointer {
     c.meta["counters"] = s_.counters(rank_, c_).to_json();
     c.tensors = w_.state();
     s_.checkpoints.write(step, rank_, c);
-    s_.cluster->control(rank_).barrier();  // every rank has written `step`
+    // Every rank has written `step`; an elastic rank commits its own (no rank waits for another).
+    if (!s_.elastic) s_.cluster->control(rank_).barrier();
     s_.checkpoints.commit(step, rank_);
     s_.committed[rank_] = step;
   }
@@ -268,7 +278,9 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     EvalPoint at_x(worker);
     evaluated_last = evaluator.due(step);
     if (evaluated_last) evaluator.run(step, at_x);
-    const bool interrupted = s.meeting->should_stop(s.cluster->control(rank), step, g_stop.load()) && step < s.end_step;
+    const bool interrupted = (s.elastic ? s.elastic->should_stop(step, g_stop.load())
+                                        : s.meeting->should_stop(s.cluster->control(rank), step, g_stop.load())) &&
+                             step < s.end_step;
     checkpointer.maybe_save(step, interrupted || step == s.end_step, at_x);
     if (interrupted) {
       s.say(rank, fmt::format("interrupted: checkpoint written at step {}; continue with `gasloc train --resume {}`{}",
@@ -320,6 +332,7 @@ std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobCo
   o.store_all_interfaces = job.cluster.store_all_interfaces;
   o.elastic = job.cluster.elastic;
   o.heartbeat_timeout_s = job.cluster.heartbeat_timeout_s;
+  o.incarnation = req.incarnation;
   return comm::make_cluster(o);
 }
 
@@ -404,6 +417,50 @@ void report_worker_memory(const Worker& w, const JobConfig& job, MetricsLog& met
 
 }  // namespace
 
+namespace {
+
+// An elastic Gloo rank's helper, when this process is one (nullptr otherwise).
+std::unique_ptr<ElasticProcess> elastic_process(comm::Cluster& cluster, const JobConfig& job) {
+  comm::ElasticRoster* roster = cluster.elastic_roster();
+  if (!roster) return nullptr;
+  const int64_t steps_per_round = algo::algorithm(job.algo.name).has_rounds ? job.algo.H : 1;
+  return std::make_unique<ElasticProcess>(*roster, cluster.world(), steps_per_round, job.cluster.timeout_s);
+}
+
+// The metrics file of an elastic Gloo rank: the job's first rank 0 starts it (for a fresh run,
+// dropping an old one; for a resumed one, the tail after its checkpoint); every other rank, and
+// every rank restarted later, appends once it has.
+std::unique_ptr<MetricsLog> open_elastic_metrics(const Run& run, ElasticProcess& e, bool resumed, int64_t start_step) {
+  const fs::path file = run.dir() / "metrics.jsonl";
+  if (!e.leader()) {
+    e.wait_files_ready();
+    return std::make_unique<MetricsLog>(file);
+  }
+  if (!resumed) fs::remove(file);
+  auto metrics = std::make_unique<MetricsLog>(file, resumed ? start_step : -1);
+  e.files_ready();
+  return metrics;
+}
+
+// Each local rank's counters where its checkpoint left them (zero for a new run). A resumed
+// in-process cluster continues its virtual clocks and counters itself: later prices depend on
+// the clocks, so only the wall time is left to add on top of them.
+void restore_counters(RunState& state, comm::Cluster& cluster, const std::map<int, Checkpoint>& loaded,
+                      const std::map<int, int64_t>& committed) {
+  for (int r : cluster.local_ranks()) {
+    Counters k = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
+    const bool kept = cluster.restore(r, k.virtual_time_s, {k.bytes_sent, 0, k.idle_s});
+    if (kept) k = {0, 0, k.wall_time_s, 0};
+    state.base[r] = k;
+    // The cluster's restored counters are the run's own; otherwise they start from here.
+    state.stats0[r] = kept ? comm::CommStats{} : cluster.comm(r).stats();
+    state.clock0[r] = kept ? 0.0 : cluster.comm(r).now();
+    state.committed[r] = committed.at(r);
+  }
+}
+
+}  // namespace
+
 TrainSummary run_training(const TrainRequest& req) {
   // From the start: a Ctrl+C during set-up must stop the run cleanly too, not kill it.
   SignalScope signals;
@@ -424,65 +481,61 @@ TrainSummary run_training(const TrainRequest& req) {
                                       std::thread::hardware_concurrency());
   const Run run(job, mc, world);
   comm::Communicator* processes = cluster->processes();
+  const auto elastic = elastic_process(*cluster, job);
   if (processes) agree_on_config(*processes, run.resolved(), dataset.fingerprint);
+  if (elastic) elastic->agree(shared_config(run.resolved(), dataset.fingerprint));
   const comm::NetworkModel network = job.network.model(world);
   const std::vector<int>& ranks = cluster->local_ranks();
-  const bool leader = ranks.front() == 0;
+  const bool leader = elastic ? elastic->leader() : ranks.front() == 0;
+  const bool joiner = elastic && elastic->joiner();
 
   // One job per run directory, for the run's whole life; then the checkpoints, before anything
-  // in the directory changes, so that a bad resume changes nothing.
+  // in the directory changes, so that a bad resume changes nothing. A joiner loads none: it takes
+  // a running worker's state.
   const RunDirLock lock(run.dir(), ranks);
-  if (!req.resume_dir.empty()) run.check_resume_world();
+  if (!req.resume_dir.empty() && !joiner) run.check_resume_world();
   RunCheckpoints ckpts(run.dir(), world);
   std::map<int, Checkpoint> loaded;
   const auto committed = committed_by_rank(ckpts, world, ranks, processes);
-  const int64_t start_step = prepare_start(req, run, ckpts, ranks, committed, processes, loaded);
+  const int64_t start_step = joiner ? 0 : prepare_start(req, run, ckpts, ranks, committed, processes, loaded);
   if (leader) {
     run.write_info(dataset);
     if (!req.quiet) run.print();
   }
-  const auto metrics = open_metrics(run, leader, !loaded.empty(), start_step, processes);
+  const auto metrics = elastic ? open_elastic_metrics(run, *elastic, !loaded.empty(), start_step)
+                               : open_metrics(run, leader, !loaded.empty(), start_step, processes);
   const auto val_batches = data::validation_batches(*dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
 
-  // Each local rank's counters where its checkpoint left them (zero for a new run). A resumed
-  // in-process cluster continues its virtual clocks and counters itself: later prices depend on
-  // the clocks, so only the wall time is left to add on top of them.
-  std::map<int, Counters> base;
-  std::map<int, bool> kept;  // the cluster keeps rank's counters itself
-  for (int r : ranks) {
-    Counters k = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
-    kept[r] = cluster->restore(r, k.virtual_time_s, {k.bytes_sent, 0, k.idle_s});
-    if (kept[r]) k = {0, 0, k.wall_time_s, 0};
-    base[r] = k;
-  }
   const BlasThreads blas(planned_blas_threads(job, static_cast<int>(ranks.size()), cluster->host_processes()));
   if (blas.active() && !req.quiet) print_thread_plan(job, static_cast<int>(ranks.size()), cluster->host_processes(), auto_streams);
   if (leader && !req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active()) warn_two_pools(job);
   const std::optional<algo::Membership> membership = job.membership(world);
+  const algo::Membership* views = elastic ? &elastic->views() : membership ? &*membership : nullptr;
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    workers.push_back(std::make_unique<Worker>(
-        job, mc, dataset, cluster->comm(ranks[i]),
-        algo::make_synchronizer(job.algo, world, job.train.seed, &network, membership ? &*membership : nullptr)));
+    workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),
+                                               algo::make_synchronizer(job.algo, world, job.train.seed, &network, views)));
     if (!loaded.empty()) workers.back()->load_state(loaded.at(ranks[i]).tensors);
   }
   if (!loaded.empty() && leader && !req.quiet) fmt::print("resumed '{}' at step {}\n", run.dir().string(), start_step);
   if (leader) report_worker_memory(*workers.front(), job, *metrics, ranks.front(), start_step, !loaded.empty(), req.quiet);
+  const int64_t joined_at = joiner ? elastic->join(*workers.front()) : start_step;
 
   Meeting meeting(&val_batches, static_cast<int>(ranks.size()), world, job.train.log_every);
   Progress progress(job.train.steps);
-  RunState state{run, job, ckpts, req.quiet, start_step, job.train.stop_at > 0 ? job.train.stop_at : job.train.steps,
-                 metrics.get(), &progress, &meeting, cluster.get()};
+  RunState state{run, job, ckpts, req.quiet, joined_at, job.train.stop_at > 0 ? job.train.stop_at : job.train.steps,
+                 metrics.get(), &progress, &meeting, cluster.get(), elastic.get(), &val_batches};
   state.reporter = ranks.front();
   state.summary.run_dir = run.dir().string();
   state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
-  for (int r : ranks) {
-    state.base[r] = base.at(r);
-    // The cluster's restored counters are the run's own; otherwise they start from here.
-    state.stats0[r] = kept[r] ? comm::CommStats{} : cluster->comm(r).stats();
-    state.clock0[r] = kept[r] ? 0.0 : cluster->comm(r).now();
-    state.committed[r] = committed[r].empty() ? -1 : committed[r].front();
+  if (joined_at < 0) {
+    fmt::print("worker {}: the job ended before it could rejoin\n", ranks.front());
+    state.summary.ended_before_join = true;
+    return state.summary;
   }
+  std::map<int, int64_t> last_committed;
+  for (int r : ranks) last_committed[r] = committed[r].empty() || joiner ? -1 : committed[r].front();
+  restore_counters(state, *cluster, loaded, last_committed);
   std::map<int, Worker*> by_rank;
   for (size_t i = 0; i < ranks.size(); ++i) by_rank[ranks[i]] = workers[i].get();
   cluster->run([&](int r, comm::Communicator& c) { rank_loop(state, r, *by_rank.at(r), c); });

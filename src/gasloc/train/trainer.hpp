@@ -16,12 +16,14 @@ struct TrainRequest {
   int64_t resume_step = -1;            // with resume_dir: this committed step (-1 = the newest)
   bool quiet = false;                  // no progress lines (tests)
   std::string job_id;                  // process backends: the job token gasloc launch hands its ranks
+  int64_t incarnation = 0;             // elastic Gloo: which start of this rank this is (gasloc launch --elastic)
 };
 
 struct TrainSummary {
   int64_t steps_done = 0;
   double final_val_loss = 0.0;
   bool interrupted = false;
+  bool ended_before_join = false;  // elastic: a restarted rank found the job over before it could rejoin
   std::string run_dir;
   std::vector<double> train_losses;  // one per step run in this invocation
 };

@@ -124,7 +124,7 @@ void Worker::after_round(StepResult& r) {
   const auto view = sync_->take_ended_view();
   if (!view) return;
   if (auto plan = algo::heal_plan(*view, comm_.rank())) heal(*plan);
-  if (!view->dying.empty() || !view->joining.empty()) r.view_change = *view;
+  if (!view->dying.empty() || !view->joining.empty() || !view->left.empty()) r.view_change = *view;
 }
 
 namespace {
@@ -151,16 +151,18 @@ StateDict unpack(const torch::Tensor& packed, const StateDict& like) {
 }
 }  // namespace
 
-void Worker::heal(const algo::HealPlan& plan) {
+bool Worker::heal(const algo::HealPlan& plan) {
   // Every worker calls the transfer (the in-process backend matches calls by order); only donors
   // and joiners list peers and pack their state.
   StateDict mine = plan.peers.empty() ? StateDict{} : state();
   std::vector<torch::Tensor> recv;
   comm_.exchange(plan.peers, plan.peers.empty() ? torch::Tensor() : pack(mine), recv);
-  if (!plan.receives) return;
+  if (!plan.receives) return true;
+  if (!recv.at(0).defined()) return false;
   StateDict donor = unpack(recv.at(0), mine);
   donor["rng.cpu"] = mine.at("rng.cpu");
   load_state(donor);
+  return true;
 }
 
 double Worker::evaluate(const std::vector<data::Batch>& batches) {

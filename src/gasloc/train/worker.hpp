@@ -79,13 +79,13 @@ class Worker {
   void load_state(const StateDict& state);
   // The algorithm, for what it says of an elastic run (its view, who holds a model).
   const algo::Synchronizer& sync() const { return *sync_; }
-
- private:
   // Elastic runs: the state transfer after a round with joiners (algo::HealPlan). A donor sends
   // its whole state (model, inner and outer optimizer state, counters, data position) and a
   // joiner takes it, keeping only its own random generator: its data stream stays its own,
-  // advanced to the donor's position.
-  void heal(const algo::HealPlan& plan);
+  // advanced to the donor's position. False when a joiner got nothing (its donor died at it).
+  bool heal(const algo::HealPlan& plan);
+
+ private:
   // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
   void after_round(StepResult& r);
 

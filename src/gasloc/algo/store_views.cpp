@@ -1,0 +1,54 @@
+#include "gasloc/algo/store_views.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::algo {
+
+namespace {
+View from_pinned(const comm::PinnedView& p) {
+  View v;
+  v.round = p.round;
+  v.members = p.members;
+  v.joining = p.joining;
+  return v;
+}
+}  // namespace
+
+View StoreViews::view(int64_t round) const {
+  if (const auto it = cache_.find(round); it != cache_.end()) return it->second;
+  View v = from_pinned(roster_.pin(round));
+  if (!v.is_member(roster_.id()) && !v.is_joining(roster_.id()))
+    throw CommError(fmt::format("worker {} is not in round {}'s view: gasloc launch declared it dead (its heartbeat "
+                                "stalled or a peer reported its link)",
+                                roster_.id(), round),
+                    "gasloc launch --elastic restarts it as a new incarnation, which rejoins");
+  if (const auto prev = cache_.find(round - 1); prev != cache_.end())
+    for (int id : prev->second.members)
+      if (!v.is_member(id) && !v.is_joining(id)) v.left.push_back(id);
+  cache_[round] = v;
+  while (cache_.size() > 4) cache_.erase(cache_.begin());
+  return v;
+}
+
+std::optional<View> StoreViews::pinned(int64_t round) const {
+  const auto p = roster_.pinned(round);
+  if (!p) return std::nullopt;
+  return from_pinned(*p);
+}
+
+View StoreViews::retry(const View& v, int attempt) const {
+  // The launcher marks a dead process within about a tenth of a second; a hung one once its
+  // heartbeat stalls and it is killed. Until then a retry would meet the same death.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 * std::min(attempt, 10)));
+  View r = from_pinned(roster_.pin(v.round, attempt));
+  r.joining.clear();  // joiners are healed once, after the round's first view
+  return r;
+}
+
+}  // namespace gasloc::algo

@@ -1,0 +1,329 @@
+#include "gasloc/comm/elastic_gloo.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <csignal>
+#include <map>
+#include <thread>
+
+#include "gasloc/comm/gloo.hpp"
+#include "gasloc/comm/heartbeat.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::comm {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc", as the fixed-world exchange's headers
+constexpr int kHeader = 0, kPayload = 1;
+int make_tag(uint32_t n, int kind) { return static_cast<int>(((n & 0x0FFFFFFFu) << 2) | kind); }
+
+// The keys of one pair group, under a prefix naming both incarnations; a wait for the peer's keys
+// ends early, with an error, once the roster says the peer is gone (a group is never made with a
+// dead process).
+class PairStore final : public c10d::Store {
+ public:
+  PairStore(c10::intrusive_ptr<c10d::Store> base, std::string prefix, ElasticRoster& roster, int peer, int64_t peer_inc)
+      : base_(std::move(base)), prefix_(std::move(prefix)), roster_(roster), peer_(peer), peer_inc_(peer_inc) {}
+  void set(const std::string& k, const std::vector<uint8_t>& v) override { base_->set(prefix_ + k, v); }
+  std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& e, const std::vector<uint8_t>& d) override {
+    return base_->compareSet(prefix_ + k, e, d);
+  }
+  std::vector<uint8_t> get(const std::string& k) override {
+    wait({k});
+    return base_->get(prefix_ + k);
+  }
+  int64_t add(const std::string& k, int64_t v) override { return base_->add(prefix_ + k, v); }
+  bool deleteKey(const std::string& k) override { return base_->deleteKey(prefix_ + k); }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(prefixed(keys)); }
+  int64_t getNumKeys() override { return base_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, getTimeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (int n = 0;; ++n) {
+      if (base_->check(prefixed(keys))) return;
+      if (n % 10 == 9 && roster_.gone(peer_, peer_inc_))
+        throw CommError(fmt::format("rank {} left the job before its pair group formed", peer_));
+      if (Clock::now() > deadline) throw CommError(fmt::format("rank {} did not form a pair group in time", peer_));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  c10::intrusive_ptr<c10d::Store> base_;
+  std::string prefix_;
+  ElasticRoster& roster_;
+  int peer_;
+  int64_t peer_inc_;
+};
+
+struct PairGroup {
+  c10::intrusive_ptr<C10dBackend> pg;
+  int64_t peer_inc = 0;
+  uint32_t transfers = 0;  // both ends count the transfers they did together
+};
+
+// One posted send and receive with a peer.
+struct Transfer {
+  int peer = -1;
+  PairGroup* group = nullptr;
+  c10::intrusive_ptr<c10d::Work> send, recv;
+  std::string failed;  // empty while it is fine
+};
+
+}  // namespace
+
+struct ElasticGlooComm::Impl {
+  GlooOptions o;
+  int64_t inc = 0;
+  std::chrono::milliseconds timeout{};
+  c10::intrusive_ptr<c10d::Store> store;
+  std::unique_ptr<ElasticRoster> roster;
+  std::map<int, PairGroup> groups;
+  CommStats stats;
+  Clock::time_point t0 = Clock::now();
+  std::unique_ptr<Heartbeat> heartbeat;  // last: stops first
+
+  // The group with `peer` as the newest view names it; nullptr when it cannot form (the peer is gone).
+  PairGroup* group(int peer, std::string& why) {
+    const int64_t peer_inc = roster->incarnation_of(peer);
+    auto it = groups.find(peer);
+    if (it != groups.end() && it->second.peer_inc == peer_inc) return &it->second;
+    if (it != groups.end()) groups.erase(it);
+    const int lo = std::min(o.rank, peer), hi = std::max(o.rank, peer);
+    const int64_t lo_inc = lo == o.rank ? inc : peer_inc, hi_inc = hi == o.rank ? inc : peer_inc;
+    const std::string prefix = fmt::format("el/pg/{}.{}-{}.{}/", lo, lo_inc, hi, hi_inc);
+    try {
+      auto ps = c10::make_intrusive<PairStore>(store, prefix, *roster, peer, peer_inc);
+      ps->setTimeout(timeout);
+      PairGroup g{gloo_group(o, ps, o.rank == lo ? 0 : 1, 2), peer_inc, 0};
+      return &groups.emplace(peer, std::move(g)).first->second;
+    } catch (const std::exception& e) {
+      why = first_line(e.what());
+      return nullptr;
+    }
+  }
+
+  // A transfer with `peer` failed: its group is dropped (a Gloo group is unusable after a failed
+  // wait). A peer the roster still lists alive after a moment is reported: the launcher fences it.
+  void failed(Transfer& t, const std::string& why) {
+    if (!t.failed.empty()) return;
+    t.failed = why.empty() ? "failed" : why;
+    groups.erase(t.peer);
+    const int64_t peer_inc = roster->incarnation_of(t.peer);
+    for (int n = 0; n < 20; ++n) {
+      if (roster->gone(t.peer, peer_inc)) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    spdlog::warn("rank {}: the link to rank {} failed ({}) while rank {} is alive; reporting it", o.rank, t.peer, t.failed, t.peer);
+    roster->suspect(t.peer, peer_inc);
+  }
+
+  void wait(Transfer& t, c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline) {
+    if (!t.failed.empty() || !w) return;
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    std::string why;
+    try {
+      if (w->wait(left)) return;
+      why = "aborted";
+    } catch (const std::exception& e) {
+      why = first_line(e.what());
+    }
+    failed(t, why);
+  }
+
+  // Posts one send of `out` and one receive into in[k] per transfer, then waits for them all.
+  void round_trip(std::vector<Transfer>& ts, const torch::Tensor& out, std::vector<torch::Tensor>& in, int kind) {
+    for (size_t k = 0; k < ts.size(); ++k) {
+      auto& t = ts[k];
+      if (!t.failed.empty()) continue;
+      const int other = o.rank < t.peer ? 1 : 0;
+      const int tag = make_tag(t.group->transfers++, kind);
+      try {
+        std::vector<at::Tensor> r{in[k]}, s{out};
+        t.recv = t.group->pg->recv(r, other, tag);
+        t.send = t.group->pg->send(s, other, tag);
+      } catch (const std::exception& e) {
+        failed(t, first_line(e.what()));
+      }
+    }
+    const auto deadline = Clock::now() + timeout;
+    for (auto& t : ts) wait(t, t.recv, deadline);
+    for (auto& t : ts) wait(t, t.send, deadline);
+  }
+
+  // Sends `send` to every peer and receives theirs; a failed peer's entry stays undefined.
+  std::vector<torch::Tensor> swap(const std::vector<int>& peers, const torch::Tensor& send);
+};
+
+std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& peers, const torch::Tensor& send) {
+  std::vector<Transfer> ts(peers.size());
+  // Groups form in ascending pair order: with one order for every rank no cycle of waits forms.
+  std::vector<size_t> order(peers.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
+  for (size_t k : order) {
+    ts[k].peer = peers[k];
+    std::string why;
+    ts[k].group = group(peers[k], why);
+    if (!ts[k].group) failed(ts[k], why);  // never arrived: reported too, unless it is gone
+  }
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
+  const torch::Tensor header = torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, i64);
+  std::vector<torch::Tensor> headers(peers.size());
+  for (auto& h : headers) h = torch::zeros({3}, i64);
+  round_trip(ts, header, headers, kHeader);
+  for (size_t k = 0; k < ts.size(); ++k) {
+    if (!ts[k].failed.empty()) continue;
+    const auto h = headers[k].accessor<int64_t, 1>();
+    // A rank that sends nothing stands by (it does not mix this round): an edge that carries nothing.
+    if (h[0] == kMagic && (h[1] == 0 || send.numel() == 0)) {
+      ts[k].failed = "sent nothing";
+      continue;
+    }
+    if (h[0] != kMagic || h[1] != send.numel() || h[2] != static_cast<int64_t>(send.scalar_type()))
+      throw CommError(fmt::format("rank {}: exchange with rank {}: rank {} sends {} elements of dtype #{} but this rank {}",
+                                  o.rank, peers[k], peers[k], h[1], h[2], send.numel()),
+                      "both ends of a link must run the same job (model, algorithm and wire dtype)");
+  }
+  std::vector<torch::Tensor> got(peers.size());
+  for (auto& g : got) g = torch::empty_like(send, torch::MemoryFormat::Contiguous);
+  if (send.numel() > 0) round_trip(ts, send, got, kPayload);
+  const auto nbytes = static_cast<int64_t>(send.numel() * send.element_size());
+  for (size_t k = 0; k < ts.size(); ++k) {
+    if (!ts[k].failed.empty()) {
+      got[k] = torch::Tensor();
+      continue;
+    }
+    stats.bytes_sent += nbytes;
+    stats.bytes_received += nbytes;
+  }
+  return got;
+}
+
+ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation) : impl_(std::make_unique<Impl>()) {
+  validate(o);
+  auto& I = *impl_;
+  I.o = o;
+  I.inc = incarnation;
+  I.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  if (o.agent_store)
+    throw CommError("cluster.elastic over Gloo needs gasloc's store: start the ranks with `gasloc launch --elastic`",
+                    "torchrun's agent store has no roster of incarnations");
+  I.store = job_keys_connection(o, o.timeout_s);
+  if (!I.store->check({elastic_keys::roster()}))
+    throw CommError(fmt::format("rank {}: the store at {}:{} holds no elastic roster", o.rank, o.master_addr, o.master_port),
+                    "start elastic runs with `gasloc launch --elastic -n N -- gasloc train ...` (the launcher keeps the "
+                    "roster of ranks)");
+  I.roster = std::make_unique<ElasticRoster>(I.store, o.rank, incarnation);
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would raise
+  // SIGPIPE and kill this survivor too. Ignored, the write fails with EPIPE: a failed edge.
+  std::signal(SIGPIPE, SIG_IGN);
+  I.heartbeat = std::make_unique<Heartbeat>(job_keys_connection(o), o.rank);
+  I.t0 = Clock::now();
+}
+
+ElasticGlooComm::~ElasticGlooComm() = default;
+
+int ElasticGlooComm::rank() const { return impl_->o.rank; }
+int ElasticGlooComm::world() const { return impl_->o.world; }
+ElasticRoster& ElasticGlooComm::roster() { return *impl_->roster; }
+CommStats ElasticGlooComm::stats() const { return impl_->stats; }
+double ElasticGlooComm::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
+
+namespace {
+[[noreturn]] void no_global(const char* op) {
+  throw CommError(fmt::format("{}: an elastic run has no global collective", op),
+                  "this is a bug in gasloc: elastic runs evaluate, stop and checkpoint without one");
+}
+}  // namespace
+
+void ElasticGlooComm::all_reduce_mean(torch::Tensor&) { no_global("all_reduce_mean"); }
+void ElasticGlooComm::broadcast(torch::Tensor&, int) { no_global("broadcast"); }
+void ElasticGlooComm::barrier() { no_global("barrier"); }
+
+void ElasticGlooComm::exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) {
+  auto& I = *impl_;
+  for (int p : peers)
+    if (p < 0 || p >= I.o.world || p == I.o.rank)
+      throw CommError(fmt::format("rank {}: exchange with rank {}: peers must be other ranks in 0..{}", I.o.rank, p, I.o.world - 1));
+  recv.assign(peers.size(), torch::Tensor());
+  if (peers.empty()) return;
+  const auto start = Clock::now();
+  // A rank that sends nothing (undefined) sends an empty buffer: its peers' headers say so.
+  recv = I.swap(peers, send.defined() ? send.contiguous() : torch::empty({0}, torch::kFloat));
+  I.stats.idle_s += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+bool ElasticGlooComm::all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members, int64_t call_id) {
+  auto& I = *impl_;
+  const auto me = std::find(members.begin(), members.end(), I.o.rank);
+  if (!t.defined() || me == members.end()) return true;  // not a member: nothing to do
+  const auto start = Clock::now();
+  std::vector<int> others;
+  for (int m : members)
+    if (m != I.o.rank) others.push_back(m);
+  const torch::Tensor flat = t.reshape({-1}).contiguous();
+  const std::vector<torch::Tensor> got = I.swap(others, flat);
+  const bool complete = std::all_of(got.begin(), got.end(), [](const torch::Tensor& g) { return g.defined(); });
+  // One key decides for every member: commit once all received everything, abort otherwise.
+  const std::string decision = fmt::format("el/ar/{}", call_id);
+  auto ok_key = [&](int m) { return fmt::format("el/ar/{}/ok/{}", call_id, m); };
+  auto decide = [&](const char* d) { return to_text(I.store->compareSet(decision, {}, to_bytes(d))) == "commit"; };
+  bool commit = false;
+  if (!complete) {
+    commit = decide("abort");
+  } else {
+    I.store->set(ok_key(I.o.rank), to_bytes("1"));
+    std::vector<std::string> oks;
+    for (int m : members) oks.push_back(ok_key(m));
+    const auto deadline = Clock::now() + I.timeout;
+    for (int n = 0;; ++n) {
+      if (I.store->check({decision})) {
+        commit = to_text(I.store->get(decision)) == "commit";
+        break;
+      }
+      if (I.store->check(oks)) {
+        commit = decide("commit");
+        break;
+      }
+      const bool someone_gone = n % 10 == 9 && std::any_of(others.begin(), others.end(), [&](int m) {
+        return !I.store->check({ok_key(m)}) && I.roster->gone(m, I.roster->incarnation_of(m));
+      });
+      if (someone_gone || Clock::now() > deadline) {
+        commit = decide("abort");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  I.stats.idle_s += std::chrono::duration<double>(Clock::now() - start).count();
+  if (!commit) return false;
+  // The in-process reference's sum: ids ascending, half precision summed in fp32, then / k.
+  const bool upcast = flat.scalar_type() == torch::kHalf || flat.scalar_type() == torch::kBFloat16;
+  torch::Tensor acc;
+  size_t k = 0;
+  for (int m : members) {
+    const torch::Tensor& x = m == I.o.rank ? flat : got[k++];
+    if (!acc.defined()) acc = upcast ? x.to(torch::kFloat) : x.clone();
+    else acc.add_(x);
+  }
+  acc.div_(static_cast<int>(members.size()));
+  t.copy_(acc.view(t.sizes()));
+  return true;
+}
+
+}  // namespace gasloc::comm

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Elastic Gloo runs under `gasloc launch --elastic` (docs/training.md, "Elastic runs over Gloo"):
+#  1. without a failure, 4 elastic Gloo ranks train exactly as the in-process reference: the same
+#     training losses bit for bit for GASLoC-2peer (pair groups), DiLoCo (its all-reduce over pair
+#     groups sums in id order, as the reference does) and DAdam (a round every step);
+#  2. GASLoC-1peer with a rank SIGKILLed mid-run: the others never stop (none is restarted), the rank leaves the
+#     view, restarts, takes a donor's state and finishes; every rank ends at the last step with
+#     its final checkpoint committed;
+#  3. DiLoCo with a rank SIGKILLed: the aborted all-reduces are retried over the survivors;
+#  4. a rank SIGSTOPped past the heartbeat timeout: the launcher kills it, and it rejoins;
+#  5. --min-ranks above -n, and --elastic around another command, are refused.
+#   tests/gloo_elastic.sh path/to/gasloc
+set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+G=$(readlink -f "$1")
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
+"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+base=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+      --set data.val_batches=2 --set train.threads=1 --set train.blas_threads=1 --set algo.H=5)
+extract() { metric_rows "$1" train worker step train_loss | sort -n -k1 -k2; }
+
+# 1. The reference's bits.
+same_bits() {
+  local name=$1; shift
+  local job=("${base[@]}" --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 "$@")
+  "$G" train "${job[@]}" --set cluster.workers=4 --set cluster.elastic=true --set train.run_dir="$name-inproc" >/dev/null
+  timeout 120 "$G" launch --elastic -n 4 -- "$G" train "${job[@]}" --set cluster.backend=gloo --set cluster.timeout_s=60 \
+    --set train.run_dir="$name-gloo" > "$name.log" 2>&1 || fail "$name: the elastic Gloo run failed: $(tail -20 "$name.log")"
+  extract "$name-inproc" > "$name-a.txt"
+  extract "$name-gloo" > "$name-b.txt"
+  [ "$(wc -l < "$name-a.txt")" -eq 80 ] || fail "$name: expected 80 loss lines, got $(wc -l < "$name-a.txt")"
+  diff "$name-a.txt" "$name-b.txt" >/dev/null || fail "$name: in-process and elastic Gloo losses differ: $(diff "$name-a.txt" "$name-b.txt" | head)"
+  echo "gloo_elastic ($name): 80 training losses match the in-process reference exactly"
+}
+same_bits gasloc2 --set algo.name=gasloc --set algo.topology=2peer
+same_bits diloco --set algo.name=diloco
+same_bits dadam --set algo.name=dadam --set algo.topology=2peer --set algo.H=1
+
+# A long run of 4 elastic ranks, one of which is hit by `signal` once it has trained a while.
+# Checks that the run completes, that every rank reached the last step, and that the launcher
+# and the survivors said what happened (pattern).
+long_job=("${base[@]}" --set train.steps=300 --set train.log_every=20 --set train.eval_every=200
+          --set train.checkpoint_every=100 --set cluster.backend=gloo --set cluster.timeout_s=60)
+hit() {
+  local name=$1 signal=$2 pattern=$3; shift 3
+  timeout 150 "$G" launch --elastic --max-restarts 2 --heartbeat-timeout 4 -n 4 -- "$G" train "${long_job[@]}" "$@" \
+    --set train.run_dir="$name" > "$name.log" 2>&1 &
+  local launcher=$!
+  pids+=("$launcher")
+  # Rank 2's first incarnation, once the run has logged its first steps.
+  local victim=""
+  for _ in $(seq 1 300); do
+    if [ -f "$name/metrics.jsonl" ] && [ "$(wc -l < "$name/metrics.jsonl")" -ge 8 ]; then
+      victim=$(pgrep -f -- "--incarnation 0 .*train.run_dir=$name" | while read -r p; do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=2 && echo "$p"; done | head -1 || true)
+      [ -n "$victim" ] && break
+    fi
+    sleep 0.05
+  done
+  [ -n "$victim" ] || fail "$name: rank 2 never started: $(tail -20 "$name.log")"
+  kill "-$signal" "$victim"
+  set +e; wait "$launcher"; local rc=$?; set -e
+  [ $rc -eq 0 ] || fail "$name: the elastic run did not complete (status $rc): $(tail -30 "$name.log")"
+  grep -q "$pattern" "$name.log" || fail "$name: no '$pattern' in: $(grep -v '| loss' "$name.log" | tail -30)"
+  grep -q "rank 2 (incarnation 1) rejoined" "$name.log" || fail "$name: rank 2 did not rejoin: $(grep -v '| loss' "$name.log" | tail -30)"
+  # Nobody else stopped: the survivors were never restarted.
+  ! grep -E "launch: rank [013] \(incarnation" "$name.log" | grep -q failed ||
+    fail "$name: a surviving rank failed: $(grep '^launch:' "$name.log")"
+  for r in 0 1 2 3; do
+    [ -f "$name/checkpoints/step-00000300/rank$r.pt" ] || fail "$name: rank $r has no committed final checkpoint"
+    metric_rows "$name" train worker step | awk -v r=$r '$1 == r' | tail -1 | grep -q " 300$" ||
+      fail "$name: rank $r did not log step 300"
+  done
+  echo "gloo_elastic ($name): the run completed through the $signal of rank 2, which rejoined"
+}
+# 2-4.
+hit gasloc_kill KILL "worker(s) 2 left" --set algo.name=gasloc --set algo.topology=1peer
+hit diloco_kill KILL "worker(s) 2 left" --set algo.name=diloco
+hit gasloc_stop STOP "rank 2 sent no heartbeat" --set algo.name=gasloc --set algo.topology=1peer
+
+# 5. Refused options.
+set +e
+out=$("$G" launch --elastic --min-ranks 5 -n 4 -- "$G" train "${base[@]}" 2>&1); rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "min-ranks 5 is outside 1..4" <<<"$out" || fail "--min-ranks 5 of 4: $out"
+set +e
+out=$("$G" launch --elastic -n 2 -- "$G" comm-check 2>&1); rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "runs gasloc train ranks only" <<<"$out" || fail "--elastic comm-check: $out"
+echo "gloo_elastic: bad options refused"
