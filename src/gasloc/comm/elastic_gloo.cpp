@@ -23,6 +23,8 @@ std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}
 
 constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc", as the fixed-world exchange's headers
 constexpr int kHeader = 0, kPayload = 1;
+constexpr const char* kSentNothing = "sent nothing";
+constexpr double kConnectTimeoutS = 10.0;
 int make_tag(uint32_t n, int kind) { return static_cast<int>(((n & 0x0FFFFFFFu) << 2) | kind); }
 
 // The keys of one pair group, under a prefix naming both incarnations; a wait for the peer's keys
@@ -45,10 +47,18 @@ class PairStore final : public c10d::Store {
   bool check(const std::vector<std::string>& keys) override { return base_->check(prefixed(keys)); }
   int64_t getNumKeys() override { return base_->getNumKeys(); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, getTimeout()); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    const auto deadline = Clock::now() + timeout;
+  // Gloo passes its own (short) timeout; the peer's arrival may take as long as a round, so this
+  // waits for the store's timeout instead, ending early once the peer is gone. A peer found gone
+  // after it published its address is refused too: Gloo would retry connecting to it until its
+  // timeout.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    const auto deadline = Clock::now() + getTimeout();
     for (int n = 0;; ++n) {
-      if (base_->check(prefixed(keys))) return;
+      if (base_->check(prefixed(keys))) {
+        if (roster_.gone(peer_, peer_inc_))
+          throw CommError(fmt::format("rank {} left the job before its pair group formed", peer_));
+        return;
+      }
       if (n % 10 == 9 && roster_.gone(peer_, peer_inc_))
         throw CommError(fmt::format("rank {} left the job before its pair group formed", peer_));
       if (Clock::now() > deadline) throw CommError(fmt::format("rank {} did not form a pair group in time", peer_));
@@ -108,7 +118,9 @@ struct ElasticGlooComm::Impl {
     try {
       auto ps = c10::make_intrusive<PairStore>(store, prefix, *roster, peer, peer_inc);
       ps->setTimeout(timeout);
-      PairGroup g{gloo_group(o, ps, o.rank == lo ? 0 : 1, 2), peer_inc, 0};
+      // Both ends have published their addresses when Gloo connects: a connect that takes long
+      // is to a peer that died in between (Gloo retries a refused connect until its timeout).
+      PairGroup g{gloo_group(o, ps, o.rank == lo ? 0 : 1, 2, std::min(o.timeout_s, kConnectTimeoutS)), peer_inc, 0};
       return &groups.emplace(peer, std::move(g)).first->second;
     } catch (const std::exception& e) {
       why = first_line(e.what());
@@ -116,12 +128,15 @@ struct ElasticGlooComm::Impl {
     }
   }
 
-  // A transfer with `peer` failed: its group is dropped (a Gloo group is unusable after a failed
-  // wait). A peer the roster still lists alive after a moment is reported: the launcher fences it.
-  void failed(Transfer& t, const std::string& why) {
-    if (!t.failed.empty()) return;
-    t.failed = why.empty() ? "failed" : why;
-    groups.erase(t.peer);
+  // A transfer with `peer` failed; swap() drops its group once the transfers are released (a
+  // Gloo group is unusable after a failed wait) and reports the peer if it still looks alive.
+  static void failed(Transfer& t, const std::string& why) {
+    if (t.failed.empty()) t.failed = why.empty() ? "failed" : why;
+  }
+
+  // After a round's transfers: a peer whose link failed while the roster still lists it alive a
+  // moment later is reported, and the launcher fences it (kills it; it restarts and rejoins).
+  void report(const Transfer& t) {
     const int64_t peer_inc = roster->incarnation_of(t.peer);
     for (int n = 0; n < 20; ++n) {
       if (roster->gone(t.peer, peer_inc)) return;
@@ -191,7 +206,7 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
     const auto h = headers[k].accessor<int64_t, 1>();
     // A rank that sends nothing stands by (it does not mix this round): an edge that carries nothing.
     if (h[0] == kMagic && (h[1] == 0 || send.numel() == 0)) {
-      ts[k].failed = "sent nothing";
+      ts[k].failed = kSentNothing;
       continue;
     }
     if (h[0] != kMagic || h[1] != send.numel() || h[2] != static_cast<int64_t>(send.scalar_type()))
@@ -204,12 +219,19 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
   if (send.numel() > 0) round_trip(ts, send, got, kPayload);
   const auto nbytes = static_cast<int64_t>(send.numel() * send.element_size());
   for (size_t k = 0; k < ts.size(); ++k) {
-    if (!ts[k].failed.empty()) {
-      got[k] = torch::Tensor();
+    auto& t = ts[k];
+    if (t.failed.empty()) {
+      stats.bytes_sent += nbytes;
+      stats.bytes_received += nbytes;
       continue;
     }
-    stats.bytes_sent += nbytes;
-    stats.bytes_received += nbytes;
+    got[k] = torch::Tensor();
+    if (t.failed == kSentNothing) continue;  // the peer stands by: its link is fine
+    // The works refer to the group's buffers: released before the group.
+    t.send.reset();
+    t.recv.reset();
+    if (t.group) groups.erase(t.peer);
+    report(t);
   }
   return got;
 }

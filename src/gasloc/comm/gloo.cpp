@@ -34,8 +34,8 @@ std::shared_ptr<::gloo::transport::Device> make_device(const GlooOptions& o) {
 }  // namespace
 
 c10::intrusive_ptr<C10dBackend> gloo_group(const GlooOptions& o, const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                           int size) {
-  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
+                                           int size, double timeout_s) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   opts->devices.push_back(make_device(o));
   opts->threads = 1;  // its work is sends and receives, which Gloo's device thread carries
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);

@@ -13,9 +13,10 @@ namespace gasloc::comm {
 BuiltBackend gloo_backend(const GlooOptions& o, const c10::intrusive_ptr<c10d::Store>& store);
 
 // A Gloo group of `size` ranks over `store`, this process being `rank` (an elastic run's pair
-// groups, elastic_gloo.hpp). Throws what c10d throws when a member never connects.
+// groups, elastic_gloo.hpp), with `timeout_s` as Gloo's own timeout (its connects retry a refused
+// peer until then). Throws what c10d throws when a member never connects.
 c10::intrusive_ptr<C10dBackend> gloo_group(const GlooOptions& o, const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                           int size);
+                                           int size, double timeout_s);
 
 class GlooCommunicator final : public ProcessGroupComm {
  public:
