@@ -8,7 +8,8 @@
 #     its final checkpoint committed;
 #  3. DiLoCo with a rank SIGKILLed: the aborted all-reduces are retried over the survivors;
 #  4. a rank SIGSTOPped past the heartbeat timeout: the launcher kills it, and it rejoins;
-#  5. --min-ranks above -n, and --elastic around another command, are refused.
+#  5. --min-ranks above -n, and --elastic around another command, are refused;
+#  and Ctrl+C stops every rank at one step, from which --resume continues bit for bit.
 #   tests/gloo_elastic.sh path/to/gasloc
 set -euo pipefail
 source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
@@ -44,6 +45,28 @@ same_bits() {
 same_bits gasloc2 --set algo.name=gasloc --set algo.topology=2peer
 same_bits diloco --set algo.name=diloco
 same_bits dadam --set algo.name=dadam --set algo.topology=2peer --set algo.H=1
+
+# Ctrl+C to the launcher: every rank stops at the step agreed in the store, and --resume continues
+# each from its own checkpoint, bit for bit as the uninterrupted run.
+resume_job=("${base[@]}" --set train.steps=100 --set train.log_every=10 --set train.eval_every=50
+            --set train.checkpoint_every=50 --set algo.name=gasloc --set algo.topology=1peer --set cluster.backend=gloo)
+timeout 120 "$G" launch --elastic -n 4 -- "$G" train "${resume_job[@]}" --set train.run_dir=whole > whole.log 2>&1 ||
+  fail "uninterrupted elastic run: $(tail -20 whole.log)"
+timeout 120 "$G" launch --elastic -n 4 -- "$G" train "${resume_job[@]}" --set train.run_dir=cut > cut.log 2>&1 &
+launcher=$!; pids+=("$launcher")
+for _ in $(seq 1 400); do [ -f cut/metrics.jsonl ] && [ "$(wc -l < cut/metrics.jsonl)" -ge 6 ] && break; sleep 0.05; done
+kill -INT "$launcher"
+set +e; wait "$launcher"; rc=$?; set -e
+[ $rc -eq 130 ] || fail "interrupted elastic run: status $rc: $(tail -20 cut.log)"
+stopped=$(grep -c "stopped after" cut.log || true)
+[ "$stopped" -eq 4 ] || fail "expected 4 ranks to stop with a checkpoint, got $stopped: $(tail -20 cut.log)"
+[ "$(grep -o 'stopped after [0-9]* steps' cut.log | sort -u | wc -l)" -eq 1 ] || fail "the ranks stopped at different steps: $(grep 'stopped after' cut.log)"
+timeout 120 "$G" launch --elastic -n 4 -- "$G" train --resume cut > cut2.log 2>&1 || fail "elastic resume: $(tail -20 cut2.log)"
+extract whole > whole.txt
+extract cut > cut.txt
+[ "$(wc -l < whole.txt)" -eq 40 ] || fail "expected 40 loss lines, got $(wc -l < whole.txt)"
+diff whole.txt cut.txt >/dev/null || fail "the resumed elastic run differs: $(diff whole.txt cut.txt | head)"
+echo "gloo_elastic (resume): stopped at $(grep -o 'stopped after [0-9]* steps' cut.log | head -1), resumed bit for bit"
 
 # A long run of 4 elastic ranks, one of which is hit by `signal` once it has trained a while.
 # Checks that the run completes, that every rank reached the last step, and that the launcher
