@@ -7,7 +7,9 @@
 #     to a trickle, a stalled rank (SIGSTOP): the survivors stop within the timeout naming it;
 #  3. a training rank killed with SIGKILL: the launcher names it, --resume (again under --netns)
 #     finishes the run;
-#  4. --keep leaves the test bed, --cleanup removes it.
+#  4. elastic (launch --elastic): a rank's link down for 8 s: the others train on, nobody restarts
+#     but it;
+#  5. --keep leaves the test bed, --cleanup removes it.
 #   tests/netns_launch.sh path/to/gasloc
 set -euo pipefail
 G=$(readlink -f "$1")
@@ -86,7 +88,30 @@ fi
 timeout 60 "$G" launch -n 2 --netns --timeout 10 -- "$G" train --resume run > k2.log 2>&1 || fail "resume failed: $(tail -20 k2.log)"
 grep -q "done after 40 steps" k2.log || fail "the resumed run did not finish: $(tail -20 k2.log)"
 
-# 4. --keep and --cleanup.
+# 4. Elastic: rank 2's link set down for 8 s in GASLoC-1peer. Its heartbeat stalls, the launcher
+# kills it, its partners' waits are aborted (a dead link sends them no reset) and the others train
+# on without a restart; rank 2's next incarnation rejoins once its link is back.
+ejob=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
+      --set train.steps=400 --set train.log_every=20 --set train.eval_every=200 --set train.threads=1
+      --set train.blas_threads=1 --set algo.name=gasloc --set algo.topology=1peer --set algo.H=5
+      --set cluster.backend=gloo --set cluster.timeout_s=120 --set train.run_dir=elastic)
+timeout 200 "$G" launch -n 4 --netns --elastic --heartbeat-timeout 4 --max-restarts 3 -- "$G" train "${ejob[@]}" > el.log 2>&1 &
+launcher=$!
+for _ in $(seq 1 600); do [ -f elastic/metrics.jsonl ] && [ "$(wc -l < elastic/metrics.jsonl)" -ge 8 ] && break; sleep 0.05; done
+id=$(sed -nE 's/.*hosts on bridge glb([0-9]+) .*/\1/p' el.log)
+[ -n "$id" ] || fail "elastic: no test bed line: $(head el.log)"
+t0=$SECONDS
+ip -n "gasloc${id}r2" link set eth0 down
+sleep 8
+ip -n "gasloc${id}r2" link set eth0 up
+rc=0; wait $launcher || rc=$?
+[ $rc -eq 0 ] || fail "elastic: the run did not complete through a dead link (status $rc): $(grep -v '| loss' el.log | tail -20)"
+grep -q "worker(s) 2 left" el.log || fail "elastic: rank 2 never left the view: $(grep -v '| loss' el.log | tail -20)"
+! grep -E "launch: rank [013] \(incarnation" el.log | grep -q failed || fail "elastic: a survivor failed: $(grep '^launch:' el.log)"
+[ $((SECONDS - t0)) -lt 100 ] || fail "elastic: the survivors waited $((SECONDS - t0)) s (the collective timeout is 120 s)"
+echo "netns_launch: elastic: a dead link cost its rank, the others trained on ($((SECONDS - t0)) s from the cut to the end)"
+
+# 5. --keep and --cleanup.
 timeout 60 "$G" launch -n 2 --netns --keep -- gasloc comm-check --numel 100 > keep.log 2>&1 || fail "--keep run failed: $(tail keep.log)"
 id=$(sed -nE 's/.*hosts on bridge glb([0-9]+) .*/\1/p' keep.log)
 ip netns list | grep -q "gasloc${id}r0" || fail "--keep did not keep the namespaces"

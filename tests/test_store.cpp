@@ -1,6 +1,7 @@
 // gasloc's rendezvous store (src/gasloc/comm/store.hpp): c10d's Store semantics over its wire
 // format, every client call bounded by its timeout and by a stop request, one job per store, a
 // server that survives garbage, and the arrival records that name ranks that never came.
+#include <algorithm>
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -265,4 +266,16 @@ TEST(Heartbeat, BeatsUntilDestroyedAndTheWatchJudgesSilence) {
   EXPECT_EQ(watch.stalled(*host, 14.0), std::vector<int>{1});
   host->add(heartbeat_key(2), 1);
   EXPECT_EQ(watch.stalled(*host, 18.9), std::vector<int>{1});  // rank 2 has just started beating
+  // Rank 1 restarted: its new process is not judged until it beats, however long it starts.
+  auto judged = [&](double t) {
+    const auto s = watch.stalled(*host, t);
+    return std::find(s.begin(), s.end(), 1) != s.end();
+  };
+  watch.forget(1);
+  EXPECT_FALSE(judged(19.0));
+  EXPECT_FALSE(judged(100.0));
+  host->add(heartbeat_key(1), 1);
+  EXPECT_FALSE(judged(101.0));
+  EXPECT_FALSE(judged(105.9));
+  EXPECT_TRUE(judged(106.0));
 }

@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <csignal>
+#include <mutex>
 #include <map>
 #include <thread>
 
@@ -101,6 +103,7 @@ struct ElasticGlooComm::Impl {
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;
   std::unique_ptr<ElasticRoster> roster;
+  std::unique_ptr<ElasticRoster> watch_roster;  // the abort watch's own connection
   std::map<int, PairGroup> groups;
   CommStats stats;
   Clock::time_point t0 = Clock::now();
@@ -176,9 +179,64 @@ struct ElasticGlooComm::Impl {
       }
     }
     const auto deadline = Clock::now() + timeout;
+    const AbortWatch watch(*this, ts);
     for (auto& t : ts) wait(t, t.recv, deadline);
     for (auto& t : ts) wait(t, t.send, deadline);
   }
+
+  // While a round's transfers wait, a thread reads the roster (over a connection of its own) and
+  // aborts the waits on a peer it lists as gone: a peer cut off by a dead link sends no reset,
+  // and its partners would otherwise wait for the whole timeout after the launcher killed it. A
+  // Gloo wait cannot be cut short by a timeout without closing its group, so it is aborted.
+  class AbortWatch {
+   public:
+    AbortWatch(Impl& I, const std::vector<Transfer>& ts) {
+      for (const auto& t : ts)
+        if (t.failed.empty()) watched_.push_back({t.peer, I.roster->incarnation_of(t.peer), t.send, t.recv});
+      if (watched_.empty() || !I.watch_roster) return;
+      thread_ = std::thread([this, &I] { run(*I.watch_roster); });
+    }
+    ~AbortWatch() {
+      {
+        std::lock_guard lk(mu_);
+        done_ = true;
+      }
+      cv_.notify_all();
+      if (thread_.joinable()) thread_.join();
+    }
+    AbortWatch(const AbortWatch&) = delete;
+    AbortWatch& operator=(const AbortWatch&) = delete;
+
+   private:
+    struct Watched {
+      int peer;
+      int64_t inc;
+      c10::intrusive_ptr<c10d::Work> send, recv;  // held here too: aborted only while alive
+    };
+    void run(ElasticRoster& roster) {
+      std::unique_lock lk(mu_);
+      while (!cv_.wait_for(lk, std::chrono::milliseconds(250), [this] { return done_; })) {
+        lk.unlock();
+        for (auto& w : watched_) {
+          bool gone = false;
+          try {
+            gone = roster.gone(w.peer, w.inc);
+          } catch (const std::exception&) {
+            // The store does not answer now: the wait's own timeout still bounds it.
+          }
+          if (!gone) continue;
+          if (w.recv) w.recv->abort();
+          if (w.send) w.send->abort();
+        }
+        lk.lock();
+      }
+    }
+    std::vector<Watched> watched_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;
+  };
 
   // Sends `send` to every peer and receives theirs; a failed peer's entry stays undefined.
   std::vector<torch::Tensor> swap(const std::vector<int>& peers, const torch::Tensor& send);
@@ -254,6 +312,7 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation) : im
   // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would raise
   // SIGPIPE and kill this survivor too. Ignored, the write fails with EPIPE: a failed edge.
   std::signal(SIGPIPE, SIG_IGN);
+  I.watch_roster = std::make_unique<ElasticRoster>(job_keys_connection(o), o.rank, incarnation);
   I.heartbeat = std::make_unique<Heartbeat>(job_keys_connection(o), o.rank);
   I.t0 = Clock::now();
 }

@@ -46,6 +46,11 @@ std::vector<int> HeartbeatWatch::stalled(c10d::Store& store, double now_s) {
       continue;
     }
     if (count == 0) continue;  // never beat
+    if (const auto b = restarted_.find(r); b != restarted_.end()) {
+      if (b->second < 0) b->second = count;
+      if (count == b->second) continue;  // the new process has not beaten yet
+      restarted_.erase(b);
+    }
     auto [it, fresh] = seen_.try_emplace(r, Seen{count, now_s});
     if (fresh) continue;
     if (it->second.count != count) it->second = {count, now_s};

@@ -49,8 +49,13 @@ class HeartbeatWatch {
   // Reads every counter at `now_s` (seconds of the host's steady clock) and returns the ranks
   // stalled for timeout_s or longer, ascending. A store that fails is skipped this time.
   std::vector<int> stalled(c10d::Store& store, double now_s);
-  // A rank restarted or gone: judged afresh from its next beat.
-  void forget(int rank) { seen_.erase(rank); }
+  // A rank restarted: its counter goes on from the old process's count, and the new process is
+  // judged only once it has beaten (a process still starting, or one that cannot reach the
+  // store, holds nobody: it is in no view until it announces itself).
+  void forget(int rank) {
+    seen_.erase(rank);
+    restarted_[rank] = -1;
+  }
   double timeout_s() const { return timeout_s_; }
 
  private:
@@ -61,6 +66,7 @@ class HeartbeatWatch {
   int world_;
   double timeout_s_;
   std::map<int, Seen> seen_;
+  std::map<int, int64_t> restarted_;  // rank -> its count when restarted (-1: not read yet)
 };
 
 }  // namespace gasloc::comm
