@@ -32,7 +32,8 @@ namespace gasloc::comm {
 struct CommStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
-  double idle_s = 0.0;  // time spent waiting for peers
+  double idle_s = 0.0;  // time spent waiting for peers, or for an overlapped transfer to finish
+  double compute_s = 0.0;  // time spent computing on a virtual clock (compute()); 0 on a real one
 };
 
 class Communicator {

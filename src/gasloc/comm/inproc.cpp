@@ -156,7 +156,9 @@ class InProcComm final : public Communicator {
   void compute(int64_t inner_steps) override {
     if (inner_steps < 0) throw CommError(fmt::format("compute: rank {} got a negative step count {}", rank_, inner_steps));
     std::lock_guard lk(s_.mu);
-    s_.ranks[rank_].clock += static_cast<double>(inner_steps) * s_.model.step_time(rank_);
+    const double dt = static_cast<double>(inner_steps) * s_.model.step_time(rank_);
+    s_.ranks[rank_].clock += dt;
+    if (counted_) s_.ranks[rank_].stats.compute_s += dt;
   }
 
   void pause(double seconds) override {

@@ -34,6 +34,12 @@ const config::Choices& backend_choices() {
                                              {"nccl", "one process and GPU per worker, gasloc launch (a CUDA LibTorch)"}});
   return c;
 }
+const config::Choices& eval_model_choices() {
+  static const config::Choices c(
+      "evaluated model", {{"average", "mean_i phi_i, all-reduced over the workers; also each worker's own and the consensus"},
+                          {"local", "each worker's own model, no model leaves its worker; val_loss is their mean"}});
+  return c;
+}
 const config::Choices& scenario_choices() {
   static const config::Choices c("scenario", {{"homogeneous", ""},
                                               {"straggler_bw10", "last rank's link at 10%"},

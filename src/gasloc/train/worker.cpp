@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "gasloc/core/error.hpp"
@@ -87,6 +88,13 @@ StepResult Worker::step() {
     return r;
   }
   data::Batch batch = sampler_->next();
+  // Wall time of the compute alone: after_backward may communicate (allreduce, dadam).
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&] {
+    const auto t = std::chrono::steady_clock::now();
+    compute_wall_s_ += std::chrono::duration<double>(t - t0).count();
+    t0 = t;
+  };
   params_.zero_grad();
   // Checked before anything is sent: a diverged worker must stop itself, not contaminate its
   // peers and then see them blamed.
@@ -111,9 +119,12 @@ StepResult Worker::step() {
     loss.backward();
   }
   sync_->after_backward(k, params_, comm_);
+  lap();
   r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);
+  t0 = std::chrono::steady_clock::now();
   optimizer_->step(r.lr);
   comm_.compute(1);
+  lap();
   last_loss_ = r.loss;
   r.round_done = sync_->after_step(k, params_, comm_);
   after_round(r);

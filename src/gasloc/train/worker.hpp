@@ -60,6 +60,9 @@ class Worker {
   int64_t local_steps_done() const { return optimizer_->steps(); }
   // This worker's clock (virtual in the in-process cluster).
   double clock() const { return comm_.now(); }
+  // Wall seconds this worker spent computing (batch, forward, backward, optimizer step) since it
+  // was made: its compute time where the clock is real, for the utilization of process ranks.
+  double compute_wall_s() const { return compute_wall_s_; }
   // Evaluation mode for a scope: optim::EvalScope scope(&worker.optimizer()).
   optim::Optimizer& optimizer() { return *optimizer_; }
   // Bytes kept between steps by the inner optimizer and by the synchronizer (from the tensors
@@ -106,6 +109,7 @@ class Worker {
   double max_loss_ = 0.0;  // 0: no limit
 };
 
+  double compute_wall_s_ = 0.0;
 // RAII: enables autocast to `dtype` on `device` for the current thread (no-op for fp32).
 class AutocastGuard {
  public:
