@@ -239,6 +239,9 @@ void JobConfig::validate() const {
   require(!faults.any() || cluster.elastic || faults.restart_all, "faults",
           "injects failures into elastic runs (cluster.elastic = true) or prices stop-and-resume (faults.restart_all = "
           "true); without either, one death stops every worker");
+  require(algo.overlap_steps == 0 || (!cluster.elastic && !faults.any() && !faults.restart_all), "algo.overlap_steps",
+          "overlapped rounds are built for a fixed membership without [faults]: set algo.overlap_steps = 0, or "
+          "cluster.elastic = false and remove [faults]");
   require(!(faults.restart_all && cluster.elastic), "faults.restart_all",
           "prices the stop-and-resume an elastic run avoids: set cluster.elastic = false, or faults.restart_all = false");
   require(!faults.restart_all || cluster.backend == "inproc", "faults.restart_all",

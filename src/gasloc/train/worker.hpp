@@ -91,6 +91,8 @@ class Worker {
   void heal(const algo::HealPlan& plan);
   // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
   void after_round(StepResult& r);
+  // At train.steps: lands an overlapped round still in flight (Synchronizer::flush).
+  void finish_if_last(int64_t step, StepResult& r);
 
   JobConfig job_;
   model::LlamaConfig model_cfg_;
@@ -107,9 +109,9 @@ class Worker {
   int64_t step_ = 0;
   double last_loss_ = 0.0;
   double max_loss_ = 0.0;  // 0: no limit
+  double compute_wall_s_ = 0.0;
 };
 
-  double compute_wall_s_ = 0.0;
 // RAII: enables autocast to `dtype` on `device` for the current thread (no-op for fp32).
 class AutocastGuard {
  public:
