@@ -183,6 +183,7 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   const std::string doc = read_file(kRoot / "results.md");
   EXPECT_NE(doc.find("<!-- study:begin"), std::string::npos);
   EXPECT_NE(doc.find("| small_lr | - | 2 | 2 |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| idle | compute utilization |"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger learning rate ends lower"), std::string::npos) << doc;
   EXPECT_NE(doc.find("they are within 50%: **"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger rate gets there first: **"), std::string::npos) << doc;
@@ -334,6 +335,23 @@ TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {
   ASSERT_TRUE(hit.has_value());
   EXPECT_DOUBLE_EQ(hit->first, 25.0);
   EXPECT_DOUBLE_EQ(hit->second, 2.5);
+  EXPECT_LT(r.utilization, 0.0);  // lines before metrics version 4 say nothing of it
+  fs::remove_all(dir);
+}
+
+// Compute utilization: the mean over workers of their last line's, shown where every worker has one.
+TEST(RunSummary, UtilizationIsTheWorkersMeanAtTheirLastLine) {
+  const fs::path dir = kRoot / "summary_util";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 20}, "optim": {"name": "adamw"}}})";
+  std::ofstream(dir / "metrics.jsonl")
+      << R"({"event":"train","step":10,"worker":0,"virtual_time_s":1.0,"compute_s":0.9,"utilization":0.9,"version":4})" "\n"
+      << R"({"event":"train","step":20,"worker":0,"virtual_time_s":4.0,"compute_s":2.0,"utilization":0.5,"version":4})" "\n"
+      << R"({"event":"train","step":20,"worker":1,"virtual_time_s":4.0,"compute_s":3.0,"utilization":0.75,"version":4})" "\n";
+  EXPECT_DOUBLE_EQ(study::read_run_summary(dir).utilization, 0.625);
+  // A worker whose line lacks it (an older gasloc resumed by a newer one) leaves the run without one.
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << R"({"event":"train","step":20,"worker":2,"virtual_time_s":4.0})" "\n";
+  EXPECT_LT(study::read_run_summary(dir).utilization, 0.0);
   fs::remove_all(dir);
 }
 
