@@ -44,7 +44,7 @@ struct AlgoConfig {
     v("gossip_step", gossip_step, "gasloc accelerated: alpha in [0, 1], theta <- u - alpha (I - W) u + mu (u - u_prev); 1 mixes exactly as W");
     v("wire_dtype", wire_dtype, "dtype parameter messages are cast to on send (mixing and state stay fp32)");
     v("overlap_steps", overlap_steps, d.overlap_steps.c_str());
-    v("overlap", overlap, "how the overlap_steps steps start: from a provisional outer step (eager) or from the sent parameters (delayed)");
+    v("overlap", overlap, "where the overlapped steps start (docs/training.md)");
   }
   // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
   // the checks that depend on it are skipped).

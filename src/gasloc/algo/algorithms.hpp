@@ -196,8 +196,6 @@ struct GossipForm {
   double gossip_step = 1.0;  // alpha (accelerated)
 };
 
-
-
 class GossipSync final : public OuterSync {
  public:
   GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form = {},

@@ -167,7 +167,7 @@ struct TrainSection {
     v("steps", steps, "total inner steps (sets the LR schedule)");
     v("stop_at", stop_at, "stop with a checkpoint after this step, to resume later (0 = run to steps)");
     v("eval_every", eval_every, "validation every N steps (0 = only at the end)");
-    v("eval_model", eval_model, "which model an evaluation measures: the workers' average (an all-reduce) or each one's own");
+    v("eval_model", eval_model, "which model an evaluation measures");
     v("checkpoint_every", checkpoint_every, "checkpoint every N steps (0 = only at the end)");
     v("log_every", log_every, "train metrics every N steps");
     v("seed", seed, "base seed: model init and data (worker r samples with seed + r)");
