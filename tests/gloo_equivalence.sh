@@ -3,8 +3,10 @@
 # `gasloc launch` must give the same losses: exchanges copy tensors exactly and every worker sums
 # its mixing row in the same order, so the training losses match bitwise. Both run one BLAS
 # thread per product (train.blas_threads): another count may change the last bits of a product.
-# Three jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
-# form on 1peer with bf16 messages (the cast on send is the same on both backends). Both backends
+# Four jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
+# form on 1peer with bf16 messages (the cast on send is the same on both backends), and an
+# overlapped anchor round (algo.overlap_steps = 3: Gloo's exchange is performed at its start and
+# lands 3 steps later, as the in-process one, so the bits are the same). Both backends
 # report every worker's own validation loss at each evaluation: the same models, the same numbers.
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
@@ -52,6 +54,7 @@ compare anchor --set algo.topology=2peer
 compare mix_after --set algo.topology=2peer --set algo.form=mix_after
 compare accelerated_bf16 --set algo.topology=1peer --set algo.form=accelerated --set algo.gossip_step=0.8 \
   --set algo.outer_momentum=0.5 --set algo.wire_dtype=bf16
+compare overlap_eager --set algo.topology=2peer --set algo.overlap_steps=3
 # The bf16 job must differ from its fp32 twin (the setting reached the run).
 "$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
   --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 --set train.threads=1 \

@@ -17,11 +17,12 @@ namespace {
 TrainEvent train_event() {
   return {.step = 30, .worker = 1, .train_loss = 5.25, .lr = 0.003, .computed = true, .grad_norm = 1.5,
           .round_done = true, .tokens_per_s = 1024.5, .wall_time_s = 12.25, .virtual_time_s = 3.5,
-          .bytes_sent = 4096, .idle_s = 0.125, .local_steps = 28};
+          .bytes_sent = 4096, .idle_s = 0.125, .local_steps = 28, .eval_time_s = 0.5, .compute_s = 2.75,
+          .utilization = 0.75};
 }
 EvalEvent eval_event() {
   return {.step = 30, .worker = 0, .val_loss = 5.5, .worker_val_loss = {5.5, 5.75}, .consensus_distance = 0.001,
-          .wall_time_s = 13.0, .virtual_time_s = 3.75, .bytes_sent = 8192};
+          .wall_time_s = 13.0, .virtual_time_s = 3.75, .bytes_sent = 8192, .eval_time_s = 0.5};
 }
 MemoryEvent memory_event() {
   return {.step = 0, .worker = 0, .optim = "adamw", .algo = "gasloc", .params = 1000, .param_bytes = 4000,
@@ -35,25 +36,25 @@ std::string line_of(const MetricsEvent& e) { return to_json(e).dump(); }
 // "version". Scripts and older readers depend on them; a change here is a schema change.
 TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   EXPECT_EQ(line_of(train_event()),
-            R"({"bytes_sent":4096,"computed":true,"event":"train","grad_norm":1.5,"idle_s":0.125,"local_steps":28,)"
-            R"("lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,"train_loss":5.25,"version":3,)"
-            R"("virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})");
+            R"({"bytes_sent":4096,"compute_s":2.75,"computed":true,"eval_time_s":0.5,"event":"train","grad_norm":1.5,)"
+            R"("idle_s":0.125,"local_steps":28,"lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,)"
+            R"("train_loss":5.25,"utilization":0.75,"version":4,"virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})");
   EXPECT_EQ(line_of(eval_event()),
-            R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","step":30,"val_loss":5.5,"version":3,)"
-            R"("virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
+            R"({"bytes_sent":8192,"consensus_distance":0.001,"eval_time_s":0.5,"event":"eval","step":30,"val_loss":5.5,)"
+            R"("version":4,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
   EXPECT_EQ(line_of(memory_event()),
             R"({"algo":"gasloc","event":"memory","optim":"adamw","optimizer_state_bytes":8000,"param_bytes":4000,)"
-            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":3,"worker":0})");
+            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":4,"worker":0})");
   // Elastic runs: an eval names the workers it averaged over; a view change has its own event.
   EvalEvent over_members = eval_event();
   over_members.members = {0, 2};
   EXPECT_EQ(line_of(over_members),
-            R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","members":[0,2],"step":30,"val_loss":5.5,)"
-            R"("version":3,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
+            R"({"bytes_sent":8192,"consensus_distance":0.001,"eval_time_s":0.5,"event":"eval","members":[0,2],"step":30,)"
+            R"("val_loss":5.5,"version":4,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
   const ViewEvent view{.step = 30, .worker = 0, .round = 5, .members = {0, 1, 2}, .died = {1}, .joined = {3},
                        .virtual_time_s = 2.5};
   EXPECT_EQ(line_of(view), R"({"died":[1],"event":"view","joined":[3],"members":[0,1,2],"round":5,"step":30,)"
-                           R"("version":3,"virtual_time_s":2.5,"worker":0})");
+                           R"("version":4,"virtual_time_s":2.5,"worker":0})");
   const auto back = std::get<ViewEvent>(*parse_metrics_line(line_of(view)));
   EXPECT_EQ(back.members, view.members);
   EXPECT_EQ(back.died, view.died);
@@ -64,7 +65,7 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   TrainEvent skipped = train_event();
   skipped.computed = false;
   skipped.grad_norm.reset();
-  EXPECT_NE(line_of(skipped).find(R"("computed":false,"event":"train","grad_norm":null,)"), std::string::npos);
+  EXPECT_NE(line_of(skipped).find(R"("computed":false,"eval_time_s":0.5,"event":"train","grad_norm":null,)"), std::string::npos);
 }
 
 TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {
@@ -83,6 +84,9 @@ TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {
   EXPECT_EQ(t.bytes_sent, 4096);
   EXPECT_EQ(t.local_steps, 28);
   EXPECT_EQ(t.grad_norm, 1.5);
+  EXPECT_EQ(t.compute_s, 2.75);
+  EXPECT_EQ(t.utilization, 0.75);
+  EXPECT_EQ(t.eval_time_s, 0.5);
   EXPECT_EQ(std::get<EvalEvent>(*parse_metrics_line(line_of(eval_event()))).worker_val_loss,
             (std::vector<double>{5.5, 5.75}));
 }
@@ -96,8 +100,16 @@ TEST(MetricsSchema, VersionOneLinesReadWithTheSameValues) {
   const std::string v1_eval =
       R"({"bytes_sent":8192,"consensus_distance":0.001,"event":"eval","step":30,"val_loss":5.5,)"
       R"("virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})";
-  EXPECT_EQ(line_of(*parse_metrics_line(v1_train)), line_of(train_event()));
-  EXPECT_EQ(line_of(*parse_metrics_line(v1_eval)), line_of(eval_event()));
+  // They hold none of version 4's fields: no evaluation price, no compute time or utilization.
+  TrainEvent v1_want = train_event();
+  v1_want.eval_time_s = 0;
+  v1_want.compute_s.reset();
+  v1_want.utilization.reset();
+  EvalEvent v1_eval_want = eval_event();
+  v1_eval_want.eval_time_s = 0;
+  EXPECT_EQ(line_of(*parse_metrics_line(v1_train)), line_of(v1_want));
+  EXPECT_EQ(line_of(*parse_metrics_line(v1_eval)), line_of(v1_eval_want));
+  EXPECT_FALSE(std::get<TrainEvent>(*parse_metrics_line(v1_train)).utilization.has_value());
   // Older still: a train line without local_steps (readers then take the step count).
   const auto old = std::get<TrainEvent>(*parse_metrics_line(R"({"event":"train","step":10,"worker":0,"train_loss":6.0})"));
   EXPECT_FALSE(old.local_steps.has_value());
@@ -116,10 +128,10 @@ TEST(MetricsSchema, MalformedAndUnknownLinesAreSkippedANewerVersionIsRefused) {
   EXPECT_FALSE(parse_metrics_line("[1, 2]").has_value());
   EXPECT_FALSE(parse_metrics_line(R"({"event":"checkpoint","step":3})").has_value());
   try {
-    parse_metrics_line(R"({"event":"train","step":1,"version":4})");
-    ADD_FAILURE() << "expected a DataError for version 4";
+    parse_metrics_line(R"({"event":"train","step":1,"version":5})");
+    ADD_FAILURE() << "expected a DataError for version 5";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("version 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 5"), std::string::npos) << e.what();
   }
 }
 

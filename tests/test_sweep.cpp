@@ -183,6 +183,7 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   const std::string doc = read_file(kRoot / "results.md");
   EXPECT_NE(doc.find("<!-- study:begin"), std::string::npos);
   EXPECT_NE(doc.find("| small_lr | - | 2 | 2 |"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("| idle | compute utilization |"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger learning rate ends lower"), std::string::npos) << doc;
   EXPECT_NE(doc.find("they are within 50%: **"), std::string::npos) << doc;
   EXPECT_NE(doc.find("the larger rate gets there first: **"), std::string::npos) << doc;
@@ -334,6 +335,48 @@ TEST(RunSummary, TrainingTimeSumsResumedPartsAndTheCurveKeepsConsensus) {
   ASSERT_TRUE(hit.has_value());
   EXPECT_DOUBLE_EQ(hit->first, 25.0);
   EXPECT_DOUBLE_EQ(hit->second, 2.5);
+  EXPECT_LT(r.utilization, 0.0);  // lines before metrics version 4 say nothing of it
+  fs::remove_all(dir);
+}
+
+// Without an average model over processes (elastic Gloo, train.eval_model = local) every rank
+// writes its own model's line: one point per step, their mean, whatever order the lines came in.
+TEST(RunSummary, EachRanksOwnModelLinesMakeOnePointTheirMean) {
+  const fs::path dir = kRoot / "summary_own";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 3, "config": {"algo": {"name": "gasloc", "topology": "1peer"},
+    "train": {"steps": 20}, "optim": {"name": "adamw"}}})";
+  auto own = [](int step, int worker, double loss, double vt) {
+    return fmt::format(R"({{"event":"eval","step":{},"worker":{},"val_loss":{},"worker_val_loss":[{}],"members":[{}],)"
+                       R"("wall_time_s":{},"virtual_time_s":{}}})"
+                       "\n",
+                       step, worker, loss, loss, worker, vt, vt);
+  };
+  std::ofstream(dir / "metrics.jsonl") << own(10, 0, 4.0, 1.0) << own(10, 2, 5.0, 1.5) << own(20, 0, 3.0, 2.0)
+                                       << own(10, 1, 6.0, 1.2) << own(20, 1, 2.0, 2.1) << own(20, 2, 4.0, 2.2);
+  const auto r = study::read_run_summary(dir);
+  ASSERT_EQ(r.curve.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.curve[0].val_loss, 5.0);
+  EXPECT_DOUBLE_EQ(r.curve[0].virtual_s, 1.5);
+  EXPECT_DOUBLE_EQ(r.curve[1].val_loss, 3.0);
+  EXPECT_DOUBLE_EQ(r.val_loss, 3.0);
+  EXPECT_EQ(r.last_step, 20);
+  fs::remove_all(dir);
+}
+
+// Compute utilization: the mean over workers of their last line's, shown where every worker has one.
+TEST(RunSummary, UtilizationIsTheWorkersMeanAtTheirLastLine) {
+  const fs::path dir = kRoot / "summary_util";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 2, "config": {"algo": {"name": "diloco"}, "train": {"steps": 20}, "optim": {"name": "adamw"}}})";
+  std::ofstream(dir / "metrics.jsonl")
+      << R"({"event":"train","step":10,"worker":0,"virtual_time_s":1.0,"compute_s":0.9,"utilization":0.9,"version":4})" "\n"
+      << R"({"event":"train","step":20,"worker":0,"virtual_time_s":4.0,"compute_s":2.0,"utilization":0.5,"version":4})" "\n"
+      << R"({"event":"train","step":20,"worker":1,"virtual_time_s":4.0,"compute_s":3.0,"utilization":0.75,"version":4})" "\n";
+  EXPECT_DOUBLE_EQ(study::read_run_summary(dir).utilization, 0.625);
+  // A worker whose line lacks it (an older gasloc resumed by a newer one) leaves the run without one.
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << R"({"event":"train","step":20,"worker":2,"virtual_time_s":4.0})" "\n";
+  EXPECT_LT(study::read_run_summary(dir).utilization, 0.0);
   fs::remove_all(dir);
 }
 

@@ -59,9 +59,9 @@ Action add_report(CLI::App& app) {
     // Elastic runs: the workers that died and rejoined, only where some did.
     const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
     if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
-    fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | state B/param |{}\n",
+    fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
                std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | rejoins |" : ""));
-    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
+    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
                std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- |" : ""));
     for (size_t i = 0; i < reports.size(); ++i) {
       const auto& r = reports[i];
@@ -74,9 +74,10 @@ Action add_report(CLI::App& app) {
       const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
       const std::string loss = r.has_val_loss ? fmt::format("{:.4f}", r.val_loss) : "-";
       const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
-      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} |{}\n", names[i],
+      const std::string util = r.utilization >= 0 ? fmt::format("{:.1f}%", 100 * r.utilization) : "-";
+      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} | {} |{}\n", names[i],
                  r.label, r.optim, r.workers, r.last_step, r.min_local_steps, loss, unigram, r.consensus,
-                 r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, state, cols);
+                 r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, util, state, cols);
     }
     if (!o->csv.empty()) {
       write_file_atomic(o->csv, study::runs_csv(o->runs, names));

@@ -20,6 +20,9 @@ const AlgoConfig::Docs& AlgoConfig::docs() {
     out.topology = with("gossip graph", &AlgorithmEntry::needs_topology);
     out.h_policy = with("local steps per round", &AlgorithmEntry::has_rounds);
     out.form = with("the round's form", &AlgorithmEntry::has_forms);
+    out.overlap_steps = with("tau: local steps run while a round's exchange travels, its outer step landing tau steps "
+                             "after the send (0 = off; needs every H_i >= tau + 1)",
+                             &AlgorithmEntry::has_rounds);
     return out;
   }();
   return d;
@@ -38,6 +41,15 @@ void AlgoConfig::validate(int world) const {
           "applies to " + algorithm_names(&AlgorithmEntry::has_forms) + " only; '" + name.str() +
               "' has one form: leave algo.form = anchor");
   require(gossip_step >= 0 && gossip_step <= 1, "algo.gossip_step", "must be in [0, 1]");
+  require(overlap_steps >= 0, "algo.overlap_steps", "must be >= 0 (0 = off), got " + std::to_string(overlap_steps));
+  require(overlap_steps == 0 || algo.has_rounds, "algo.overlap_steps",
+          "hides a round's exchange behind the next local steps of algorithms with outer rounds (" +
+              algorithm_names(&AlgorithmEntry::has_rounds) + "); '" + name.str() +
+              "' communicates every step: leave algo.overlap_steps = 0");
+  require(overlap_steps == 0 || overlap_steps + 1 <= H, "algo.overlap_steps",
+          "round t's outer step lands algo.overlap_steps steps into round t + 1, before its own send, so every round "
+          "needs at least overlap_steps + 1 local steps: got algo.overlap_steps = " + std::to_string(overlap_steps) +
+              " with algo.H = " + std::to_string(H) + "; lower algo.overlap_steps or raise algo.H");
   require(gossip_step == 1.0 || form == "accelerated", "algo.gossip_step",
           "is alpha of the accelerated form; with algo.form = " + form.str() + " leave it at 1");
   require(wire_dtype == "fp32" || !algo.sends_gradients, "algo.wire_dtype",

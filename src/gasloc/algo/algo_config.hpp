@@ -28,6 +28,8 @@ struct AlgoConfig {
   config::Choice form{form_choices(), "anchor"};
   double gossip_step = 1.0;
   config::Choice wire_dtype{wire_dtype_choices(), "fp32"};
+  int64_t overlap_steps = 0;
+  config::Choice overlap{overlap_choices(), "eager"};
 
   template <class V>
   void visit(V&& v) {
@@ -41,6 +43,8 @@ struct AlgoConfig {
     v("form", form, d.form.c_str());
     v("gossip_step", gossip_step, "gasloc accelerated: alpha in [0, 1], theta <- u - alpha (I - W) u + mu (u - u_prev); 1 mixes exactly as W");
     v("wire_dtype", wire_dtype, "dtype parameter messages are cast to on send (mixing and state stay fp32)");
+    v("overlap_steps", overlap_steps, d.overlap_steps.c_str());
+    v("overlap", overlap, "where the overlapped steps start (docs/training.md)");
   }
   // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
   // the checks that depend on it are skipped).
@@ -49,7 +53,7 @@ struct AlgoConfig {
  private:
   // The docs that name the algorithms a setting applies to, from the registry.
   struct Docs {
-    std::string H, outer_lr, outer_momentum, topology, h_policy, form;
+    std::string H, outer_lr, outer_momentum, topology, h_policy, form, overlap_steps;
   };
   static const Docs& docs();
 };

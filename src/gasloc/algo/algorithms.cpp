@@ -106,6 +106,109 @@ bool RoundSync::sat_out(FlatParams& params, comm::Communicator& comm) {
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Overlapped rounds (docs/design.md section 11).
+
+const config::Choices& overlap_choices() {
+  static const config::Choices c("overlap variant",
+                                 {{"eager", "the overlapped steps start from a provisional outer step (own value for the mix)"},
+                                  {"delayed", "the overlapped steps start from the sent parameters"}});
+  return c;
+}
+
+Overlap parse_overlap(int64_t steps, const std::string& variant) {
+  constexpr OverlapVariant kVariants[] = {OverlapVariant::eager, OverlapVariant::delayed};  // overlap_choices() order
+  return {steps, kVariants[overlap_choices().index(variant)]};
+}
+
+bool RoundSync::overlapped_step(FlatParams& params, comm::Communicator& comm) {
+  const bool round_end = rounds_.step_done();
+  // tau < H_i: round t's merge comes before round t + 1's send, so one exchange is in flight at most.
+  if (flight_.active && rounds_.steps_in_round() == overlap_.steps) {
+    optim::EvalScope at_x(optimizer());
+    merge(params, comm);
+  }
+  if (!round_end) return false;
+  optim::EvalScope at_x(optimizer());
+  send(params, comm);
+  end_round(comm);
+  return true;
+}
+
+void RoundSync::send(FlatParams& params, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  // A snapshot: the live parameters keep training while the message travels.
+  const torch::Tensor phi_sent = params.data().clone();
+  Sent s = prepare(phi_sent);
+  flight_.mix = mixer_.start_mix(rounds_.round(), s.x, comm, wire_);
+  const bool eager = overlap_.variant == OverlapVariant::eager;
+  flight_.base = eager ? s.provisional : phi_sent;
+  if (eager) params.data().copy_(s.provisional);
+  flight_.sent = std::move(s);
+  flight_.active = true;
+}
+
+void RoundSync::settle(comm::Communicator& comm) {
+  if (!flight_.active || flight_.mixed.defined()) return;
+  flight_.mixed = mixer_.finish_mix(flight_.mix, comm.rank());
+  flight_.mix = {};
+}
+
+void RoundSync::merge(FlatParams& params, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  settle(comm);
+  const torch::Tensor theta = land(flight_.mixed, flight_.sent);
+  // Keeps what the overlapped steps did on top of where they started (eager: theta' - E_i added;
+  // delayed: the steps moved onto theta').
+  auto& phi = params.data();
+  const torch::Tensor drift = phi - flight_.base;
+  phi.copy_(theta).add_(drift);
+  flight_ = {};
+}
+
+bool RoundSync::flush(FlatParams& params, comm::Communicator& comm) {
+  if (!flight_.active) return false;
+  optim::EvalScope at_x(optimizer());
+  merge(params, comm);
+  return true;
+}
+
+void RoundSync::save_flight(StateDict& s) const {
+  if (!flight_.active) return;
+  TORCH_CHECK(flight_.mixed.defined(), "RoundSync::state: an exchange is in flight; settle() it first");
+  s["overlap_mixed"] = flight_.mixed;
+  s["overlap_sent"] = flight_.sent.x;
+  s["overlap_base"] = flight_.base;
+  if (flight_.sent.b_next.defined()) s["overlap_b_next"] = flight_.sent.b_next;
+}
+
+void RoundSync::load_flight(const StateDict& s) {
+  flight_ = {};
+  const auto it = s.find("overlap_mixed");
+  if (it == s.end()) return;
+  auto get = [&](const char* k) {
+    const auto at = s.find(k);
+    if (at == s.end()) throw CheckpointError(std::string("checkpoint lacks the overlapped round's '") + k + "'",
+                                             "it is damaged or from another gasloc; resume from an older step");
+    return at->second.detach().clone();
+  };
+  flight_.active = true;
+  flight_.mixed = it->second.detach().clone();
+  flight_.sent.x = get("overlap_sent");
+  flight_.base = get("overlap_base");
+  if (s.count("overlap_b_next")) flight_.sent.b_next = get("overlap_b_next");
+}
+
+RoundSync::Sent OuterSync::prepare(const torch::Tensor& phi_sent) {
+  torch::Tensor unused;  // the momentum commits at the merge, from the true difference
+  return {phi_sent, outer_->propose(phi_sent, unused), {}};
+}
+
+torch::Tensor OuterSync::land(const torch::Tensor& mixed, const Sent&) {
+  outer_->step(mixed);
+  return outer_->theta();
+}
+
 void OuterSync::init(FlatParams& params) {
   RoundSync::init(params);
   outer_ = std::make_unique<OuterNesterov>(params.data(), outer_opts_);
@@ -123,6 +226,7 @@ StateDict OuterSync::state() const {
   rounds_.save(s);
   save_restart_clock(s);
   save_outer(outer_, s);
+  save_flight(s);
   return s;
 }
 
@@ -130,13 +234,17 @@ void OuterSync::load_state(const StateDict& s) {
   rounds_.load(s);
   load_restart_clock(s);
   load_outer(outer_, outer_opts_, s);
+  load_flight(s);
 }
 
-DiLoCoSync::DiLoCoSync(LocalSteps steps, OuterOptions outer, int world, const Membership* membership, torch::ScalarType wire)
-    : OuterSync(std::move(steps), outer, RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership), wire) {}
+DiLoCoSync::DiLoCoSync(LocalSteps steps, OuterOptions outer, int world, const Membership* membership, torch::ScalarType wire,
+                       Overlap overlap)
+    : OuterSync(std::move(steps), outer, RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership), wire,
+                overlap) {}
 
 bool DiLoCoSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "DiLoCoSync::init was not called");
+  if (overlapping()) return overlapped_step(params, comm);
   if (!rounds_.step_done()) return false;
   if (sat_out(params, comm)) return true;
   optim::EvalScope at_x(optimizer());
@@ -174,8 +282,9 @@ OuterOptions anchor_options(OuterOptions outer, const GossipForm& form) {
 }  // namespace
 
 GossipSync::GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form,
-                       torch::ScalarType wire, const Membership* membership)
-    : OuterSync(std::move(steps), anchor_options(outer, form), RoundMixer(std::move(topo), membership), wire), form_(form) {
+                       torch::ScalarType wire, const Membership* membership, Overlap overlap)
+    : OuterSync(std::move(steps), anchor_options(outer, form), RoundMixer(std::move(topo), membership), wire, overlap),
+      form_(form) {
   if (form_.form == Form::accelerated) gamma_ = outer.momentum;
 }
 
@@ -187,6 +296,7 @@ void GossipSync::init(FlatParams& params) {
 
 bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   TORCH_CHECK(outer_, "GossipSync::init was not called");
+  if (overlapping()) return overlapped_step(params, comm);
   if (!rounds_.step_done()) return false;
   if (sat_out(params, comm)) return true;
   optim::EvalScope at_x(optimizer());
@@ -223,6 +333,46 @@ bool GossipSync::after_step(int64_t, FlatParams& params, comm::Communicator& com
   return true;
 }
 
+RoundSync::Sent GossipSync::prepare(const torch::Tensor& phi_sent) {
+  switch (form_.form) {
+    case Form::anchor: break;
+    case Form::mix_after: {
+      Sent s;
+      s.x = outer_->propose(phi_sent, s.b_next);
+      s.provisional = s.x;
+      return s;
+    }
+    case Form::accelerated: {
+      const auto u = outer_->theta().lerp(phi_sent, outer_opts_.lr);
+      // Every term but alpha's: u.lerp(u, alpha) is u.
+      auto e = u.clone();
+      if (gamma_ != 0.0) e.add_(u - u_prev_, gamma_);
+      return {u, e, {}};
+    }
+  }
+  return OuterSync::prepare(phi_sent);
+}
+
+torch::Tensor GossipSync::land(const torch::Tensor& mixed, const Sent& sent) {
+  switch (form_.form) {
+    case Form::anchor: break;
+    case Form::mix_after:
+      outer_->commit(mixed, sent.b_next);
+      return outer_->theta();
+    case Form::accelerated: {
+      const auto& u = sent.x;
+      auto next = u.lerp(mixed, form_.gossip_step);
+      if (gamma_ != 0.0) {
+        next.add_(u - u_prev_, gamma_);
+        u_prev_.copy_(u);
+      }
+      outer_->theta().copy_(next);
+      return outer_->theta();
+    }
+  }
+  return OuterSync::land(mixed, sent);
+}
+
 StateDict GossipSync::state() const {
   auto s = OuterSync::state();
   if (u_prev_.defined()) s["u_prev"] = u_prev_;
@@ -242,6 +392,7 @@ void GossipSync::load_state(const StateDict& s) {
 // ---------------------------------------------------------------------------------------------
 
 bool LocalDAdamSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
+  if (overlapping()) return overlapped_step(params, comm);
   if (!rounds_.step_done()) return false;
   if (sat_out(params, comm)) return true;
   optim::EvalScope at_x(optimizer());
@@ -256,12 +407,14 @@ StateDict LocalDAdamSync::state() const {
   StateDict s;
   rounds_.save(s);
   save_restart_clock(s);
+  save_flight(s);
   return s;
 }
 
 void LocalDAdamSync::load_state(const StateDict& s) {
   rounds_.load(s);
   load_restart_clock(s);
+  load_flight(s);
 }
 
 // ---------------------------------------------------------------------------------------------

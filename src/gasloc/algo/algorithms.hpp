@@ -61,6 +61,7 @@ class RoundCounter {
   // `message_bytes`. Warns once if the budget leaves the worker less than one step.
   bool computes_next(int rank, int64_t message_bytes);
   int64_t round() const { return round_; }  // rounds completed so far
+  int64_t steps_in_round() const { return steps_; }
   void next_round() { ++round_, steps_ = 0; }
   void save(StateDict& s) const;
   void load(const StateDict& s);
@@ -72,18 +73,53 @@ class RoundCounter {
   bool warned_ = false;
 };
 
+// Overlapped rounds (algo.overlap_steps, algo.overlap; docs/design.md section 11). At the end of
+// round t a worker snapshots phi_sent (the evaluation point), starts the round's exchange of what
+// its form sends, and goes on with tau = steps local steps; tau steps later it waits and lands
+// round t's outer step theta' computed exactly as without overlap, the mix's own term being the
+// snapshot. Both variants then set phi <- theta' + (phi - base):
+//   eager:   the tau steps start from a provisional step E_i (the round's update with the worker's
+//            own sent value standing in for the mix); base = E_i, so the merge adds theta' - E_i.
+//   delayed: the tau steps start from phi_sent; base = phi_sent.
+// tau = 0 is the blocking round, bit for bit.
+enum class OverlapVariant { eager, delayed };
+const config::Choices& overlap_choices();
+struct Overlap {
+  int64_t steps = 0;  // tau; 0 = off
+  OverlapVariant variant = OverlapVariant::eager;
+};
+Overlap parse_overlap(int64_t steps, const std::string& variant);
+
 // What every algorithm of rounds shares (DiLoCo, GASLoC, Local-DAdam): rounds of H local steps,
 // mixed over each round's view through a RoundMixer. In an elastic run a worker outside a round's
 // mix (it dies at its merge, is dead, or joins) only stands by in the round's collectives, and a
 // joiner receives its state from a donor after the merge (Worker::heal).
 class RoundSync : public ViewSync {
  public:
-  RoundSync(LocalSteps steps, RoundMixer mixer, torch::ScalarType wire)
-      : ViewSync(std::move(mixer)), rounds_(std::move(steps)), wire_(wire) {}
+  RoundSync(LocalSteps steps, RoundMixer mixer, torch::ScalarType wire, Overlap overlap = {})
+      : ViewSync(std::move(mixer)), rounds_(std::move(steps)), wire_(wire), overlap_(overlap) {}
   void init(FlatParams& params) override;
   bool wants_compute(int64_t, comm::Communicator& comm) override;
+  bool flush(FlatParams& params, comm::Communicator& comm) override;
+  void settle(comm::Communicator& comm) override;
 
  protected:
+  // What a form sends at a round's end, made from the snapshot phi_sent: the message x, the
+  // provisional step E_i (eager) and what the form commits at the merge.
+  struct Sent {
+    torch::Tensor x, provisional;
+    torch::Tensor b_next;  // mix_after: the outer momentum after this round (undefined otherwise)
+  };
+  virtual Sent prepare(const torch::Tensor& phi_sent) = 0;
+  // Round t's new anchor theta' from m, the finished mix of what prepare() sent; commits the
+  // algorithm's state (outer momentum, u_prev).
+  virtual torch::Tensor land(const torch::Tensor& mixed, const Sent& sent) = 0;
+  // after_step with algo.overlap_steps > 0: the send at a round's end, the merge tau steps later.
+  bool overlapped_step(FlatParams& params, comm::Communicator& comm);
+  bool overlapping() const { return overlap_.steps > 0; }
+  void save_flight(StateDict& s) const;
+  void load_flight(const StateDict& s);
+
   int64_t current_round() const override { return rounds_.round(); }
   // Round t for a worker that does not mix in it: stands by and ends the round. True when it did.
   bool sat_out(FlatParams& params, comm::Communicator& comm);
@@ -95,14 +131,29 @@ class RoundSync : public ViewSync {
   RoundCounter rounds_;
   torch::ScalarType wire_;
   int64_t bytes_ = 0;  // one parameter message, in the wire dtype
+  Overlap overlap_;
+
+ private:
+  // The round whose exchange is in flight, from its send until its merge.
+  struct Flight {
+    bool active = false;
+    MixInFlight mix;      // until settled
+    torch::Tensor mixed;  // m, once settled
+    Sent sent;
+    torch::Tensor base;   // where the tau steps started: E_i (eager) or phi_sent (delayed)
+  };
+  void send(FlatParams& params, comm::Communicator& comm);
+  void merge(FlatParams& params, comm::Communicator& comm);
+  Flight flight_;
 };
 
 // What DiLoCo and GASLoC share: an outer Nesterov optimizer whose anchor theta starts at the
 // initial parameters; its state goes into checkpoints.
 class OuterSync : public RoundSync {
  public:
-  OuterSync(LocalSteps steps, OuterOptions outer, RoundMixer mixer, torch::ScalarType wire = torch::kFloat)
-      : RoundSync(std::move(steps), std::move(mixer), wire), outer_opts_(outer) {}
+  OuterSync(LocalSteps steps, OuterOptions outer, RoundMixer mixer, torch::ScalarType wire = torch::kFloat,
+            Overlap overlap = {})
+      : RoundSync(std::move(steps), std::move(mixer), wire, overlap), outer_opts_(outer) {}
   void init(FlatParams& params) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
@@ -110,6 +161,9 @@ class OuterSync : public RoundSync {
  protected:
   // Ends a round: theta <- outer step towards `mixed`, phi <- theta.
   void finish_round(const torch::Tensor& mixed, FlatParams& params, comm::Communicator& comm);
+  // The anchor form's round (DiLoCo's too): x = phi_sent, E_i = the outer step towards phi_sent.
+  Sent prepare(const torch::Tensor& phi_sent) override;
+  torch::Tensor land(const torch::Tensor& mixed, const Sent& sent) override;
 
   OuterOptions outer_opts_;
   std::unique_ptr<OuterNesterov> outer_;
@@ -122,7 +176,7 @@ class DiLoCoSync final : public OuterSync {
  public:
   // membership: the elastic run's (nullptr: every worker every round).
   DiLoCoSync(LocalSteps steps, OuterOptions outer, int world, const Membership* membership = nullptr,
-             torch::ScalarType wire = torch::kFloat);
+             torch::ScalarType wire = torch::kFloat, Overlap overlap = {});
   std::string name() const override { return "diloco"; }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
 };
@@ -145,12 +199,17 @@ struct GossipForm {
 class GossipSync final : public OuterSync {
  public:
   GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form = {},
-             torch::ScalarType wire = torch::kFloat, const Membership* membership = nullptr);
+             torch::ScalarType wire = torch::kFloat, const Membership* membership = nullptr, Overlap overlap = {});
   std::string name() const override { return "gasloc"; }
   void init(FlatParams& params) override;
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
+
+ protected:
+  // mix_after sends v_i (= E_i); accelerated sends u_i, E_i = u_i + gamma (u_i - u_i^prev).
+  Sent prepare(const torch::Tensor& phi_sent) override;
+  torch::Tensor land(const torch::Tensor& mixed, const Sent& sent) override;
 
  private:
   GossipForm form_;
@@ -162,12 +221,17 @@ class GossipSync final : public OuterSync {
 class LocalDAdamSync final : public RoundSync {
  public:
   LocalDAdamSync(LocalSteps steps, topology::Topology topo, torch::ScalarType wire = torch::kFloat,
-                 const Membership* membership = nullptr)
-      : RoundSync(std::move(steps), RoundMixer(std::move(topo), membership), wire) {}
+                 const Membership* membership = nullptr, Overlap overlap = {})
+      : RoundSync(std::move(steps), RoundMixer(std::move(topo), membership), wire, overlap) {}
   std::string name() const override { return "local_dadam"; }
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   StateDict state() const override;
   void load_state(const StateDict& s) override;
+
+ protected:
+  // theta' = m: nothing to propose, so E_i = phi_sent and both variants are one.
+  Sent prepare(const torch::Tensor& phi_sent) override { return {phi_sent, phi_sent, {}}; }
+  torch::Tensor land(const torch::Tensor& mixed, const Sent&) override { return mixed; }
 };
 
 // DAdam, combine-then-adapt: every step x_i <- sum_j W_ij x_j - lr * d_i, with d_i computed

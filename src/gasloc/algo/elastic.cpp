@@ -107,15 +107,9 @@ RoundGraph RoundMixer::graph(int id, int64_t round) const {
   return g;
 }
 
-torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const {
-  torch::NoGradGuard no_grad;
-  if (topo_.is_all_reduce())
-    return membership_ ? all_reduce_mix_over(*membership_, view(round), x, comm, wire, "all-reduce")
-                       : all_reduce_mix(x, comm, wire, "all-reduce");
-  const int me = comm.rank();
-  const RoundGraph g = graph(me, round);
-  std::vector<torch::Tensor> recv;
-  comm.exchange(g.peers, wire == x.scalar_type() ? x : x.to(wire), recv);
+namespace {
+// m = sum_j W[me, j] x_j over the row (own term x), from what arrived in `recv` (peers' order).
+torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv) {
   for (size_t k = 0; k < g.peers.size(); ++k) {
     if (!recv[k].defined()) continue;  // a failed edge: the peer died at this exchange
     check_finite(recv[k], g.peers[k], "gossip exchange");
@@ -137,6 +131,44 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
     else m.add_(*src[k], weight);
   }
   return m;
+}
+}  // namespace
+
+torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const {
+  torch::NoGradGuard no_grad;
+  if (topo_.is_all_reduce())
+    return membership_ ? all_reduce_mix_over(*membership_, view(round), x, comm, wire, "all-reduce")
+                       : all_reduce_mix(x, comm, wire, "all-reduce");
+  const int me = comm.rank();
+  const RoundGraph g = graph(me, round);
+  std::vector<torch::Tensor> recv;
+  comm.exchange(g.peers, wire == x.scalar_type() ? x : x.to(wire), recv);
+  return combine(g, me, x, recv);
+}
+
+MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm,
+                                  torch::ScalarType wire) const {
+  TORCH_CHECK(!membership_, "RoundMixer::start_mix: overlapped rounds have a fixed membership");
+  torch::NoGradGuard no_grad;
+  MixInFlight f;
+  f.x = x;
+  if (topo_.is_all_reduce()) {
+    f.buf = x.to(wire, /*non_blocking=*/false, /*copy=*/true);
+    f.pending = comm.start_all_reduce_mean(f.buf);
+    return f;
+  }
+  f.graph = graph(comm.rank(), round);
+  f.buf = wire == x.scalar_type() ? x : x.to(wire);  // kept alive while it travels
+  f.pending = comm.start_exchange(f.graph.peers, f.buf, f.recv);
+  return f;
+}
+
+torch::Tensor RoundMixer::finish_mix(MixInFlight& f, int me) const {
+  torch::NoGradGuard no_grad;
+  f.pending->wait();
+  f.pending.reset();
+  if (topo_.is_all_reduce()) return checked_mean(f.buf, f.x, "all-reduce");
+  return combine(f.graph, me, f.x, f.recv);
 }
 
 void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {

@@ -6,6 +6,7 @@
 #pragma once
 #include <torch/types.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -20,6 +21,15 @@ namespace gasloc::algo {
 struct RoundGraph {
   std::vector<int> peers;
   topology::Row row;
+};
+
+// A round's mix started and not finished (algo.overlap_steps, fixed membership only).
+struct MixInFlight {
+  torch::Tensor x;                  // the own term: the snapshot sent
+  RoundGraph graph;                 // gossip: the peers sent to and the row
+  std::vector<torch::Tensor> recv;  // gossip: the peers' tensors, after wait
+  torch::Tensor buf;                // x in the wire dtype as sent; all-reduce: the mean after wait
+  std::unique_ptr<comm::Pending> pending;
 };
 
 class RoundMixer {
@@ -48,6 +58,11 @@ class RoundMixer {
   // averages over the members, retrying over the survivors when one dies. Non-finite messages are
   // rejected naming the peer.
   torch::Tensor mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const;
+  // mix() in two halves for a fixed membership: start_mix starts the exchange (or all-reduce) of
+  // x, which must be a snapshot nothing modifies until finish_mix; finish_mix waits for it and
+  // returns the same m as mix(), bit for bit.
+  MixInFlight start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const;
+  torch::Tensor finish_mix(MixInFlight& f, int me) const;
   // Round t's collectives for a worker that does not mix in it (it dies at its merge, is dead, or
   // joins): it sends nothing, so its partners see a failed edge.
   void stand_by(int64_t round, comm::Communicator& comm) const;

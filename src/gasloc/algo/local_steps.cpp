@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
+#include "gasloc/core/error.hpp"
+
 #include "gasloc/topology/spectral.hpp"
 
 namespace gasloc::algo {
 
-LocalSteps::LocalSteps(int64_t H, comm::NetworkModel model, std::optional<topology::Topology> topo, int world)
-    : H_(H), model_(std::move(model)), world_(world) {
+LocalSteps::LocalSteps(int64_t H, comm::NetworkModel model, std::optional<topology::Topology> topo, int world,
+                       int64_t overlap_steps)
+    : H_(H), model_(std::move(model)), world_(world), overlap_(overlap_steps) {
   model_->validate(world);
   if (topo && !topo->is_all_reduce()) topo_ = std::move(topo);
 }
@@ -46,15 +51,24 @@ double LocalSteps::round_seconds(int64_t actual_bytes) const {
       if (k > 0) c_ref = comm::pair_exchange_seconds(P, m.bandwidth_Bps, m.bandwidth_Bps, k, k, m.latency_s);
     }
   }
-  return static_cast<double>(H_) * m.step_time_s + c_ref;
+  const double hidden = static_cast<double>(overlap_) * m.step_time_s;
+  return static_cast<double>(H_) * m.step_time_s + std::max(0.0, c_ref - hidden);
 }
 
 int64_t LocalSteps::steps(int rank, int64_t round, int64_t actual_bytes, bool* clamped) const {
   if (clamped) *clamped = false;
   if (!model_ || model_->step_time(rank) <= 0.0) return H_;
-  const double budget = round_seconds(actual_bytes) - exchange_seconds(rank, round, actual_bytes);
+  const double s = model_->step_time(rank);
+  const double budget =
+      round_seconds(actual_bytes) - std::max(0.0, exchange_seconds(rank, round, actual_bytes) - static_cast<double>(overlap_) * s);
   // The small slack keeps an unimpeded worker's (H s + C - C) / s from rounding down to H - 1.
-  const double fit = std::floor(budget / model_->step_time(rank) + 1e-9);
+  const double fit = std::floor(budget / s + 1e-9);
+  if (overlap_ > 0 && fit < static_cast<double>(overlap_ + 1))
+    throw ConfigError(fmt::format("config key 'algo.overlap_steps': worker {}'s time budget gives it {} local steps in "
+                                  "round {}, fewer than algo.overlap_steps + 1 = {} (its exchange would still be in "
+                                  "flight at its next send)",
+                                  rank, std::max(0.0, fit), round, overlap_ + 1),
+                      "lower algo.overlap_steps, raise algo.H, or set algo.h_policy = \"fixed\"");
   if (fit < 1.0) {
     if (clamped) *clamped = true;
     return 1;

@@ -13,10 +13,13 @@ topology::Topology SyncContext::topology() const {
 LocalSteps SyncContext::steps() const {
   if (cfg.h_policy != "time_budget") return LocalSteps(cfg.H);
   if (!network) throw ConfigError("algo.h_policy = time_budget needs the network model", "internal: pass [network] to make_synchronizer");
-  return LocalSteps(cfg.H, *network, entry.needs_topology ? std::optional(topology()) : std::nullopt, world);
+  return LocalSteps(cfg.H, *network, entry.needs_topology ? std::optional(topology()) : std::nullopt, world,
+                    cfg.overlap_steps);
 }
 
 OuterOptions SyncContext::outer() const { return {cfg.outer_lr, cfg.outer_momentum}; }
+
+Overlap SyncContext::overlap() const { return parse_overlap(cfg.overlap_steps, cfg.overlap); }
 
 torch::ScalarType SyncContext::wire() const { return parse_wire_dtype(cfg.wire_dtype); }
 
@@ -32,18 +35,19 @@ const std::vector<AlgorithmEntry>& algorithms() {
        .make = [](const SyncContext& c) -> Made { return std::make_unique<AllReduceSync>(c.world, c.membership); }},
       {.name = "diloco", .doc = "H local steps, then an all-reduce and an outer Nesterov step",
        .has_rounds = true, .has_outer = true,
-       .make = [](const SyncContext& c) -> Made { return std::make_unique<DiLoCoSync>(c.steps(), c.outer(), c.world, c.membership, c.wire()); }},
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<DiLoCoSync>(c.steps(), c.outer(), c.world, c.membership, c.wire(), c.overlap()); }},
       {.name = "gasloc", .doc = "H local steps, then gossip with the round's neighbours and an outer step",
        .needs_topology = true, .has_rounds = true, .has_outer = true, .has_forms = true,
        .make = [](const SyncContext& c) -> Made {
          return std::make_unique<GossipSync>(c.steps(), c.outer(), c.topology(),
-                                             GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire(), c.membership);
+                                             GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire(), c.membership,
+                                             c.overlap());
        }},
       {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire(), c.membership); }},
       {.name = "local_dadam", .doc = "H local steps, then gossip averaging, no outer step",
        .needs_topology = true, .has_rounds = true,
-       .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire(), c.membership); }},
+       .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire(), c.membership, c.overlap()); }},
   };
   return table;
 }
@@ -73,6 +77,10 @@ std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world
   if (membership && entry.single_worker)
     throw ConfigError("cluster.elastic: algo.name = " + cfg.name.str() + " trains one worker, which has nobody to lose",
                       "set cluster.elastic = false");
+  if (membership && cfg.overlap_steps > 0)
+    throw ConfigError("config key 'algo.overlap_steps': overlapped rounds are built for a fixed membership; an elastic "
+                      "run or a [faults] schedule changes it at rounds",
+                      "set algo.overlap_steps = 0, or cluster.elastic = false without [faults]");
   return entry.make(SyncContext{cfg, entry, world, seed, network, membership});
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gasloc/algo/algorithms.hpp"
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/membership.hpp"
 #include "gasloc/algo/outer.hpp"
@@ -33,6 +34,7 @@ struct SyncContext {
   // The local-step policy; time_budget plans each round's exchange over the entry's topology.
   LocalSteps steps() const;
   OuterOptions outer() const;
+  Overlap overlap() const;
   torch::ScalarType wire() const;
 };
 

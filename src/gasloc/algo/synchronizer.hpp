@@ -45,6 +45,12 @@ class Synchronizer {
   // After the inner optimizer step `step` (1-based), or after a skipped step. Returns true if a
   // communication round finished at this step.
   virtual bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) = 0;
+  // Overlapped rounds (algo.overlap_steps): a round whose exchange is still in flight lands its
+  // outer step now, because the run ends at this step. True when one did.
+  virtual bool flush(FlatParams& params, comm::Communicator& comm) { return false; }
+  // Overlapped rounds: waits for an exchange in flight and keeps its result for the merge at its
+  // usual step, so that state() is complete (a checkpoint calls it first).
+  virtual void settle(comm::Communicator& comm) {}
   // Elastic runs (docs/design.md section 10). The view of the round that ended at this step, once
   // (the worker then hands the round's joiners their state), and the workers that hold a trained
   // model now (evaluation averages over them); nullopt when the run is not elastic.

@@ -31,7 +31,7 @@ class ThreadCluster final : public Cluster {
   }
   bool restore(int rank, double clock, const CommStats& stats) override {
     if (!inproc_) return false;
-    inproc_->restore(rank, clock, {stats.bytes_sent, inproc_->stats(rank).bytes_received, stats.idle_s});
+    inproc_->restore(rank, clock, {stats.bytes_sent, inproc_->stats(rank).bytes_received, stats.idle_s, stats.compute_s});
     return true;
   }
 

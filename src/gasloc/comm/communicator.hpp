@@ -17,6 +17,8 @@
 //   operation and the rank(s) concerned; it never hangs. After a CommError the communicator is
 //   unusable: later calls throw CommError too.
 // - A Communicator is used by one thread at a time (the worker's).
+// - Overlapped operations (start_exchange, start_all_reduce_mean; algo.overlap_steps, docs/design.md
+//   section 11): see their comment below.
 // - Elastic rounds (cluster.elastic, docs/design.md section 10; the in-process backend so far):
 //   a rank that dies at an exchange passes an undefined `send` to its listed peers, and each of
 //   them gets an undefined recv entry for it, a failed edge, instead of an error;
@@ -25,6 +27,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <vector>
 
 namespace gasloc::comm {
@@ -32,7 +36,20 @@ namespace gasloc::comm {
 struct CommStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
-  double idle_s = 0.0;  // time spent waiting for peers
+  double idle_s = 0.0;  // time spent waiting for peers, or for an overlapped transfer to finish
+  double compute_s = 0.0;  // time spent computing on a virtual clock (compute()); 0 on a real one
+};
+
+// A started operation, as c10d's Work: start_exchange and start_all_reduce_mean return one.
+// wait() blocks until the operation is complete; then, and not before, its outputs (the recv
+// vector, the averaged tensor) hold the result and its input may be reused. A failure of the
+// operation surfaces at wait() as the CommError the blocking form would have thrown. Call wait()
+// once, on the worker's thread; a worker's clock pays the part of the transfer its compute did not
+// hide at wait() (the in-process backend's virtual clock).
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  virtual void wait() = 0;
 };
 
 class Communicator {
@@ -53,6 +70,22 @@ class Communicator {
   // the order of calls; the in-process backend checks the order instead. Backends without
   // elastic rounds throw CommError.
   virtual bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members, int64_t call_id);
+  // The overlapped forms of exchange and all_reduce_mean: the call starts the operation and
+  // returns a handle; the worker computes while it travels and calls wait() before it reads the
+  // outputs. On top of the blocking forms' rules:
+  // - Every rank starts the same operations in the same order relative to the other collectives.
+  // - At most one operation in flight per worker: it is waited for before the worker starts
+  //   another or calls any other collective of this communicator (its control channel, which
+  //   evaluations and stop agreements use, stays free meanwhile).
+  // - The input (`send`, `t`) is not touched until wait() returns: pass a snapshot, never a view
+  //   of parameters that keep training.
+  // - A checkpoint waits first, so that what it stores is complete.
+  // This default performs the blocking operation at the start and returns a handle already
+  // complete (a failure is kept for wait()): correct everywhere, not overlapped yet. It is what
+  // the process backends use; the in-process backend overlaps on its virtual clock.
+  virtual std::unique_ptr<Pending> start_exchange(const std::vector<int>& peers, const torch::Tensor& send,
+                                                  std::vector<torch::Tensor>& recv);
+  virtual std::unique_ptr<Pending> start_all_reduce_mean(torch::Tensor& t);
   // Seconds on this worker's clock: virtual in simulation, wall time since start otherwise.
   virtual double now() const = 0;
   // Accounts `inner_steps` inner steps of local compute on this worker's clock: the virtual

@@ -40,6 +40,10 @@ struct RankState {
   CommStats stats;
   int64_t seq = 0;      // collective calls this rank has entered; numbers its next call
   bool exited = false;  // its run() function has returned: it will enter no more calls
+  // An overlapped operation (start_*): its data moved at the start, and its link is busy until
+  // link_done on the virtual clock, which the compute clock meets at wait().
+  bool in_flight = false;
+  double link_done = 0.0;
 };
 
 struct InProcState {
@@ -92,16 +96,6 @@ class InProcComm final : public Communicator {
   int world() const override { return s_.n; }
 
   // Communication is not differentiable: no autograd graph across ranks (NoGradGuard is per thread).
-  void all_reduce_mean(torch::Tensor& t) override {
-    torch::NoGradGuard no_grad;
-    inproc::Entry e;
-    if (t.defined()) e.tensor = t.reshape({-1});
-    std::vector<int> all(s_.n);
-    for (int r = 0; r < s_.n; ++r) all[r] = r;
-    const torch::Tensor mean = call(Op::AllReduceMean, std::move(e), [&](const Call& c) { reduce_chunk(c, all, rank_); });
-    t.copy_(mean.view(t.sizes()));
-  }
-
   bool all_reduce_mean_over(torch::Tensor& t, const std::vector<int>& members, int64_t) override {
     torch::NoGradGuard no_grad;
     inproc::Entry e;
@@ -120,6 +114,58 @@ class InProcComm final : public Communicator {
   }
 
   void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) override {
+    exchange_as(peers, send, recv, false);
+  }
+
+  std::unique_ptr<Pending> start_exchange(const std::vector<int>& peers, const torch::Tensor& send,
+                                          std::vector<torch::Tensor>& recv) override {
+    exchange_as(peers, send, recv, true);
+    return std::make_unique<Flight>(*this);
+  }
+
+  void all_reduce_mean(torch::Tensor& t) override { all_reduce_as(t, false); }
+
+  std::unique_ptr<Pending> start_all_reduce_mean(torch::Tensor& t) override {
+    all_reduce_as(t, true);
+    return std::make_unique<Flight>(*this);
+  }
+
+ private:
+  // The handle of an overlapped operation: the data has moved; wait() moves the compute clock to
+  // the link's end when the compute did not hide the whole transfer, and counts that as idle.
+  class Flight final : public Pending {
+   public:
+    explicit Flight(InProcComm& c) : c_(c) {}
+    void wait() override {
+      if (waited_) throw CommError("wait: called twice on one operation");
+      waited_ = true;
+      std::lock_guard lk(c_.s_.mu);
+      auto& me = c_.s_.ranks[c_.rank_];
+      me.in_flight = false;
+      if (me.link_done > me.clock) {
+        me.stats.idle_s += me.link_done - me.clock;
+        me.clock = me.link_done;
+      }
+    }
+
+   private:
+    InProcComm& c_;
+    bool waited_ = false;
+  };
+
+  void all_reduce_as(torch::Tensor& t, bool overlapped) {
+    torch::NoGradGuard no_grad;
+    inproc::Entry e;
+    if (t.defined()) e.tensor = t.reshape({-1});
+    std::vector<int> all(s_.n);
+    for (int r = 0; r < s_.n; ++r) all[r] = r;
+    const torch::Tensor mean =
+        call(Op::AllReduceMean, std::move(e), [&](const Call& c) { reduce_chunk(c, all, rank_); }, overlapped);
+    t.copy_(mean.view(t.sizes()));
+  }
+
+  void exchange_as(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv,
+                   bool overlapped) {
     torch::NoGradGuard no_grad;
     inproc::Entry e;
     e.tensor = send;
@@ -132,9 +178,11 @@ class InProcComm final : public Communicator {
         const auto& sent = c.entries[j].tensor;
         got.push_back(sent.defined() ? sent.clone(torch::MemoryFormat::Contiguous) : torch::Tensor());
       }
-    });
+    }, overlapped);
     recv = std::move(got);
   }
+
+ public:
 
   void broadcast(torch::Tensor& t, int root) override {
     torch::NoGradGuard no_grad;
@@ -156,7 +204,9 @@ class InProcComm final : public Communicator {
   void compute(int64_t inner_steps) override {
     if (inner_steps < 0) throw CommError(fmt::format("compute: rank {} got a negative step count {}", rank_, inner_steps));
     std::lock_guard lk(s_.mu);
-    s_.ranks[rank_].clock += static_cast<double>(inner_steps) * s_.model.step_time(rank_);
+    const double dt = static_cast<double>(inner_steps) * s_.model.step_time(rank_);
+    s_.ranks[rank_].clock += dt;
+    if (counted_) s_.ranks[rank_].stats.compute_s += dt;
   }
 
   void pause(double seconds) override {
@@ -192,12 +242,19 @@ class InProcComm final : public Communicator {
 
   // One collective call of this rank (see the file comment). `data` reads the others' entries
   // once everyone has arrived; the return value is the call's result tensor (all-reduce).
-  torch::Tensor call(Op op, inproc::Entry e, const std::function<void(const Call&)>& data) {
+  // `overlapped` (start_*): the data moves now and the priced end goes to the rank's link, not
+  // its compute clock (Flight::wait). The call is priced as a blocking one started at the rank's
+  // clock: one operation in flight at a time means its link is free by then.
+  torch::Tensor call(Op op, inproc::Entry e, const std::function<void(const Call&)>& data, bool overlapped = false) {
     const auto deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
                                                    std::chrono::duration<double>(s_.timeout_s));
     std::unique_lock lk(s_.mu);
     if (!s_.failure.empty()) throw CommError(std::string(op_name(op)) + ": " + s_.failure);
     auto& me = s_.ranks[rank_];
+    if (counted_ && me.in_flight)
+      throw s_.comm_failure(op, fmt::format("rank {} called {} while its overlapped operation is in flight; wait() for "
+                                            "it first (one operation in flight per worker)",
+                                            rank_, op_name(op)));
     const int64_t seq = me.seq++;
     Call& c = s_.calls.try_emplace(seq, s_.n, seq).first->second;
     e.present = true;
@@ -227,8 +284,13 @@ class InProcComm final : public Communicator {
 
     if (counted_) {
       const auto& o = c.out[rank_];
-      me.clock = o.clock.end_s;
-      me.stats.idle_s += o.clock.idle_s;
+      if (overlapped) {
+        me.in_flight = true;
+        me.link_done = o.clock.end_s;
+      } else {
+        me.clock = o.clock.end_s;
+        me.stats.idle_s += o.clock.idle_s;
+      }
       me.stats.bytes_sent += o.sent;
       me.stats.bytes_received += o.received;
     }
@@ -358,6 +420,9 @@ void InProcCluster::restore(int rank, double clock, const CommStats& stats) {
   if (state_->running) throw CommError("InProcCluster::restore: the cluster is running");
   state_->ranks[rank].clock = clock;
   state_->ranks[rank].stats = stats;
+  // A checkpoint waits for the transfer in flight (communicator.hpp), so a restored link is free.
+  state_->ranks[rank].in_flight = false;
+  state_->ranks[rank].link_done = clock;
 }
 
 }  // namespace gasloc::comm

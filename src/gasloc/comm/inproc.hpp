@@ -11,6 +11,12 @@
 // an exchange every rank with peers must send the same shape and dtype (one message size per
 // round, which is what the cost model prices), a little stricter than pairwise agreement.
 //
+// Overlap: start_exchange and start_all_reduce_mean meet and move their data at the start like
+// the blocking calls, priced from the rank's clock then; the priced end is the rank's link
+// busy-until time instead of its clock, which keeps computing, and wait() brings the clock to that
+// end if it is behind, counting the difference as idle. A round of H_i steps whose transfer of C_i
+// seconds is started tau steps before its merge thus costs H_i s_i + max(0, C_i - tau s_i).
+//
 // Failure: the first failure (a worker function that throws, a timeout, a mismatch, a rank that
 // returns from run()'s function while others wait for it) poisons the cluster: every rank
 // blocked in, or later entering, a collective throws CommError naming it. Nothing hangs: a wait

@@ -50,9 +50,11 @@ RunSummary read_run_summary(const fs::path& dir) {
   struct Last {
     int64_t step = -1, bytes = 0, local_steps = -1;
     double idle_s = 0, virtual_s = 0;
+    std::optional<double> utilization;
   };
   std::map<int64_t, Last> last;  // worker -> its latest train line
   double segment_wall = 0;       // each process (a resume is a new one) starts its wall clock at 0
+  std::map<int64_t, int64_t> own_lines;  // step -> lines of one rank's own model merged into its point
   for (const auto& event : events) {
     if (const auto* m = std::get_if<train::MemoryEvent>(&event)) {
       const double n = static_cast<double>(std::max<int64_t>(1, m->params));
@@ -64,6 +66,21 @@ RunSummary read_run_summary(const fs::path& dir) {
       r.deaths += static_cast<int64_t>(v->died.size());
       r.rejoins += static_cast<int64_t>(v->joined.size());
     } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
+      // Over processes without an average model (train.eval_model = local, elastic Gloo runs)
+      // each rank writes a line of its own model: together they are one point, their mean.
+      const bool own = r.workers > 1 && e->worker_val_loss.size() == 1;
+      if (own) {
+        const auto at = std::find_if(r.curve.rbegin(), r.curve.rend(), [&](const EvalPoint& p) { return p.step == e->step; });
+        if (at != r.curve.rend()) {
+          int64_t& n = own_lines[e->step];
+          at->val_loss = (at->val_loss * static_cast<double>(n) + e->val_loss) / static_cast<double>(n + 1);
+          ++n;
+          at->virtual_s = std::max(at->virtual_s, e->virtual_time_s);
+          if (e->step == r.last_step) r.val_loss = at->val_loss;
+          continue;
+        }
+        own_lines[e->step] = 1;
+      }
       r.curve.push_back({e->step, e->val_loss, e->virtual_time_s, static_cast<double>(e->bytes_sent) / 1e6,
                          e->consensus_distance});
       r.val_loss = e->val_loss;
@@ -76,7 +93,7 @@ RunSummary read_run_summary(const fs::path& dir) {
     } else if (const auto* t = std::get_if<train::TrainEvent>(&event)) {
       auto& w = last[t->worker];
       if (t->step >= w.step)
-        w = {t->step, t->bytes_sent, t->local_steps.value_or(t->step), t->idle_s, t->virtual_time_s};
+        w = {t->step, t->bytes_sent, t->local_steps.value_or(t->step), t->idle_s, t->virtual_time_s, t->utilization};
       r.virtual_s = std::max(r.virtual_s, t->virtual_time_s);
       if (t->step > r.last_train_step || (t->step == r.last_train_step && t->wall_time_s > r.train_wall_s)) {
         r.last_train_step = t->step;
@@ -85,15 +102,19 @@ RunSummary read_run_summary(const fs::path& dir) {
     }
   }
   r.wall_s += segment_wall;
-  double total = 0, idle = 0;
+  double total = 0, idle = 0, util = 0;
+  bool all_util = !last.empty();
   for (auto& [w, l] : last) {
     total += static_cast<double>(l.bytes);
     idle += l.virtual_s > 0 ? l.idle_s / l.virtual_s : 0.0;
+    all_util = all_util && l.utilization.has_value();
+    util += l.utilization.value_or(0.0);
     r.min_local_steps = r.min_local_steps < 0 ? l.local_steps : std::min(r.min_local_steps, l.local_steps);
   }
   if (!last.empty()) {
     r.mb_per_worker = total / static_cast<double>(last.size()) / 1e6;
     r.idle_fraction = idle / static_cast<double>(last.size());
+    if (all_util) r.utilization = util / static_cast<double>(last.size());
   }
   return r;
 }

@@ -26,6 +26,7 @@ struct RunSummary {
   double optimizer_state_per_param = -1, sync_state_per_param = -1;  // its two parts
   int64_t params = 0;            // parameters of the model, from the memory line; 0 if not logged
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
+  double utilization = -1;       // mean over workers of their compute utilization at their last line; < 0: not logged (metrics before version 4)
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
   double wall_s = 0;             // training time on the wall clock, summed over resumed segments
   double train_wall_s = 0;       // the latest training line's wall time (of its segment), before the final evaluation

@@ -16,7 +16,7 @@ using nlohmann::json;
 const std::vector<std::string> kCsvColumns = {"train_loss", "val_loss",   "consensus_distance", "lr",
                                               "grad_norm",  "computed",   "round_done",         "tokens_per_s",
                                               "local_steps", "wall_time_s", "virtual_time_s",   "bytes_sent",
-                                              "idle_s"};
+                                              "idle_s",     "compute_s",  "utilization",      "eval_time_s"};
 
 namespace {
 std::string csv_cell(const std::string& s) {

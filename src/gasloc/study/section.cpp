@@ -335,14 +335,14 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
     for (const auto& x : rs) churn = churn || x.summary.deaths > 0 || x.summary.rejoins > 0;
   std::string md;
   md += "| variant | point | runs | finished | val_loss (average model) | below unigram | consensus distance | steps to target "
-        "| virtual s to target | virtual time (s) | MB sent per worker | idle |";
+        "| virtual s to target | virtual time (s) | MB sent per worker | idle | compute utilization |";
   md += churn ? " deaths | rejoins |\n" : "\n";
-  md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |";
+  md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |";
   md += churn ? " --- | --- |\n" : "\n";
   for (const auto& v : spec.variants) {
     if (!spec.runs_in(v.name, grp.point)) continue;
     const auto& rs = grp.finals[v.name];
-    std::vector<double> l, below, cd, vt, mb, idle, st, tt, deaths, rejoins;
+    std::vector<double> l, below, cd, vt, mb, idle, util, st, tt, deaths, rejoins;
     int finished = 0;
     for (const auto& x : rs) {
       const RunSummary& r = x.summary;
@@ -355,6 +355,7 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
       vt.push_back(r.virtual_s);
       mb.push_back(r.mb_per_worker);
       idle.push_back(100 * r.idle_fraction);
+      if (r.utilization >= 0) util.push_back(100 * r.utilization);
       deaths.push_back(static_cast<double>(r.deaths));
       rejoins.push_back(static_cast<double>(r.rejoins));
       if (auto hit = target > 0 ? reach_target(r.curve, target) : std::nullopt) {
@@ -365,10 +366,12 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
     // Over the runs that reached the target; "(k of n)" when some did not.
     const std::string partial = !st.empty() && st.size() < rs.size() ? fmt::format(" ({} of {})", st.size(), rs.size()) : "";
     const std::string point = rs.empty() || rs.front().run->tune.empty() ? "-" : point_name(rs.front().run->tune);
-    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% |", v.name, point, rs.size(), finished,
+    const std::string utilization = util.empty() ? "-" : fmt_stats(stats_of(util), "{:.1f}") + "%";
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% | {} |", v.name, point, rs.size(), finished,
                       fmt_stats(stats_of(l), "{:.4f}"), fmt_stats(stats_of(below), "{:.2f}"), fmt_stats(stats_of(cd), "{:.3g}"),
                       fmt_stats(stats_of(st), "{:.0f}"), partial, fmt_stats(stats_of(tt), "{:.1f}"), partial,
-                      fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"), fmt_stats(stats_of(idle), "{:.1f}"));
+                      fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"), fmt_stats(stats_of(idle), "{:.1f}"),
+                      utilization);
     md += churn ? fmt::format(" {} | {} |\n", fmt_stats(stats_of(deaths), "{:.0f}"), fmt_stats(stats_of(rejoins), "{:.0f}")) : "\n";
   }
   return md;

@@ -104,6 +104,7 @@ EvalResult ElasticProcess::evaluate(Worker& w, const std::vector<data::Batch>& v
   r.worker_val_loss = {r.val_loss};
   r.members = {roster_.id()};
   r.reporter = roster_.id();
+  r.reports = true;  // every elastic rank writes its own line
   r.virtual_time_s = w.clock();
   return r;
 }

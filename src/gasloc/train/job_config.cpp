@@ -34,6 +34,12 @@ const config::Choices& backend_choices() {
                                              {"nccl", "one process and GPU per worker, gasloc launch (a CUDA LibTorch)"}});
   return c;
 }
+const config::Choices& eval_model_choices() {
+  static const config::Choices c(
+      "evaluated model", {{"average", "mean_i phi_i, all-reduced over the workers; also each worker's own and the consensus"},
+                          {"local", "each worker's own model, no model leaves its worker; val_loss is their mean"}});
+  return c;
+}
 const config::Choices& scenario_choices() {
   static const config::Choices c("scenario", {{"homogeneous", ""},
                                               {"straggler_bw10", "last rank's link at 10%"},
@@ -233,6 +239,9 @@ void JobConfig::validate() const {
   require(!faults.any() || cluster.elastic || faults.restart_all, "faults",
           "injects failures into elastic runs (cluster.elastic = true) or prices stop-and-resume (faults.restart_all = "
           "true); without either, one death stops every worker");
+  require(algo.overlap_steps == 0 || (!cluster.elastic && !faults.any() && !faults.restart_all), "algo.overlap_steps",
+          "overlapped rounds are built for a fixed membership without [faults]: set algo.overlap_steps = 0, or "
+          "cluster.elastic = false and remove [faults]");
   require(!(faults.restart_all && cluster.elastic), "faults.restart_all",
           "prices the stop-and-resume an elastic run avoids: set cluster.elastic = false, or faults.restart_all = false");
   require(!faults.restart_all || cluster.backend == "inproc", "faults.restart_all",

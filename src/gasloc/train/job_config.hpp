@@ -26,6 +26,7 @@ const config::Choices& dtype_choices();
 const config::Choices& decay_on_choices();
 const config::Choices& backend_choices();
 const config::Choices& scenario_choices();
+const config::Choices& eval_model_choices();
 
 struct ModelSection {
   config::Choice preset{model::LlamaConfig::preset_choices(), "tiny"};
@@ -149,6 +150,7 @@ struct TrainSection {
   int64_t steps = 300;
   int64_t stop_at = 0;
   int64_t eval_every = 50;
+  config::Choice eval_model{eval_model_choices(), "average"};
   int64_t checkpoint_every = 100;
   int64_t log_every = 10;
   uint64_t seed = 1337;
@@ -165,6 +167,7 @@ struct TrainSection {
     v("steps", steps, "total inner steps (sets the LR schedule)");
     v("stop_at", stop_at, "stop with a checkpoint after this step, to resume later (0 = run to steps)");
     v("eval_every", eval_every, "validation every N steps (0 = only at the end)");
+    v("eval_model", eval_model, "which model an evaluation measures");
     v("checkpoint_every", checkpoint_every, "checkpoint every N steps (0 = only at the end)");
     v("log_every", log_every, "train metrics every N steps");
     v("seed", seed, "base seed: model init and data (worker r samples with seed + r)");

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace gasloc::train {
 
@@ -19,10 +20,17 @@ std::vector<torch::Tensor> gather(comm::Communicator& c, const torch::Tensor& mi
 }
 }  // namespace
 
-Meeting::Meeting(const std::vector<data::Batch>* val, int local_ranks, int world, int64_t stop_check_every)
-    : val_(val), one_process_(local_ranks == world), check_every_(stop_check_every) {}
+Meeting::Meeting(const std::vector<data::Batch>* val, int local_ranks, int world, int64_t stop_check_every, bool local)
+    : val_(val), one_process_(local_ranks == world), check_every_(stop_check_every), local_(local) {}
 
-EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker) {
+double eval_seconds(const comm::NetworkModel& network, int64_t params, int world) {
+  double min_B = network.bandwidth(0);
+  for (int r = 1; r < world; ++r) min_B = std::min(min_B, network.bandwidth(r));
+  const auto P = static_cast<double>(network.message_bytes(params * static_cast<int64_t>(sizeof(float))));
+  return comm::ring_allreduce_seconds(P, world, min_B, network.latency_s);
+}
+
+EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker, int64_t step) {
   torch::NoGradGuard no_grad;
   const auto holders = worker.sync().holders();
   const bool elastic = holders.has_value();
@@ -30,6 +38,49 @@ EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker) {
   if (elastic) members = *holders;
   else
     for (int r = 0; r < control.world(); ++r) members.push_back(r);
+  EvalResult r = local_ ? evaluate_local(control, worker, members, step) : evaluate_average(control, worker, members, elastic);
+  if (elastic && !(local_ && !one_process_)) r.members = members;
+  return r;
+}
+
+EvalResult Meeting::evaluate_local(comm::Communicator& control, Worker& worker, const std::vector<int>& members, int64_t step) {
+  const int me = control.rank();
+  const bool holds = std::find(members.begin(), members.end(), me) != members.end();
+  const std::optional<double> own = holds ? std::optional(worker.evaluate(*val_)) : std::nullopt;
+  EvalResult r;
+  r.consensus_distance = std::numeric_limits<double>::quiet_NaN();  // it needs the average model
+  if (!one_process_) {
+    r.reporter = me;
+    r.reports = holds;
+    r.members = {me};
+    r.val_loss = own.value_or(r.consensus_distance);
+    if (own) r.worker_val_loss = {*own};
+    r.virtual_time_s = worker.clock();
+    return r;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  LocalEval& e = local_evals_[step];
+  if (e.loss.empty()) {
+    e.loss.resize(static_cast<size_t>(control.world()));
+    e.clock.resize(static_cast<size_t>(control.world()));
+  }
+  e.loss[me] = own;
+  e.clock[me] = worker.clock();
+  if (++e.arrived < control.world()) return r;
+  // The last rank to arrive reports, summing in rank order so the mean's bits do not depend on who that is.
+  r.reports = true;
+  r.reporter = members.front();
+  for (int i : members) {
+    r.worker_val_loss.push_back(*e.loss[i]);
+    r.val_loss += *e.loss[i];
+    r.virtual_time_s = std::max(r.virtual_time_s, e.clock[i]);
+  }
+  r.val_loss /= static_cast<double>(members.size());
+  local_evals_.erase(step);
+  return r;
+}
+
+EvalResult Meeting::evaluate_average(comm::Communicator& control, Worker& worker, const std::vector<int>& members, bool elastic) {
   const bool holds = std::find(members.begin(), members.end(), control.rank()) != members.end();
   auto& phi = worker.params().data();
   torch::Tensor avg = holds ? phi.clone() : torch::Tensor();
@@ -39,8 +90,8 @@ EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker) {
   const double own_distance = holds ? (phi - avg).pow(2).sum().item<double>() : 0.0;
   const auto all = gather(control, torch::tensor({own_loss, own_distance, worker.clock()}, torch::kFloat64));
   EvalResult r;
-  if (elastic) r.members = members;
   r.reporter = members.front();
+  r.reports = control.rank() == r.reporter;
   const auto k = static_cast<double>(members.size());
   for (int i : members) {  // rank order, so every rank computes the same bits
     const auto v = all[i].accessor<double, 1>();

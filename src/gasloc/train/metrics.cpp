@@ -46,12 +46,15 @@ json of(const TrainEvent& e) {
           {"computed", e.computed}, {"grad_norm", e.grad_norm ? json(*e.grad_norm) : json(nullptr)},
           {"round_done", e.round_done}, {"tokens_per_s", e.tokens_per_s}, {"wall_time_s", e.wall_time_s},
           {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}, {"idle_s", e.idle_s},
-          {"local_steps", e.local_steps ? json(*e.local_steps) : json(nullptr)}};
+          {"local_steps", e.local_steps ? json(*e.local_steps) : json(nullptr)}, {"eval_time_s", e.eval_time_s},
+          {"compute_s", e.compute_s ? json(*e.compute_s) : json(nullptr)},
+          {"utilization", e.utilization ? json(*e.utilization) : json(nullptr)}};
 }
 json of(const EvalEvent& e) {
   json j = {{"event", "eval"}, {"step", e.step}, {"worker", e.worker}, {"val_loss", e.val_loss},
             {"worker_val_loss", e.worker_val_loss}, {"consensus_distance", e.consensus_distance},
-            {"wall_time_s", e.wall_time_s}, {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}};
+            {"wall_time_s", e.wall_time_s}, {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent},
+            {"eval_time_s", e.eval_time_s}};
   if (!e.members.empty()) j["members"] = e.members;
   return j;
 }
@@ -131,7 +134,10 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                       field(j, "virtual_time_s", 0.0),
                       field<int64_t>(j, "bytes_sent", 0),
                       field(j, "idle_s", 0.0),
-                      optional_field<int64_t>(j, "local_steps")};
+                      optional_field<int64_t>(j, "local_steps"),
+                      field(j, "eval_time_s", 0.0),
+                      optional_field<double>(j, "compute_s"),
+                      optional_field<double>(j, "utilization")};
   if (event == "eval")
     return EvalEvent{step,
                      worker,
@@ -141,7 +147,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                      field(j, "wall_time_s", 0.0),
                      field(j, "virtual_time_s", 0.0),
                      field<int64_t>(j, "bytes_sent", 0),
-                     ids(j, "members")};
+                     ids(j, "members"),
+                     field(j, "eval_time_s", 0.0)};
   if (event == "view")
     return ViewEvent{step, worker, field<int64_t>(j, "round", 0), ids(j, "members"), ids(j, "died"), ids(j, "joined"),
                      field(j, "virtual_time_s", 0.0)};

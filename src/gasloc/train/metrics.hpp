@@ -19,8 +19,9 @@
 namespace gasloc::train {
 
 // 2: the version field added to version 1's keys. 3: elastic runs (an eval's "members", the
-// "view" event). A reader refuses lines of a newer version.
-inline constexpr int64_t kMetricsVersion = 3;
+// "view" event). 4: the priced evaluations ("eval_time_s"), compute time and utilization of a
+// train line. A reader refuses lines of a newer version; older lines read with those at 0.
+inline constexpr int64_t kMetricsVersion = 4;
 
 // One worker's training, every train.log_every steps ("train").
 struct TrainEvent {
@@ -34,6 +35,9 @@ struct TrainEvent {
   int64_t bytes_sent = 0;               // by this worker so far, as priced by the network model
   double idle_s = 0;                    // virtual time spent waiting for peers
   std::optional<int64_t> local_steps;   // steps this worker computed so far
+  double eval_time_s = 0;               // evaluations of the average model so far, priced on the network (not in virtual_time_s)
+  std::optional<double> compute_s;      // time this worker computed so far: virtual in-process, wall in processes
+  std::optional<double> utilization;    // compute_s over virtual_time_s (in-process) or wall_time_s (processes); none before version 4
 };
 
 // An evaluation of the average model and of each worker's own ("eval"), written by worker 0 (in
@@ -46,6 +50,7 @@ struct EvalEvent {
   double wall_time_s = 0, virtual_time_s = 0;
   int64_t bytes_sent = 0;               // by worker 0 so far
   std::vector<int64_t> members;         // elastic: the workers holding a model, ascending; empty: all
+  double eval_time_s = 0;               // the writer's evaluations so far, priced (train.eval_model = average)
 };
 
 // A round of an elastic run whose membership changed ("view"): who died at its merge and who

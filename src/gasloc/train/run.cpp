@@ -45,12 +45,13 @@ CheckpointMeta CheckpointMeta::from_json(const nlohmann::json& m) {
 }
 
 nlohmann::json Counters::to_json() const {
-  return {{"bytes_sent", bytes_sent}, {"virtual_time_s", virtual_time_s}, {"wall_time_s", wall_time_s}, {"idle_s", idle_s}};
+  return {{"bytes_sent", bytes_sent}, {"virtual_time_s", virtual_time_s}, {"wall_time_s", wall_time_s}, {"idle_s", idle_s},
+          {"eval_time_s", eval_time_s}, {"compute_s", compute_s}};
 }
 
 Counters Counters::from_json(const nlohmann::json& j) {
   return {j.value("bytes_sent", int64_t{0}), j.value("virtual_time_s", 0.0), j.value("wall_time_s", 0.0),
-          j.value("idle_s", 0.0)};
+          j.value("idle_s", 0.0), j.value("eval_time_s", 0.0), j.value("compute_s", 0.0)};
 }
 
 Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world)

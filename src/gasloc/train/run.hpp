@@ -36,6 +36,8 @@ struct CheckpointMeta {
 struct Counters {
   int64_t bytes_sent = 0;
   double virtual_time_s = 0, wall_time_s = 0, idle_s = 0;
+  double eval_time_s = 0;  // evaluations of the average model, priced on the network beside the virtual clock
+  double compute_s = 0;    // computing: virtual in-process, wall (forward, backward, optimizer step) in processes
   nlohmann::json to_json() const;
   static Counters from_json(const nlohmann::json& j);
 };

@@ -80,15 +80,23 @@ struct RunState {
   std::map<int, Counters> base;           // each local rank's counters at the start of this invocation
   std::map<int, comm::CommStats> stats0;  // and its communicator's stats then
   std::map<int, double> clock0;
+  double eval_price_s = 0;                // what one evaluation of the average model costs on the virtual clock
+  std::map<int, double> eval_time;        // each local rank's evaluations so far in this invocation, priced
   std::map<int, int64_t> committed;       // each local rank's last committed step (-1: none)
   TrainSummary summary;
 
-  Counters counters(int rank, const comm::Communicator& comm) const {
+  // `compute_wall_s`: the rank's wall seconds of computing in this invocation, its compute time
+  // where the clock is real.
+  Counters counters(int rank, const comm::Communicator& comm, double compute_wall_s) const {
     const auto st = comm.stats();
     const Counters& b = base.at(rank);
+    const bool virtual_clock = job.cluster.backend == "inproc";
     return {b.bytes_sent + st.bytes_sent - stats0.at(rank).bytes_sent,
-            b.virtual_time_s + comm.now() - clock0.at(rank), b.wall_time_s + seconds_since(t0),
-            b.idle_s + st.idle_s - stats0.at(rank).idle_s};
+            b.virtual_time_s + comm.now() - clock0.at(rank),
+            b.wall_time_s + seconds_since(t0),
+            b.idle_s + st.idle_s - stats0.at(rank).idle_s,
+            b.eval_time_s + eval_time.at(rank),
+            b.compute_s + (virtual_clock ? st.compute_s - stats0.at(rank).compute_s : compute_wall_s)};
   }
   std::string last_checkpoint(int rank) const {
     const int64_t s = committed.at(rank);
@@ -130,7 +138,8 @@ class Logger {
     const double dt = seconds_since(window_);
     const double tps = tokens_per_step * static_cast<double>(computed_) / std::max(dt, 1e-9);
     const double eta = dt / static_cast<double>(steps_) * static_cast<double>(s_.end_step - step);
-    const Counters c = s_.counters(rank_, c_);
+    const Counters c = s_.counters(rank_, c_, w_.compute_wall_s());
+    const double clock = s_.job.cluster.backend == "inproc" ? c.virtual_time_s : c.wall_time_s;
     s_.metrics->write(TrainEvent{.step = step,
                                  .worker = rank_,
                                  .train_loss = r.loss,
@@ -143,7 +152,10 @@ class Logger {
                                  .virtual_time_s = c.virtual_time_s,
                                  .bytes_sent = c.bytes_sent,
                                  .idle_s = c.idle_s,
-                                 .local_steps = w_.local_steps_done()});
+                                 .local_steps = w_.local_steps_done(),
+                                 .eval_time_s = c.eval_time_s,
+                                 .compute_s = c.compute_s,
+                                 .utilization = clock > 0 ? c.compute_s / clock : 0.0});
     if (rank_ == 0 && !s_.quiet) s_.progress->update(step, r.loss, tps * s_.run.world(), r.lr, eta);
     window_ = std::chrono::steady_clock::now();
     steps_ = computed_ = 0;
@@ -167,9 +179,9 @@ class Evaluator {
   }
   void run(int64_t step, EvalPoint& at) {
     at.enter();
-    const EvalResult e = evaluate();
-    if (rank_ != e.reporter) return;
-    const Counters c = s_.counters(rank_, c_);
+    const EvalResult e = evaluate(step);
+    if (!e.reports) return;
+    const Counters c = s_.counters(rank_, c_, w_.compute_wall_s());
     // The average model exists at the latest worker clock.
     const double vt = e.virtual_time_s - c_.now() + c.virtual_time_s;
     s_.metrics->write(EvalEvent{.step = step,
@@ -180,7 +192,8 @@ class Evaluator {
                                 .wall_time_s = c.wall_time_s,
                                 .virtual_time_s = vt,
                                 .bytes_sent = c.bytes_sent,
-                                .members = {e.members.begin(), e.members.end()}});
+                                .members = {e.members.begin(), e.members.end()},
+                                .eval_time_s = c.eval_time_s});
     if (s_.elastic) s_.say(rank_, fmt::format("step {:>6} | val_loss {:.4f} (worker {}'s own model)", step, e.val_loss, rank_));
     else
       s_.say(rank_, s_.run.world() == 1 ? fmt::format("step {:>6} | val_loss {:.4f}", step, e.val_loss)
@@ -188,15 +201,22 @@ class Evaluator {
                                                       step, e.val_loss, e.consensus_distance));
   }
   // A run stopped by train.stop_at between evaluations still reports its model's val_loss.
-  void finish() {
+  void finish(int64_t step) {
     optim::EvalScope at_x(&w_.optimizer());
-    evaluate();
+    evaluate(step);
   }
 
  private:
-  EvalResult evaluate() {
-    const EvalResult e = s_.elastic ? s_.elastic->evaluate(w_, *s_.val) : s_.meeting->evaluate(s_.cluster->control(rank_), w_);
-    if (rank_ == s_.reporter) s_.summary.final_val_loss = e.val_loss;
+  EvalResult evaluate(int64_t step) {
+    if (s_.elastic) {  // an elastic Gloo rank: its own model, no collective
+      const EvalResult e = s_.elastic->evaluate(w_, *s_.val);
+      s_.summary.final_val_loss = e.val_loss;
+      return e;
+    }
+    const EvalResult e = s_.meeting->evaluate(s_.cluster->control(rank_), w_, step);
+    s_.eval_time.at(rank_) += s_.eval_price_s;
+    // The average reaches every rank; a local mean only the rank that reports it.
+    if (s_.job.train.eval_model == "local" ? e.reports : rank_ == s_.reporter) s_.summary.final_val_loss = e.val_loss;
     return e;
   }
   RunState& s_;
@@ -220,7 +240,7 @@ void report_view(RunState& s, int rank, const std::optional<algo::View>& v, comm
                              .members = ids(v->members),
                              .died = ids(died),
                              .joined = ids(v->joining),
-                             .virtual_time_s = s.counters(rank, c).virtual_time_s});
+                             .virtual_time_s = c.now() - s.clock0.at(rank) + s.base.at(rank).virtual_time_s});
   if (s.quiet) return;
   std::string line = fmt::format("step {:>6} | round {}: {} workers in the view", step, v->round, v->members.size());
   if (!v->dying.empty()) line += fmt::format(", worker(s) {} died (their partners mixed without them)", fmt::join(v->dying, ", "));
@@ -240,7 +260,7 @@ class Checkpointer {
     Checkpoint c;
     c.meta = s_.run.meta().to_json();
     c.meta["step"] = step;
-    c.meta["counters"] = s_.counters(rank_, c_).to_json();
+    c.meta["counters"] = s_.counters(rank_, c_, w_.compute_wall_s()).to_json();
     c.tensors = w_.state();
     s_.checkpoints.write(step, rank_, c);
     // Every rank has written `step`; an elastic rank commits its own (no rank waits for another).
@@ -290,7 +310,7 @@ void rank_loop(RunState& s, int rank, Worker& worker, comm::Communicator& comm) 
     }
   }
   if (rank == s.reporter) s.summary.steps_done = step;
-  if (step == s.end_step && !evaluated_last) evaluator.finish();  // stopped by train.stop_at between evaluations
+  if (step == s.end_step && !evaluated_last) evaluator.finish(step);  // stopped by train.stop_at between evaluations
 }
 
 // The metrics file of this invocation. Only the leader drops the tail of a crashed run (or all of
@@ -449,12 +469,13 @@ void restore_counters(RunState& state, comm::Cluster& cluster, const std::map<in
                       const std::map<int, int64_t>& committed) {
   for (int r : cluster.local_ranks()) {
     Counters k = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
-    const bool kept = cluster.restore(r, k.virtual_time_s, {k.bytes_sent, 0, k.idle_s});
-    if (kept) k = {0, 0, k.wall_time_s, 0};
+    const bool kept = cluster.restore(r, k.virtual_time_s, {k.bytes_sent, 0, k.idle_s, k.compute_s});
+    if (kept) k = {0, 0, k.wall_time_s, 0, k.eval_time_s, 0};
     state.base[r] = k;
     // The cluster's restored counters are the run's own; otherwise they start from here.
     state.stats0[r] = kept ? comm::CommStats{} : cluster.comm(r).stats();
     state.clock0[r] = kept ? 0.0 : cluster.comm(r).now();
+    state.eval_time[r] = 0;
     state.committed[r] = committed.at(r);
   }
 }
@@ -521,11 +542,15 @@ TrainSummary run_training(const TrainRequest& req) {
   if (leader) report_worker_memory(*workers.front(), job, *metrics, ranks.front(), start_step, !loaded.empty(), req.quiet);
   const int64_t joined_at = joiner ? elastic->join(*workers.front()) : start_step;
 
-  Meeting meeting(&val_batches, static_cast<int>(ranks.size()), world, job.train.log_every);
+  Meeting meeting(&val_batches, static_cast<int>(ranks.size()), world, job.train.log_every, job.train.eval_model == "local");
   Progress progress(job.train.steps);
   RunState state{run, job, ckpts, req.quiet, joined_at, job.train.stop_at > 0 ? job.train.stop_at : job.train.steps,
                  metrics.get(), &progress, &meeting, cluster.get(), elastic.get(), &val_batches};
   state.reporter = ranks.front();
+  // A process's real clock already holds its evaluations; the virtual clock leaves them out (the
+  // algorithm's clock stays the algorithm's), so they are counted beside it.
+  if (job.cluster.backend == "inproc" && job.train.eval_model == "average")
+    state.eval_price_s = eval_seconds(network, workers.front()->numel(), world);
   state.summary.run_dir = run.dir().string();
   state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   if (joined_at < 0) {

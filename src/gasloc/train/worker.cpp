@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "gasloc/core/error.hpp"
@@ -83,9 +84,17 @@ StepResult Worker::step() {
     r.computed = false;
     r.loss = last_loss_;
     r.round_done = sync_->after_step(k, params_, comm_);
+    finish_if_last(k, r);
     after_round(r);
     return r;
   }
+  // Wall time of the compute alone: after_backward may communicate (allreduce, dadam).
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&] {
+    const auto t = std::chrono::steady_clock::now();
+    compute_wall_s_ += std::chrono::duration<double>(t - t0).count();
+    t0 = t;
+  };
   data::Batch batch = sampler_->next();
   params_.zero_grad();
   // Checked before anything is sent: a diverged worker must stop itself, not contaminate its
@@ -110,14 +119,23 @@ StepResult Worker::step() {
     check_diverged();
     loss.backward();
   }
+  lap();
   sync_->after_backward(k, params_, comm_);
+  t0 = std::chrono::steady_clock::now();
   r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);
   optimizer_->step(r.lr);
+  lap();
   comm_.compute(1);
   last_loss_ = r.loss;
   r.round_done = sync_->after_step(k, params_, comm_);
+  finish_if_last(k, r);
   after_round(r);
   return r;
+}
+
+void Worker::finish_if_last(int64_t step, StepResult& r) {
+  // An overlapped round still in flight at the run's last step lands now: the final model has it.
+  if (step == job_.train.steps && sync_->flush(params_, comm_)) r.round_done = true;
 }
 
 void Worker::after_round(StepResult& r) {
@@ -188,6 +206,7 @@ StateDict Worker::state() {
   // when this call does the switch itself, they are copied before it switches back.
   const bool own_switch = !optimizer_->in_eval();
   auto keep = [&](const torch::Tensor& t) { return own_switch ? t.clone() : t; };
+  sync_->settle(comm_);  // an overlapped exchange in flight: its result goes into the state
   optim::EvalScope at_x(optimizer_.get());
   StateDict s;
   s["params"] = keep(params_.data());

@@ -60,6 +60,9 @@ class Worker {
   int64_t local_steps_done() const { return optimizer_->steps(); }
   // This worker's clock (virtual in the in-process cluster).
   double clock() const { return comm_.now(); }
+  // Wall seconds this worker spent computing (batch, forward, backward, optimizer step) since it
+  // was made: its compute time where the clock is real, for the utilization of process ranks.
+  double compute_wall_s() const { return compute_wall_s_; }
   // Evaluation mode for a scope: optim::EvalScope scope(&worker.optimizer()).
   optim::Optimizer& optimizer() { return *optimizer_; }
   // Bytes kept between steps by the inner optimizer and by the synchronizer (from the tensors
@@ -88,6 +91,8 @@ class Worker {
  private:
   // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
   void after_round(StepResult& r);
+  // At train.steps: lands an overlapped round still in flight (Synchronizer::flush).
+  void finish_if_last(int64_t step, StepResult& r);
 
   JobConfig job_;
   model::LlamaConfig model_cfg_;
@@ -104,6 +109,7 @@ class Worker {
   int64_t step_ = 0;
   double last_loss_ = 0.0;
   double max_loss_ = 0.0;  // 0: no limit
+  double compute_wall_s_ = 0.0;
 };
 
 // RAII: enables autocast to `dtype` on `device` for the current thread (no-op for fp32).
