@@ -387,7 +387,11 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.workers=4", "algo.name=diloco", "algo.H=30", "train.checkpoint_every=100",
                                   "faults.restart_all=true", "faults.kill=[{id=1,round=1}]"}); },
                       "train.checkpoint_every");
-  expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo"}); }, "inproc");
+  expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=nccl"}); }, "cluster.backend = \"gloo\"");
+  // Over Gloo the failures are real: a schedule of simulated ones is refused.
+  expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "faults.kill=[{id=1,round=2}]"}); },
+                      "over Gloo, failures are real");
+  load({"cluster.elastic=true", "cluster.backend=gloo"});  // an elastic Gloo job is a valid job
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1,rund=1}]"}); }, "rund");
   std::filesystem::remove_all(root);
 }
