@@ -102,6 +102,11 @@ class ControlView final : public Communicator {
   CommStats& used_;
 };
 
+// A process of one rank is asked for that rank only.
+void check_hosted(int rank, int hosted) {
+  if (rank != hosted) throw CommError(fmt::format("rank {} is not hosted by this process (it hosts rank {})", rank, hosted));
+}
+
 // One rank of a process group: this process hosts exactly that rank.
 class ProcessCluster final : public Cluster {
  public:
@@ -126,10 +131,7 @@ class ProcessCluster final : public Cluster {
   }
 
  private:
-  void check(int rank) const {
-    if (rank != ranks_[0])
-      throw CommError(fmt::format("rank {} is not hosted by this process (it hosts rank {})", rank, ranks_[0]));
-  }
+  void check(int rank) const { check_hosted(rank, ranks_[0]); }
   std::unique_ptr<ProcessGroupComm> pg_;
   std::vector<int> ranks_;
   CommStats control_used_;
@@ -152,10 +154,7 @@ class ElasticProcessCluster final : public Cluster {
   ElasticRoster* elastic_roster() override { return &c_->roster(); }
 
  private:
-  void check(int rank) const {
-    if (rank != ranks_[0])
-      throw CommError(fmt::format("rank {} is not hosted by this process (it hosts rank {})", rank, ranks_[0]));
-  }
+  void check(int rank) const { check_hosted(rank, ranks_[0]); }
   std::unique_ptr<ElasticGlooComm> c_;
   std::vector<int> ranks_;
   int local_world_;
