@@ -914,3 +914,29 @@ TEST(SweepGlance, GathersEachStudysVerdictsFromItsSection) {
   fs::remove(path);
   EXPECT_THROW(study::write_glance(path, studies, false, "g"), ConfigError);
 }
+
+// An untuned study on several seeds says that its verdicts need the seeds' spread exceeded, not
+// that one seed has none; quick mode on one seed says that.
+TEST(SweepSection, UntunedStudiesStateTheirSeedsRule) {
+  study::SweepSpec spec;
+  spec.name = spec.title = "u";
+  spec.plot_x.clear();
+  spec.tuned = true;
+  spec.tuning.seed = 100;
+  spec.tuning.seeds = {1, 2, 3};
+  spec.variants = {{"a", {}, {}, {}}};
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  std::string md = study::sweep_section(spec, {}, o);
+  EXPECT_NE(md.find("No tuning (each point is declared in the study file before any run): each variant runs the one point "
+                    "declared for it on seeds {1, 2, 3}."),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("need the difference to exceed the seeds' spread"), std::string::npos) << md;
+  EXPECT_EQ(md.find("one seed"), std::string::npos) << md;
+  o.quick = true;
+  md = study::sweep_section(spec, {}, o);
+  EXPECT_NE(md.find("No tuning in this mode: each variant runs the one point declared for it on seeds {1}."), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("with one seed there is no spread to exceed"), std::string::npos) << md;
+}

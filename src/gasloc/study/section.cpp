@@ -263,10 +263,15 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
   if (!grid.empty()) md += "\nGrid (every combination, for every variant): " + axes_text(grid) + ".\n";
   const bool any_tuned = std::any_of(spec.variants.begin(), spec.variants.end(),
                                      [&](const SweepVariant& v) { return grid_points(spec.tune_of(v, opts.quick)).size() > 1; });
+  const bool one_seed = spec.seeds(opts.quick).size() < 2;
   if (spec.tuned && !any_tuned)
-    md += fmt::format("\nNo tuning in this mode: each variant runs the one point declared for it on seeds {{{}}}. Verdicts need "
-                      "every run {:.1f} nats below the unigram baseline; with one seed there is no spread to exceed.\n",
-                      seeds_text(spec.seeds(opts.quick)), spec.learned_by);
+    md += fmt::format("\nNo tuning {}: each variant runs the one point declared for it on seeds {{{}}}. Verdicts need "
+                      "every run {:.1f} nats below the unigram baseline; {}.\n",
+                      opts.quick ? "in this mode" : "(each point is declared in the study file before any run)",
+                      seeds_text(spec.seeds(opts.quick)), spec.learned_by,
+                      one_seed ? "with one seed there is no spread to exceed"
+                               : "they pair the variants by seed and need the difference to exceed the seeds' spread (the "
+                                 "larger min-max range), else they are inconclusive");
   else if (spec.tuned)
     md += fmt::format("\nTuning, fixed in the study file before any run: each variant's grid runs on the tuning seed {}; the "
                       "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts pair the variants by seed and "
