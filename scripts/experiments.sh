@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
-results_prereqs
+[ -x build/gasloc ] || scripts/setup.sh
 quick=()
 suffix=""
 if [ "${1:-}" = "--quick" ]; then quick=(--quick); suffix="-quick"; shift; fi
@@ -26,7 +26,7 @@ for s in "${studies[@]}"; do
   file=$(ls experiments/"$s"_*.toml 2>/dev/null | head -1)
   [ -n "$file" ] || { echo "no experiments/${s}_*.toml" >&2; exit 2; }
   echo "=== $s: $file ${quick[*]} ==="
-  build/gasloc sweep "$file" "${quick[@]}" --doc "$doc" | grep --line-buffered -v '^    '
+  build/gasloc sweep "$file" "${quick[@]}" --doc "$doc" | grep --line-buffered -v -e '^    ' -e '^  \[[a-z_]*\]$'
 done
 echo "suite (${studies[*]}${quick:+, quick}) took $(( ($(date +%s) - t0) / 60 )) min"
 

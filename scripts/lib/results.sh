@@ -11,8 +11,8 @@ prepare_corpus() {
   build/gasloc prepare --input "${inputs[@]}" --out "$dir" --vocab-size "$vocab" >/dev/null
 }
 
-# Builds gasloc if needed and prepares data/default (configs/tiny.toml and the tiny-regime
-# scripts read it).
+# Builds gasloc if needed and prepares data/default (configs/tiny.toml reads it;
+# scripts/bench_train_report.sh uses it).
 results_prereqs() {
   [ -x build/gasloc ] || scripts/setup.sh
   prepare_corpus data/default 8192
