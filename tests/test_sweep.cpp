@@ -877,7 +877,8 @@ TEST(SweepGlance, GathersEachStudysVerdictsFromItsSection) {
     s.file = "experiments/" + name + "_study.toml";
     return s;
   };
-  const std::vector<study::SweepSpec> studies = {spec("e1"), spec("e2"), spec("e3")};
+  std::vector<study::SweepSpec> studies = {spec("e1"), spec("e2"), spec("e3")};
+  studies[0].version = 2;
   const std::string e1 = fake_section("e1", 2, "E1: one step", "- A beats B: **reproduced** (numbers)\n- C: **inconclusive** (x)\n");
   const std::string e1_old = "<!-- e1@v1:begin (version 1) -->\n### E1: version 1\n\nClaims:\n\n- A beats B: **old** (v1)\n<!-- e1@v1:end -->";
   const std::string e2 = fake_section("e2", 1, "E2: no claims", "");
@@ -893,6 +894,13 @@ TEST(SweepGlance, GathersEachStudysVerdictsFromItsSection) {
             std::string::npos)
       << md;
   EXPECT_EQ(md.find("(v1)"), std::string::npos) << "a superseded version is not a verdict of the suite: " << md;
+  EXPECT_EQ(md.find("rerun it"), std::string::npos) << "every section is its study file's version: " << md;
+  studies[1].version = 3;  // the study file moved on; its section did not
+  EXPECT_NE(study::glance_section(doc, studies, false, "g", "2026-12-02")
+                .find("- **E2: no claims** (unigram baseline 5.9302) (its section is version 1's; the study file is at version 3: "
+                      "rerun it)\n"),
+            std::string::npos);
+  studies[1].version = 1;
   EXPECT_EQ(md.find("quick:"), std::string::npos) << "the quick sections are the quick glance's: " << md;
   EXPECT_NE(md.find("Not run yet in this mode (their sections appear when they finish): e3_study.toml."), std::string::npos) << md;
   EXPECT_TRUE(md.size() > 20 && md.substr(md.size() - 19) == "<!-- claims:end -->") << md;

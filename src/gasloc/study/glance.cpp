@@ -65,12 +65,19 @@ std::string glance_section(const std::string& doc_text, const std::vector<SweepS
   int64_t runs = 0;
   double minutes = 0;
   for (const auto& spec : studies) {
-    const SectionDigest d = digest_section(find_doc_section(doc_text, spec.name + (quick ? "-quick" : "")));
+    const std::string section = find_doc_section(doc_text, spec.name + (quick ? "-quick" : ""));
+    const SectionDigest d = digest_section(section);
     if (!d.found) {
       missing += (missing.empty() ? "" : ", ") + spec.file.filename().string();
       continue;
     }
-    lines += fmt::format("- **{}**{}\n", d.title, d.unigram.empty() ? "" : " (unigram baseline " + d.unigram + ")");
+    // A section that an older version of its study file wrote says so: its verdicts are that version's.
+    const int64_t made_by = section_version(section);
+    const std::string behind =
+        made_by == spec.version ? ""
+                                : fmt::format(" (its section is version {}'s; the study file is at version {}: rerun it)", made_by,
+                                              spec.version);
+    lines += fmt::format("- **{}**{}{}\n", d.title, d.unigram.empty() ? "" : " (unigram baseline " + d.unigram + ")", behind);
     for (const auto& v : d.verdicts) lines += "  " + v + "\n";
     if (d.verdicts.empty()) lines += "  - (no claim: a study of how the method behaves; see its section)\n";
     runs += d.runs;

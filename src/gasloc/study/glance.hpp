@@ -24,7 +24,8 @@ struct SectionDigest {
 SectionDigest digest_section(const std::string& section);
 
 // The glance section ("claims" or, with quick, "claims-quick") over these studies' sections in
-// `doc_text`, in the order given; studies without a section are named as not run yet. `command`
+// `doc_text`, in the order given; studies without a section are named as not run yet, and a
+// section that another version of its study file wrote (section_version) is marked so. `command`
 // is how it was invoked, `date` the day it is generated (YYYY-MM-DD).
 std::string glance_section(const std::string& doc_text, const std::vector<SweepSpec>& studies, bool quick,
                            const std::string& command, const std::string& date);
