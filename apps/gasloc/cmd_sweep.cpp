@@ -1,9 +1,13 @@
 // gasloc sweep FILE: runs a study's grid of training runs (resumable) and writes its report into
 // the sweep's own directory, RUNS/NAME[-quick]/results.md (study/study_file.hpp has the file format).
+// gasloc sweep --glance --doc DOC FILE...: "Claims at a glance" on top of DOC from those studies'
+// sections in it (study/glance.hpp).
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "gasloc/core/error.hpp"
 #include "gasloc/core/shipped_files.hpp"
+#include "gasloc/study/glance.hpp"
 #include "gasloc/study/study_file.hpp"
 #include "gasloc/study/sweep.hpp"
 
@@ -11,12 +15,13 @@ namespace gasloc::app {
 
 Action add_sweep(CLI::App& app) {
   struct Opts {
-    std::string file, doc, runs = "runs/experiments";
-    bool quick = false, dry_run = false, print = false;
+    std::vector<std::string> files;
+    std::string doc, runs = "runs/experiments";
+    bool quick = false, dry_run = false, print = false, glance = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("file", o->file, "sweep file (experiments/NAME.toml; a relative path missing from the working directory is "
-                 "looked up in the installed share/gasloc)")->required();
+  app.add_option("file", o->files, "sweep file (experiments/NAME.toml; a relative path missing from the working directory is "
+                 "looked up in the installed share/gasloc); with --glance, every study of the suite")->required();
   app.add_flag("--quick", o->quick, "apply the file's [quick] settings (fewer steps); runs go to NAME-quick");
   app.add_flag("--dry-run", o->dry_run, "list the runs and whether each is finished, stopped or still to run");
   auto* doc = app.add_option("--doc", o->doc,
@@ -25,15 +30,31 @@ Action add_sweep(CLI::App& app) {
   app.add_flag("--print", o->print, "print the section instead of writing it (plots still go to RUNS/NAME/results/)")
       ->excludes(doc);
   app.add_option("--runs", o->runs, "directory under which the sweep's runs live")->capture_default_str();
+  app.add_flag("--glance", o->glance,
+               "run nothing: write \"Claims at a glance\" into --doc from the sections the given studies wrote there "
+               "(with --quick: their quick sections)")
+      ->needs(doc);
   return [o]() {
-    const auto spec = study::load_sweep(find_shipped(o->file));
+    if (o->glance) {
+      std::vector<study::SweepSpec> studies;
+      std::string names;
+      for (const auto& f : o->files) {
+        studies.push_back(study::load_sweep(find_shipped(f)));
+        names += " " + f;
+      }
+      study::write_glance(o->doc, studies, o->quick, fmt::format("gasloc sweep --glance{} --doc {}{}", o->quick ? " --quick" : "", o->doc, names));
+      fmt::print("wrote the '{}' section of {}\n", o->quick ? "claims-quick" : "claims", o->doc);
+      return 0;
+    }
+    if (o->files.size() != 1) throw ConfigError("gasloc sweep runs one study file at a time (several only with --glance)");
+    const auto spec = study::load_sweep(find_shipped(o->files.front()));
     study::SweepOptions opts;
     opts.quick = o->quick;
     opts.dry_run = o->dry_run;
     opts.doc = o->doc;
     opts.print_only = o->print;
     opts.runs_root = o->runs;
-    opts.command = fmt::format("gasloc sweep {}{}", o->file, o->quick ? " --quick" : "");
+    opts.command = fmt::format("gasloc sweep {}{}", o->files.front(), o->quick ? " --quick" : "");
     std::error_code ec;
     opts.gasloc = std::filesystem::read_symlink("/proc/self/exe", ec);  // launched variants run this very build
     study::run_sweep(spec, opts);

@@ -224,6 +224,8 @@ void read_sweep_table(const StudySection& sw, SweepSpec& spec) {
   if (spec.name.empty() || spec.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
     bad("sweep.name", "must be lower-case letters, digits, - and _ (it names directories and a docs section)");
   spec.title = sw.title.empty() ? spec.name : sw.title;
+  if (sw.version < 1) bad("sweep.version", "must be 1 or more (1: the first version; raise it when the grid or claims change)");
+  spec.version = sw.version;
   spec.job = find_shipped(sw.job);
   if (!fs::exists(spec.job)) bad("sweep.job", "'" + spec.job + "' does not exist (" + shipped_hint() + ")");
   spec.target_from = sw.target_from;

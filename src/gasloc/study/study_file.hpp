@@ -6,6 +6,8 @@
 //   [sweep]
 //   name = "e2"                                 # section id; runs go to runs/experiments/NAME
 //   title = "E2: local steps, 8 workers"
+//   version = 2                                 # bumped when the grid or claims change; the section prints it, and
+//                                               # --doc keeps the superseded version's verdicts (section.hpp)
 //   job = "configs/research.toml"               # the base job file
 //   target_from = "diloco"                      # time-to-target: this variant's highest final loss (or target = 6.5)
 //   plot_x = ["step", "time", "bytes"]          # loss against these; "consensus": consensus distance
@@ -99,6 +101,7 @@ using Point = std::vector<std::pair<std::string, nlohmann::json>>;
 struct StudySection {
   std::string name;
   std::string title;
+  int64_t version = 1;
   std::string job;
   std::string target_from;
   double target = 0.0;
@@ -116,6 +119,9 @@ struct StudySection {
   void visit(V&& v) {
     v("name", name, "section id and directory name: lower-case letters, digits, - and _");
     v("title", title, "the section's heading (default: name)");
+    v("version", version,
+      "the study's version: raise it when its grid, variants or claims change (declared before the new runs); --doc then "
+      "keeps the verdicts of the version it replaces");
     v("job", job, "the base job file, relative to where gasloc runs");
     v("target_from", target_from, "time to target: the highest final loss of this variant's runs is the target");
     v("target", target, "time to target: this loss (0 = none, or target_from's)");
@@ -243,6 +249,7 @@ struct SweepVariant {
 struct SweepSpec {
   std::filesystem::path file;
   std::string name, title, job, target_from;
+  int64_t version = 1;  // sweep.version: printed by the section from 2 on
   double target = 0.0;  // 0 = none (or target_from)
   std::vector<std::string> plot_x = {"step"};
   bool keep_checkpoints = false;  // keep finished runs' checkpoints (to train on later); they cost disk
