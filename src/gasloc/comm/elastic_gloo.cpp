@@ -20,8 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc", as the fixed-world exchange's headers
 constexpr int kHeader = 0, kPayload = 1;

@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <sstream>
 
+#include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::comm {
 
 namespace {
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;

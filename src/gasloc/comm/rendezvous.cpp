@@ -76,8 +76,6 @@ bool process_running(long pid) {
 
 std::string key(const std::string& what, int rank) { return what + "/" + std::to_string(rank); }
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // Keys of this job live under one prefix, so a store shared with an agent (torchrun) that
 // restarts workers does not mix attempts.
@@ -253,7 +251,7 @@ std::string rank_list(const std::vector<int>& ranks, size_t total, size_t limit 
 
 // Fails at once when a rank published an abort or a failure while this one waits for the others.
 void check_rendezvous_news(c10d::Store& store, const GlooOptions& o) {
-  if (store.check({"abort"})) throw CommError(text(store.get("abort")), "every rank stopped because of it");
+  if (store.check({"abort"})) throw CommError(to_text(store.get("abort")), "every rank stopped because of it");
   if (store.add("failures", 0) > 0)
     for (int r = 0; r < o.world && r < 4096; ++r)
       if (auto rec = read_failure(store, r); rec && r != o.rank)
@@ -303,7 +301,7 @@ c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
                             o.world - 1),
                 "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
     // WORLD_SIZE: the first rank to arrive sets it; every other rank compares.
-    const auto agreed = text(store->compareSet("world", {}, bytes(std::to_string(o.world))));
+    const auto agreed = to_text(store->compareSet("world", {}, to_bytes(std::to_string(o.world))));
     if (agreed != std::to_string(o.world))
       abort_all(fmt::format("rank {} has WORLD_SIZE={} but another rank joined the store at {} with WORLD_SIZE={}", o.rank,
                             o.world, where, agreed),
@@ -311,7 +309,7 @@ c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
     if (store->add(key("rank", o.rank), 1) != 1)
       abort_all(fmt::format("two processes claim RANK={} at the store {}", o.rank, where),
                 "every rank needs a distinct RANK in 0..WORLD_SIZE-1");
-    store->set(key("proc", o.rank), bytes(fmt::format("{} {}", this_host(), ::getpid())));
+    store->set(key("proc", o.rank), to_bytes(fmt::format("{} {}", this_host(), ::getpid())));
     store->add("joined", 1);
     // Wait for everyone by polling the count: unlike a blocking wait() it tells us who is missing
     // when the deadline passes. A published abort, a rank recorded as failed (by itself or by the
@@ -343,7 +341,7 @@ int64_t Arrivals::arrive(const std::string& op) noexcept {
   ++seq_;
   if (off_ || !store_ || world_ == 1) return seq_;
   try {
-    store_->set(key("at", rank_), bytes(fmt::format("{} {}", seq_, op)));
+    store_->set(key("at", rank_), to_bytes(fmt::format("{} {}", seq_, op)));
   } catch (const std::exception&) {
     off_ = true;
   }
@@ -360,7 +358,7 @@ std::string Arrivals::behind(int64_t seq, std::vector<int>* ranks, int limit) no
       std::string last = "none";
       int64_t at = 0;
       if (store_->check({key("at", r)})) {
-        last = text(store_->get(key("at", r)));
+        last = to_text(store_->get(key("at", r)));
         const auto sp = last.find(' ');
         long long v = 0;
         if (sp != std::string::npos && parse_int(last.substr(0, sp), v)) at = v;
@@ -384,7 +382,7 @@ std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world) {
   try {
     for (int r = 0; r < world && r < 256; ++r) {
       if (r == self_rank || !store.check({key("proc", r)})) continue;
-      const std::string v = text(store.get(key("proc", r)));
+      const std::string v = to_text(store.get(key("proc", r)));
       const auto sp = v.rfind(' ');
       if (sp == std::string::npos || v.substr(0, sp) != host) continue;
       long long pid = 0;
@@ -401,7 +399,7 @@ std::string describe_dead_ranks(c10d::Store& store, int self_rank, int world) {
 void publish_failure(c10d::Store& store, int rank, const FailureRecord& rec) noexcept {
   try {
     // compareSet answers, so the record is in the store before this rank closes a connection.
-    store.compareSet(key("failed", rank), {}, bytes(fmt::format("{}\n{}", rec.root, rec.what)));
+    store.compareSet(key("failed", rank), {}, to_bytes(fmt::format("{}\n{}", rec.root, rec.what)));
     store.add("failures", 1);
   } catch (const std::exception&) {
   }
@@ -409,7 +407,7 @@ void publish_failure(c10d::Store& store, int rank, const FailureRecord& rec) noe
 
 void publish_abort(c10d::Store& store, const std::string& why) noexcept {
   try {
-    store.compareSet("abort", {}, bytes(why));
+    store.compareSet("abort", {}, to_bytes(why));
   } catch (const std::exception&) {
   }
 }
@@ -417,7 +415,7 @@ void publish_abort(c10d::Store& store, const std::string& why) noexcept {
 std::optional<FailureRecord> read_failure(c10d::Store& store, int rank) noexcept {
   try {
     if (!store.check({key("failed", rank)})) return std::nullopt;
-    const std::string v = text(store.get(key("failed", rank)));
+    const std::string v = to_text(store.get(key("failed", rank)));
     const auto nl = v.find('\n');
     long long root = -1;
     if (nl == std::string::npos || !parse_int(v.substr(0, nl), root)) return std::nullopt;

@@ -62,9 +62,6 @@ bool parse_payload(const std::string& p, uint8_t& code, std::vector<std::string>
   return at == p.size();
 }
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
 bool parse_i64(const std::string& s, int64_t& out) {
   if (s.empty()) return false;
   char* end = nullptr;
@@ -87,6 +84,9 @@ std::string describe_job(const JobIdentity& j) {
 }
 
 }  // namespace
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 std::string encode_frame(uint8_t code, const std::vector<std::string>& fields) {
   std::string payload(1, static_cast<char>(code));

@@ -94,6 +94,10 @@ class StoreClient final : public c10d::Store {
   std::unique_ptr<Conn> conn_;
 };
 
+// A store value from text and back (c10d stores hold bytes).
+std::vector<uint8_t> to_bytes(const std::string& s);
+std::string to_text(const std::vector<uint8_t>& b);
+
 // Codes of the wire format (exposed for tests that speak it by hand).
 enum class StoreOp : uint8_t { kHello = 1, kSet, kGet, kAdd, kCompareSet, kDelete, kCheck, kNumKeys };
 enum class StoreStatus : uint8_t { kOk = 0, kNotFound = 1, kError = 2 };

@@ -7,13 +7,14 @@
 #include <thread>
 
 #include "gasloc/algo/elastic.hpp"
+#include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::train {
 
 namespace {
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+using comm::to_bytes;
+using comm::to_text;
 const char* kFilesReady = "el/files_ready";
 
 double now_s() {
