@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -290,6 +291,85 @@ TEST(GlooThreads, TensorsOnAnotherDeviceAreRefused) {
     c.all_reduce_mean(t);
     EXPECT_TRUE(torch::equal(t, torch::full({3}, 0.5f)));
   }));
+}
+
+// Overlapped forms (algo.overlap_steps): the same bits as the blocking ones, with a collective of
+// the control channel run while they travel, as evaluations and stop checks do.
+TEST(GlooThreads, OverlappedOperationsGiveTheBlockingResults) {
+  for (int n : {2, 4}) {
+    const int64_t N = 30011;
+    expect_no_errors(run_gloo(n, [&](int r, Communicator& c) {
+      for (int round = 0; round < 3; ++round) {
+        const auto peers = ring_peers(r, n);
+        const auto send = message(r, round, N);
+        std::vector<torch::Tensor> recv;
+        auto pending = c.start_exchange(peers, send, recv);
+        ASSERT_EQ(recv.size(), peers.size());
+        auto beside = torch::full({8}, static_cast<float>(r));
+        c.all_reduce_mean(beside);
+        EXPECT_TRUE(torch::equal(beside, torch::full({8}, (n - 1) / 2.0f)));
+        pending->wait();
+        for (size_t k = 0; k < peers.size(); ++k)
+          EXPECT_TRUE(torch::equal(recv[k], message(peers[k], round, N))) << "n=" << n << " rank " << r << " round " << round;
+      }
+      auto blocking = noise_data(r, N);
+      c.all_reduce_mean(blocking);
+      auto overlapped = noise_data(r, N);
+      const auto before = c.stats();
+      auto pending = c.start_all_reduce_mean(overlapped);
+      auto beside = torch::full({8}, static_cast<float>(r));
+      c.broadcast(beside, 0);
+      EXPECT_TRUE(torch::equal(beside, torch::zeros({8})));
+      pending->wait();
+      EXPECT_TRUE(torch::equal(overlapped, blocking)) << "n=" << n << " rank " << r;
+      EXPECT_EQ(c.stats().bytes_sent - before.bytes_sent, ring_allreduce_bytes(N * 4, n) + (r < n - 1 ? 8 * 4 : 0));
+      EXPECT_THROW(pending->wait(), CommError);  // once
+    }));
+  }
+}
+
+// start_exchange returns before its peer has started: rank 1 starts only after rank 0's start has
+// returned, which a start that completed the exchange itself would never do (it would time out).
+TEST(GlooThreads, OverlappedExchangeReturnsBeforeThePeerStarts) {
+  std::atomic<bool> started{false};
+  expect_no_errors(run_gloo(
+      2,
+      [&](int r, Communicator& c) {
+        std::vector<torch::Tensor> recv;
+        if (r == 1)
+          while (!started.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        auto pending = c.start_exchange({1 - r}, message(r, 0, 1000), recv);
+        if (r == 0) started = true;
+        std::vector<torch::Tensor> other;
+        EXPECT_THROW(c.start_exchange({1 - r}, message(r, 1, 1000), other), CommError);  // one in flight
+        EXPECT_THROW(c.exchange({1 - r}, message(r, 1, 1000), other), CommError);
+        pending->wait();
+        EXPECT_TRUE(torch::equal(recv[0], message(1 - r, 0, 1000)));
+        c.exchange({1 - r}, message(r, 2, 1000), recv);  // usable again
+        EXPECT_TRUE(torch::equal(recv[0], message(1 - r, 2, 1000)));
+      },
+      5));
+}
+
+// A failed overlapped exchange surfaces at wait(), naming the peer, and the group is then unusable.
+TEST(GlooThreads, OverlappedExchangeFailureSurfacesAtWait) {
+  const auto errors = run_gloo(
+      2,
+      [&](int r, Communicator& c) {
+        std::vector<torch::Tensor> recv;
+        if (r == 1) return;  // never sends
+        auto pending = c.start_exchange({1}, message(0, 0, 100), recv);
+        try {
+          pending->wait();
+          ADD_FAILURE() << "wait() succeeded without a peer";
+        } catch (const CommError& e) {
+          EXPECT_NE(std::string(e.what()).find("exchange with rank 1"), std::string::npos) << e.what();
+        }
+        auto t = torch::ones({3});
+        c.all_reduce_mean(t);  // unusable now: throws the first error again
+      },
+      2);
+  EXPECT_NE(errors[0].find("already failed"), std::string::npos) << errors[0];
 }
 
 // A process rank's control channel (evaluation, metrics) is the same group, but what it sends

@@ -52,6 +52,11 @@ class CountedView final : public Communicator {
   void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) override {
     pg_.exchange(peers, send, recv);
   }
+  std::unique_ptr<Pending> start_exchange(const std::vector<int>& peers, const torch::Tensor& send,
+                                          std::vector<torch::Tensor>& recv) override {
+    return pg_.start_exchange(peers, send, recv);
+  }
+  std::unique_ptr<Pending> start_all_reduce_mean(torch::Tensor& t) override { return pg_.start_all_reduce_mean(t); }
   void broadcast(torch::Tensor& t, int root) override { pg_.broadcast(t, root); }
   void barrier() override { pg_.barrier(); }
   double now() const override { return pg_.now(); }

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -49,6 +50,19 @@ struct WaitFailure {
   std::string detail;
 };
 
+// True on an overlapped exchange's own thread: its waits are not the worker's idle time (the
+// worker computes meanwhile; what it waits for is counted at Pending::wait).
+thread_local bool on_flight_thread = false;
+
+// An overlapped operation of this rank (start_exchange, start_all_reduce_mean), landed by the
+// first of its handle's wait(), the next overlapped start, or the communicator's destruction.
+struct Flight {
+  std::thread thread;             // an exchange: its transfers run here while the worker computes
+  std::function<void()> finish;   // run when it lands, on the worker's thread (an all-reduce's wait)
+  int64_t bytes = 0;              // what the thread moved each way, counted when it lands
+  std::exception_ptr failure;     // kept for wait()
+};
+
 }  // namespace
 
 std::string first_line(const std::string& s) {
@@ -70,6 +84,8 @@ struct ProcessGroupComm::Impl {
   TokenBucket send_bucket, recv_bucket;
   CommStats stats;
   std::string broken;  // the first error; the group is unusable after it
+  mutable std::mutex broken_mu;  // an overlapped exchange's thread may fail beside the worker
+  std::shared_ptr<Flight> flight;  // the overlapped operation not landed yet
   Clock::time_point t0;
   Arrivals arrivals;    // store-side records of the collectives each rank entered
   int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
@@ -77,19 +93,63 @@ struct ProcessGroupComm::Impl {
   std::unique_ptr<Heartbeat> heartbeat;
 
   C10dBackend& pg() { return *built.backend; }
+
+  // Moves `send` to `peers` and theirs into recv (chosen or reused buffers; `into`: the tensors
+  // already there, an overlapped exchange's); returns the bytes moved each way.
+  int64_t exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv, bool into);
+  // An all-reduce posted to the backend, landed by finish_all_reduce.
+  struct PostedReduce {
+    c10::intrusive_ptr<c10d::Work> work;
+    torch::Tensor buf;  // the sum, in place
+    int64_t wire = 0;   // bytes each way
+    int64_t seq = 0;    // its arrival number
+    Clock::time_point ready{}, deadline{};  // the bandwidth limit's end; the timeout's
+  };
+  void check_reduce_input(const torch::Tensor& t) const;
+  PostedReduce post_all_reduce(const torch::Tensor& t, bool overlapped);
+  void finish_all_reduce(PostedReduce& p, torch::Tensor& t);
   const torch::Device& dev() const { return built.devices.device; }
 
   // Accumulates the time spent blocked into stats.idle_s.
   struct Idle {
     Impl& impl;
     Clock::time_point start = Clock::now();
-    ~Idle() { impl.stats.idle_s += std::chrono::duration<double>(Clock::now() - start).count(); }
+    ~Idle() {
+      if (!on_flight_thread) impl.stats.idle_s += std::chrono::duration<double>(Clock::now() - start).count();
+    }
   };
 
   void ensure_usable(const char* op) const {
+    std::lock_guard lock(broken_mu);
     if (!broken.empty())
       throw CommError(fmt::format("rank {}: {} on a communicator that already failed: {}", o.rank, op, broken),
                       "a failed process group cannot be reused; restart the ranks (from the last checkpoint)");
+  }
+
+  // One overlapped operation per worker (communicator.hpp): a second start, or an exchange beside
+  // the one in flight (both would count the same pairs' rounds), is a caller's bug.
+  void check_no_flight(const char* op) const {
+    if (flight && !on_flight_thread)
+      throw CommError(fmt::format("rank {}: {} while an overlapped operation is in flight", o.rank, op),
+                      "wait() for the operation in flight first: one at a time per worker");
+  }
+
+  // Completes the operation in flight, if any; its failure is kept for its handle's wait().
+  void land() {
+    if (!flight) return;
+    const auto f = std::move(flight);
+    if (f->thread.joinable()) f->thread.join();
+    if (f->finish) {
+      try {
+        f->finish();
+      } catch (...) {
+        f->failure = std::current_exception();
+      }
+      f->finish = nullptr;
+    }
+    stats.bytes_sent += f->bytes;
+    stats.bytes_received += f->bytes;
+    f->bytes = 0;
   }
 
   // A tensor the backend can work on, or a CommError saying where it must be.
@@ -125,7 +185,10 @@ struct ProcessGroupComm::Impl {
                               : fmt::format("; an earlier failure: {}", rec.what);
       text += describe_dead_ranks(*store, o.rank, o.world);
     }
-    broken = text;
+    {
+      std::lock_guard lock(broken_mu);
+      if (broken.empty()) broken = text;
+    }
     throw CommError(text,
                     root >= 0 ? fmt::format("look at rank {}'s output first; raise cluster.timeout_s (gasloc launch "
                                             "--timeout) if it is only slow",
@@ -146,9 +209,10 @@ struct ProcessGroupComm::Impl {
   }
 
   // Waits for `w` until `deadline`; a failure becomes a CommError worded by describe(timed_out,
-  // detail).
+  // detail). `seq`: the collective's arrival number when it is not the latest (an overlapped one).
   template <class Describe>
-  void wait(const c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline, Describe&& describe, int peer = -1) {
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline, Describe&& describe, int peer = -1,
+            int64_t seq = -1) {
     // 0 ms would mean "no timeout" to c10d; never pass it.
     const auto left =
         std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -167,8 +231,9 @@ struct ProcessGroupComm::Impl {
     if (f.timed_out && peer < 0) {
       // A collective: the store knows who never entered it.
       std::vector<int> late;
-      const std::string who = arrivals.behind(collective_seq, &late);
-      if (!who.empty()) msg += fmt::format("; never arrived at this collective (#{}): {}", collective_seq, who);
+      if (seq < 0) seq = collective_seq;
+      const std::string who = arrivals.behind(seq, &late);
+      if (!who.empty()) msg += fmt::format("; never arrived at this collective (#{}): {}", seq, who);
       if (late.size() == 1) peer = late[0];
     }
     fail(msg, peer, f.timed_out);
@@ -296,6 +361,7 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
 }
 
 ProcessGroupComm::~ProcessGroupComm() {
+  if (impl_) impl_->land();  // its thread uses the backend
   if (impl_ && impl_->built.backend && impl_->built.shutdown) {
     try {
       impl_->built.shutdown(*impl_->built.backend);
@@ -315,120 +381,232 @@ void ProcessGroupComm::record_own_failure(const std::string& what) {
 CommStats ProcessGroupComm::stats() const { return impl_->stats; }
 double ProcessGroupComm::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
 
+namespace {
+
+// One exchange's transfers with its peers. Each phase posts one send and one receive per peer in
+// the order the backend needs (BuiltBackend::pairs_in_order), then waits for every receive and
+// every send; the first wait that fails names the peer the failure is blamed on.
+class PairTransfers {
+ public:
+  PairTransfers(ProcessGroupComm::Impl& I, const std::vector<int>& peers, std::vector<int> tags)
+      : I_(I), peers_(peers), tags_(std::move(tags)), order_(peers.size()), recv_w_(peers.size()), send_w_(peers.size()) {
+    std::iota(order_.begin(), order_.end(), size_t{0});
+    if (I.built.pairs_in_order)
+      std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
+  }
+
+  void run(const torch::Tensor& out, std::vector<torch::Tensor>& in, int kind) {
+    const int me = I_.o.rank;
+    if (I_.built.pairs_in_order) {
+      for (size_t k : order_) {
+        if (me < peers_[k]) post_send(k, out, kind), post_recv(k, in, kind);
+        else post_recv(k, in, kind), post_send(k, out, kind);
+      }
+    } else {
+      for (size_t k : order_) post_recv(k, in, kind);
+      for (size_t k : order_) post_send(k, out, kind);
+    }
+    const auto deadline = Clock::now() + I_.timeout;
+    for (size_t k : order_) I_.wait(recv_w_[k], deadline, describe_for(peers_[k]), peers_[k]);
+    for (size_t k : order_) I_.wait(send_w_[k], deadline, describe_for(peers_[k]), peers_[k]);
+  }
+
+ private:
+  std::string failed(int p, const std::string& detail) const {
+    return fmt::format("rank {}: exchange with rank {} failed: {} (rank {} may have died)", I_.o.rank, p, detail, p);
+  }
+  std::function<std::string(bool, const std::string&)> describe_for(int p) const {
+    return [this, p](bool timed_out, const std::string& detail) {
+      return timed_out ? fmt::format("rank {}: exchange with rank {} timed out after {} (rank {} may have died, be stuck, "
+                                     "or not list rank {} among its peers)",
+                                     I_.o.rank, p, secs(I_.o.timeout_s), p, I_.o.rank)
+                       : failed(p, detail);
+    };
+  }
+  void post_send(size_t k, const torch::Tensor& out, int kind) {
+    std::vector<at::Tensor> s{out};
+    send_w_[k] = I_.post([&] { return I_.pg().send(s, peers_[k], tags_[k] | kind); },
+                         [&](const std::string& d) { return failed(peers_[k], d); }, peers_[k]);
+  }
+  void post_recv(size_t k, std::vector<torch::Tensor>& in, int kind) {
+    std::vector<at::Tensor> r{in[k]};
+    recv_w_[k] = I_.post([&] { return I_.pg().recv(r, peers_[k], tags_[k] | kind); },
+                         [&](const std::string& d) { return failed(peers_[k], d); }, peers_[k]);
+  }
+
+  ProcessGroupComm::Impl& I_;
+  const std::vector<int>& peers_;
+  const std::vector<int> tags_;
+  std::vector<size_t> order_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> recv_w_, send_w_;
+};
+
+}  // namespace
+
+int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const torch::Tensor& send_in,
+                                         std::vector<torch::Tensor>& recv, bool into) {
+  OnDevice on(dev());
+  Idle idle{*this};
+  const torch::Tensor send = staged(send_in, send_in.scalar_type());
+  const bool on_other_device = send_in.device() != dev();
+  std::vector<int> tags(peers.size());
+  for (size_t k = 0; k < peers.size(); ++k) tags[k] = make_tag(pair_round[peers[k]]++, 0);
+  PairTransfers transfers(*this, peers, std::move(tags));
+
+  // 1. Headers. Each side learns the other's size.
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev());
+  const torch::Tensor my_header =
+      torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, torch::kInt64).to(dev());
+  std::vector<torch::Tensor> headers(peers.size());
+  for (auto& h : headers) h = torch::zeros({3}, i64);
+  transfers.run(my_header, headers, kHeader);
+  check_headers(peers, headers, send);
+
+  // 2. Payload. A rank with a bandwidth limit starts it late, as its slow link would finish late.
+  const auto n = static_cast<int64_t>(peers.size());
+  const double nbytes = static_cast<double>(send.numel() * send.element_size());
+  sleep_for_bandwidth(n * nbytes, n * nbytes);
+  std::vector<torch::Tensor> got(peers.size());
+  for (size_t k = 0; k < peers.size(); ++k)
+    got[k] = on_other_device ? torch::empty_like(send, torch::MemoryFormat::Contiguous)
+                             : (into ? recv[k] : receive_buffer(recv[k], send));
+  if (send.numel() > 0) transfers.run(send, got, kPayload);
+  // A staged send gets its tensors back where it was (fresh ones, like the in-process backend).
+  for (size_t k = 0; k < peers.size(); ++k) {
+    if (into && on_other_device) recv[k].copy_(got[k]);
+    else if (!into) recv[k] = on_other_device ? got[k].to(send_in.device()) : got[k];
+  }
+  return n * static_cast<int64_t>(nbytes);
+}
+
+void ProcessGroupComm::Impl::check_reduce_input(const torch::Tensor& t) const {
+  ensure_usable("all_reduce_mean");
+  if (!t.is_floating_point())
+    throw CommError(fmt::format("rank {}: all_reduce_mean needs a floating-point tensor, got {}", o.rank,
+                                dtype_name(t.scalar_type())));
+  check_device("all_reduce_mean", t);
+}
+
+ProcessGroupComm::Impl::PostedReduce ProcessGroupComm::Impl::post_all_reduce(const torch::Tensor& t, bool overlapped) {
+  check_same_buffer("all_reduce_mean", t);
+  PostedReduce p;
+  p.seq = collective_seq;
+  // Counted and throttled as a ring all-reduce (every rank sends and receives 2(n-1)/n of the
+  // buffer), the same as the in-process backend prices it. Overlapped, the limit delays when the
+  // transfer may end, not when it starts: the worker computes meanwhile.
+  p.wire = ring_allreduce_bytes(t.numel() * t.element_size(), o.world);
+  const auto wire = static_cast<double>(p.wire);
+  if (overlapped)
+    p.ready = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                 std::max(send_bucket.take(wire), recv_bucket.take(wire))));
+  else
+    sleep_for_bandwidth(wire, wire);
+  // Half-precision buffers are summed in fp32: fewer rounding steps than the backend's fp16 sum.
+  const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+  p.buf = staged(t, upcast ? torch::kFloat : t.scalar_type());
+  std::vector<at::Tensor> v{p.buf};
+  const auto describe = collective_failure("all_reduce_mean", "called all_reduce_mean");
+  p.work = post([&] { return pg().allreduce(v); }, [&](const std::string& d) { return describe(false, d); });
+  p.deadline = Clock::now() + timeout;
+  return p;
+}
+
+void ProcessGroupComm::Impl::finish_all_reduce(PostedReduce& p, torch::Tensor& t) {
+  std::this_thread::sleep_until(p.ready);
+  wait(p.work, p.deadline, collective_failure("all_reduce_mean", "called all_reduce_mean"), -1, p.seq);
+  p.buf.div_(o.world);
+  if (!p.buf.is_same(t)) t.copy_(p.buf);
+  stats.bytes_sent += p.wire;
+  stats.bytes_received += p.wire;
+}
+
 void ProcessGroupComm::all_reduce_mean(torch::Tensor& t) {
   auto& I = *impl_;
-  const int me = I.o.rank;
-  I.ensure_usable("all_reduce_mean");
-  if (!t.is_floating_point())
-    throw CommError(fmt::format("rank {}: all_reduce_mean needs a floating-point tensor, got {}", me,
-                                dtype_name(t.scalar_type())));
-  I.check_device("all_reduce_mean", t);
+  I.check_reduce_input(t);
   if (I.o.world == 1) return;
   OnDevice on(I.dev());
   Impl::Idle idle{I};
-  I.check_same_buffer("all_reduce_mean", t);
-  // Counted and throttled as a ring all-reduce (every rank sends and receives 2(n-1)/n of the
-  // buffer), the same as the in-process backend prices it.
-  const auto wire = static_cast<double>(ring_allreduce_bytes(t.numel() * t.element_size(), I.o.world));
-  I.sleep_for_bandwidth(wire, wire);
-  // Half-precision buffers are summed in fp32: fewer rounding steps than the backend's fp16 sum.
-  const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
-  torch::Tensor buf = I.staged(t, upcast ? torch::kFloat : t.scalar_type());
-  std::vector<at::Tensor> v{buf};
-  const auto describe = I.collective_failure("all_reduce_mean", "called all_reduce_mean");
-  auto w = I.post([&] { return I.pg().allreduce(v); }, [&](const std::string& d) { return describe(false, d); });
-  I.wait(w, Clock::now() + I.timeout, describe);
-  buf.div_(I.o.world);
-  if (!buf.is_same(t)) t.copy_(buf);
-  I.stats.bytes_sent += static_cast<int64_t>(wire);
-  I.stats.bytes_received += static_cast<int64_t>(wire);
+  auto posted = I.post_all_reduce(t, /*overlapped=*/false);
+  I.finish_all_reduce(posted, t);
 }
 
-void ProcessGroupComm::exchange(const std::vector<int>& peers, const torch::Tensor& send_in,
-                                std::vector<torch::Tensor>& recv) {
+void ProcessGroupComm::exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) {
   auto& I = *impl_;
-  const int me = I.o.rank;
   I.ensure_usable("exchange");
+  I.check_no_flight("exchange");
   I.check_peers(peers);
-  I.check_device("exchange", send_in);
+  I.check_device("exchange", send);
   recv.resize(peers.size());
   if (peers.empty()) return;
-  OnDevice on(I.dev());
-  Impl::Idle idle{I};
-  const torch::Tensor send = I.staged(send_in, send_in.scalar_type());
-  const bool staged = send_in.device() != I.dev();
-  const auto n = static_cast<int64_t>(peers.size());
-  std::vector<int> tags(peers.size());
-  for (size_t k = 0; k < peers.size(); ++k) tags[k] = make_tag(I.pair_round[peers[k]]++, 0);
-  // The order transfers are posted and waited for: the caller's, or ascending ranks for a backend
-  // whose pairs run in order. The first wait that fails names the peer a failure is blamed on.
-  std::vector<size_t> order(peers.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  if (I.built.pairs_in_order)
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
+  const int64_t moved = I.exchange(peers, send, recv, /*into=*/false);
+  I.stats.bytes_sent += moved;
+  I.stats.bytes_received += moved;
+}
 
-  auto failed_msg = [&](int p, const std::string& detail) {
-    return fmt::format("rank {}: exchange with rank {} failed: {} (rank {} may have died)", me, p, detail, p);
-  };
-  auto describe_for = [&](int p) {
-    return [&, p](bool timed_out, const std::string& detail) {
-      return timed_out ? fmt::format("rank {}: exchange with rank {} timed out after {} (rank {} may have died, be stuck, "
-                                     "or not list rank {} among its peers)",
-                                     me, p, secs(I.o.timeout_s), p, me)
-                       : failed_msg(p, detail);
-    };
-  };
-  // Posts one send of `out` and one receive into in[k] per peer, in the order the backend needs
-  // (BuiltBackend::pairs_in_order); waits for every receive.
-  std::vector<c10::intrusive_ptr<c10d::Work>> recv_w(peers.size()), send_w(peers.size());
-  auto post_all = [&](const torch::Tensor& out, std::vector<torch::Tensor>& in, int kind) {
-    auto do_send = [&](size_t k) {
-      std::vector<at::Tensor> s{out};
-      send_w[k] = I.post([&] { return I.pg().send(s, peers[k], tags[k] | kind); },
-                         [&](const std::string& d) { return failed_msg(peers[k], d); }, peers[k]);
-    };
-    auto do_recv = [&](size_t k) {
-      std::vector<at::Tensor> r{in[k]};
-      recv_w[k] = I.post([&] { return I.pg().recv(r, peers[k], tags[k] | kind); },
-                         [&](const std::string& d) { return failed_msg(peers[k], d); }, peers[k]);
-    };
-    if (I.built.pairs_in_order) {
-      for (size_t k : order) {
-        if (me < peers[k]) do_send(k), do_recv(k);
-        else do_recv(k), do_send(k);
-      }
-    } else {
-      for (size_t k : order) do_recv(k);
-      for (size_t k : order) do_send(k);
+// The handle of an overlapped operation: wait() lands it and counts the time it blocks as idle.
+class ProcessGroupComm::InFlight final : public Pending {
+ public:
+  InFlight(Impl& I, std::shared_ptr<Flight> f) : I_(I), f_(std::move(f)) {}
+  void wait() override {
+    if (waited_) throw CommError("wait: called twice on one operation");
+    waited_ = true;
+    if (I_.flight == f_) {
+      Impl::Idle idle{I_};
+      I_.land();
     }
-    const auto deadline = Clock::now() + I.timeout;
-    for (size_t k : order) I.wait(recv_w[k], deadline, describe_for(peers[k]), peers[k]);
-    return deadline;
-  };
-  auto wait_sends = [&](Clock::time_point deadline) {
-    for (size_t k : order) I.wait(send_w[k], deadline, describe_for(peers[k]), peers[k]);
-  };
+    if (f_->failure) std::rethrow_exception(f_->failure);
+  }
 
-  // 1. Headers. Each side learns the other's size.
-  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(I.dev());
-  const torch::Tensor my_header =
-      torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, torch::kInt64).to(I.dev());
-  std::vector<torch::Tensor> headers(peers.size());
-  for (auto& h : headers) h = torch::zeros({3}, i64);
-  wait_sends(post_all(my_header, headers, kHeader));
-  I.check_headers(peers, headers, send);
+ private:
+  Impl& I_;
+  std::shared_ptr<Flight> f_;
+  bool waited_ = false;
+};
 
-  // 2. Payload. A rank with a bandwidth limit starts it late, as its slow link would finish late.
-  const double nbytes = static_cast<double>(send.numel() * send.element_size());
-  I.sleep_for_bandwidth(n * nbytes, n * nbytes);
-  std::vector<torch::Tensor> got(peers.size());
-  for (size_t k = 0; k < peers.size(); ++k) got[k] = staged ? torch::empty_like(send, torch::MemoryFormat::Contiguous)
-                                                            : Impl::receive_buffer(recv[k], send);
-  if (send.numel() > 0) wait_sends(post_all(send, got, kPayload));
-  // A staged send gets its tensors back where it was (fresh ones, like the in-process backend).
-  for (size_t k = 0; k < peers.size(); ++k) recv[k] = staged ? got[k].to(send_in.device()) : got[k];
-  I.stats.bytes_sent += static_cast<int64_t>(n * nbytes);
-  I.stats.bytes_received += static_cast<int64_t>(n * nbytes);
+std::unique_ptr<Pending> ProcessGroupComm::start_exchange(const std::vector<int>& peers, const torch::Tensor& send,
+                                                          std::vector<torch::Tensor>& recv) {
+  auto& I = *impl_;
+  I.check_no_flight("start_exchange");
+  I.ensure_usable("exchange");
+  I.check_peers(peers);
+  I.check_device("exchange", send);
+  if (peers.empty()) return Communicator::start_exchange(peers, send, recv);
+  // The receives land in these tensors' storage, which the caller holds while it computes.
+  recv.clear();
+  for (size_t k = 0; k < peers.size(); ++k) recv.push_back(torch::empty_like(send, torch::MemoryFormat::Contiguous));
+  auto f = std::make_shared<Flight>();
+  f->thread = std::thread([&I, flight = f.get(), peers, send, into = recv]() mutable {
+    on_flight_thread = true;
+    try {
+      flight->bytes = I.exchange(peers, send, into, /*into=*/true);
+    } catch (...) {
+      flight->failure = std::current_exception();
+    }
+  });
+  I.flight = f;
+  return std::make_unique<InFlight>(I, std::move(f));
+}
+
+std::unique_ptr<Pending> ProcessGroupComm::start_all_reduce_mean(torch::Tensor& t) {
+  auto& I = *impl_;
+  I.check_no_flight("start_all_reduce_mean");
+  I.check_reduce_input(t);
+  if (I.o.world == 1) return Communicator::start_all_reduce_mean(t);
+  OnDevice on(I.dev());
+  // Posted now, on the worker's thread, so that every rank's collectives reach the backend in one
+  // order; the backend's own threads move it while the worker computes.
+  std::shared_ptr<Impl::PostedReduce> posted;
+  {
+    Impl::Idle idle{I};  // the size check meets every rank
+    posted = std::make_shared<Impl::PostedReduce>(I.post_all_reduce(t, /*overlapped=*/true));
+  }
+  auto f = std::make_shared<Flight>();
+  f->finish = [&I, posted, out = t]() mutable {
+    OnDevice on(I.dev());
+    I.finish_all_reduce(*posted, out);
+  };
+  I.flight = f;
+  return std::make_unique<InFlight>(I, std::move(f));
 }
 
 void ProcessGroupComm::broadcast(torch::Tensor& t, int root) {

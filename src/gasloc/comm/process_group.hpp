@@ -86,6 +86,14 @@ class ProcessGroupComm : public Communicator {
   // never a memory overrun. recv is resized to peers.size(); tensors already there are reused
   // when their shape, dtype and device fit and nothing else refers to them.
   void exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv) override;
+  // Overlapped (communicator.hpp): an exchange's transfers run on a thread of their own; an
+  // all-reduce is posted at once (after the size check every rank meets at) and moved by the
+  // backend's threads. recv holds fresh tensors at once, filled when wait() returns. Collectives
+  // called meanwhile (the control channel's) run beside it; a second start or another exchange
+  // before wait() is a CommError.
+  std::unique_ptr<Pending> start_exchange(const std::vector<int>& peers, const torch::Tensor& send,
+                                          std::vector<torch::Tensor>& recv) override;
+  std::unique_ptr<Pending> start_all_reduce_mean(torch::Tensor& t) override;
   void broadcast(torch::Tensor& t, int root) override;
   void barrier() override;
   double now() const override;  // wall seconds since construction finished
@@ -101,8 +109,10 @@ class ProcessGroupComm : public Communicator {
   // it exits: its peers, which fail when its connections close, then name it and the reason.
   void record_own_failure(const std::string& what);
 
+  struct Impl;  // opaque; public so that the .cpp's helpers can name it
+
  private:
-  struct Impl;
+  class InFlight;
   std::unique_ptr<Impl> impl_;
 };
 
