@@ -20,89 +20,113 @@
 namespace gasloc::app {
 namespace fs = std::filesystem;
 
-Action add_report(CLI::App& app) {
-  struct Opts {
-    std::vector<std::string> runs;
-    std::string plot, target_from, plot_x = "step", csv, title;
-    double target = NAN;
-  };
-  auto o = std::make_shared<Opts>();
-  app.add_option("--run,runs", o->runs, "run directories to compare")->required();
-  app.add_option("--plot", o->plot, "write a PNG of validation loss (needs gnuplot)");
-  app.add_option("--plot-x", o->plot_x, "x axis of the plot: step, time (virtual seconds), bytes (MB sent by worker 0), "
+namespace {
+
+struct ReportOptions {
+  std::vector<std::string> runs;
+  std::string plot, target_from, plot_x = "step", csv, title;
+  double target = NAN;
+};
+
+void add_report_options(CLI::App& app, ReportOptions& o) {
+  app.add_option("--run,runs", o.runs, "run directories to compare")->required();
+  app.add_option("--plot", o.plot, "write a PNG of validation loss (needs gnuplot)");
+  app.add_option("--plot-x", o.plot_x, "x axis of the plot: step, time (virtual seconds), bytes (MB sent by worker 0), "
                  "or consensus (consensus distance against step)")
       ->check(CLI::IsMember({"step", "time", "bytes", "consensus"}));
-  app.add_option("--title", o->title, "title of the plot (default: what it shows)");
-  app.add_option("--csv", o->csv,
+  app.add_option("--title", o.title, "title of the plot (default: what it shows)");
+  app.add_option("--csv", o.csv,
                  "write every run's train and eval lines to this CSV file (run, event, worker, step, metrics); '-': print "
                  "only the CSV, on stdout (how scripts read metrics)");
-  auto* t = app.add_option("--target", o->target, "add the step and virtual time at which each run first reaches this validation loss");
-  app.add_option("--target-from", o->target_from, "like --target, with the final validation loss of this run directory")
+  auto* t = app.add_option("--target", o.target, "add the step and virtual time at which each run first reaches this validation loss");
+  app.add_option("--target-from", o.target_from, "like --target, with the final validation loss of this run directory")
       ->excludes(t);
-  return [o]() {
-    if (o->csv == "-") {  // the CSV alone, for a pipe
-      if (!o->plot.empty()) throw Error("report --csv - prints only the CSV", "run --plot as a separate command");
-      fmt::print("{}", study::runs_csv(o->runs, study::run_labels(o->runs)));
-      return 0;
+}
+
+// --target, or --target-from's final validation loss; NaN for neither.
+double target_loss(const ReportOptions& o) {
+  double target = o.target;
+  if (!o.target_from.empty()) {
+    const auto ref = study::read_run_summary(o.target_from);
+    if (!ref.has_val_loss)
+      throw DataError("'" + o.target_from + "' has no evaluation to take a target loss from", "is the run finished?");
+    target = ref.val_loss;
+  }
+  return target;
+}
+
+void print_table(const std::vector<study::RunSummary>& reports, const std::vector<std::string>& names, double target) {
+  const bool with_target = std::isfinite(target);
+  // Elastic runs: the workers that died and rejoined, only where some did.
+  const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
+  if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
+  fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
+             std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | rejoins |" : ""));
+  fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
+             std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- |" : ""));
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const auto& r = reports[i];
+    std::string cols;
+    if (with_target) {
+      const auto hit = study::reach_target(r.curve, target);
+      cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
     }
-    std::vector<study::RunSummary> reports;
-    for (const auto& d : o->runs) reports.push_back(study::read_run_summary(d));
-    const std::vector<std::string> names = study::run_labels(o->runs);
-    double target = o->target;
-    if (!o->target_from.empty()) {
-      const auto ref = study::read_run_summary(o->target_from);
-      if (!ref.has_val_loss)
-        throw DataError("'" + o->target_from + "' has no evaluation to take a target loss from", "is the run finished?");
-      target = ref.val_loss;
-    }
-    const bool with_target = std::isfinite(target);
-    // Elastic runs: the workers that died and rejoined, only where some did.
-    const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
-    if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
-    fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
-               std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | rejoins |" : ""));
-    fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
-               std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- |" : ""));
-    for (size_t i = 0; i < reports.size(); ++i) {
-      const auto& r = reports[i];
-      std::string cols;
-      if (with_target) {
-        const auto hit = study::reach_target(r.curve, target);
-        cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
-      }
-      if (churn) cols += fmt::format(" {} | {} |", r.deaths, r.rejoins);
-      const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
-      const std::string loss = r.has_val_loss ? fmt::format("{:.4f}", r.val_loss) : "-";
-      const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
-      const std::string util = r.utilization >= 0 ? fmt::format("{:.1f}%", 100 * r.utilization) : "-";
-      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} | {} |{}\n", names[i],
-                 r.label, r.optim, r.workers, r.last_step, r.min_local_steps, loss, unigram, r.consensus,
-                 r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, util, state, cols);
-    }
-    if (!o->csv.empty()) {
-      write_file_atomic(o->csv, study::runs_csv(o->runs, names));
-      fmt::print("csv: {}\n", fs::absolute(o->csv).string());
-    }
-    if (o->plot.empty()) return 0;
-    study::PlotStyle style;
-    style.title = o->title;
-    if (style.title.empty()) {
-      const std::string what = o->plot_x == "consensus" ? "Consensus distance" : "Validation loss (average model)";
-      const std::string against = o->plot_x == "time" ? "virtual time" : o->plot_x == "bytes" ? "data sent" : "step";
-      style.title = fmt::format("{} against {}, {} run{}", what, against, reports.size(), reports.size() == 1 ? "" : "s");
-    }
-    // One baseline line when the runs share it (they trained on the same data).
-    bool shared = true;
-    for (const auto& r : reports) {
-      if (r.unigram < 0) continue;
-      if (style.baseline < 0) style.baseline = r.unigram;
-      shared = shared && std::abs(style.baseline - r.unigram) < 1e-9;
-    }
-    if (!shared) style.baseline = -1;  // different data: no one line is right for all
-    study::plot_runs(reports, names, o->plot, o->plot_x, style);
-    fmt::print("plot: {}\n", fs::absolute(o->plot).string());
+    if (churn) cols += fmt::format(" {} | {} |", r.deaths, r.rejoins);
+    const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
+    const std::string loss = r.has_val_loss ? fmt::format("{:.4f}", r.val_loss) : "-";
+    const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
+    const std::string util = r.utilization >= 0 ? fmt::format("{:.1f}%", 100 * r.utilization) : "-";
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} | {} |{}\n", names[i],
+               r.label, r.optim, r.workers, r.last_step, r.min_local_steps, loss, unigram, r.consensus,
+               r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, util, state, cols);
+  }
+}
+
+study::PlotStyle plot_style(const ReportOptions& o, const std::vector<study::RunSummary>& reports) {
+  study::PlotStyle style;
+  style.title = o.title;
+  if (style.title.empty()) {
+    const std::string what = o.plot_x == "consensus" ? "Consensus distance" : "Validation loss (average model)";
+    const std::string against = o.plot_x == "time" ? "virtual time" : o.plot_x == "bytes" ? "data sent" : "step";
+    style.title = fmt::format("{} against {}, {} run{}", what, against, reports.size(), reports.size() == 1 ? "" : "s");
+  }
+  // One baseline line when the runs share it (they trained on the same data).
+  bool shared = true;
+  for (const auto& r : reports) {
+    if (r.unigram < 0) continue;
+    if (style.baseline < 0) style.baseline = r.unigram;
+    shared = shared && std::abs(style.baseline - r.unigram) < 1e-9;
+  }
+  if (!shared) style.baseline = -1;  // different data: no one line is right for all
+  return style;
+}
+
+int run_report(const ReportOptions& o) {
+  if (o.csv == "-") {  // the CSV alone, for a pipe
+    if (!o.plot.empty()) throw Error("report --csv - prints only the CSV", "run --plot as a separate command");
+    fmt::print("{}", study::runs_csv(o.runs, study::run_labels(o.runs)));
     return 0;
-  };
+  }
+  std::vector<study::RunSummary> reports;
+  for (const auto& d : o.runs) reports.push_back(study::read_run_summary(d));
+  const std::vector<std::string> names = study::run_labels(o.runs);
+  print_table(reports, names, target_loss(o));
+  if (!o.csv.empty()) {
+    write_file_atomic(o.csv, study::runs_csv(o.runs, names));
+    fmt::print("csv: {}\n", fs::absolute(o.csv).string());
+  }
+  if (o.plot.empty()) return 0;
+  study::plot_runs(reports, names, o.plot, o.plot_x, plot_style(o, reports));
+  fmt::print("plot: {}\n", fs::absolute(o.plot).string());
+  return 0;
+}
+
+}  // namespace
+
+Action add_report(CLI::App& app) {
+  auto o = std::make_shared<ReportOptions>();
+  add_report_options(app, *o);
+  return [o]() { return run_report(*o); };
 }
 
 }  // namespace gasloc::app

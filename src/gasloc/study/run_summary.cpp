@@ -27,9 +27,10 @@ namespace gasloc::study {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-RunSummary read_run_summary(const fs::path& dir) {
-  RunSummary r;
-  r.dir = dir.string();
+namespace {
+
+// What run.json tells: what ran, on how many workers, for how many steps, and the data's unigram baseline.
+void read_run_info(const fs::path& dir, RunSummary& r) {
   if (!fs::exists(dir / "run.json")) throw DataError("no run.json in '" + r.dir + "'", "is it a gasloc run directory?");
   auto info = json::parse(read_file(dir / "run.json"), nullptr, false);
   if (info.is_discarded() || !info.contains("config")) throw DataError("corrupt run.json in '" + r.dir + "'");
@@ -46,76 +47,115 @@ RunSummary read_run_summary(const fs::path& dir) {
   }
   r.optim = info["config"]["optim"].value("name", "adamw");
   r.unigram = unigram_baseline(info.value("dataset", json::object()).value("dir", std::string()));
-  const std::vector<train::MetricsEvent> events = train::read_metrics(dir);
+}
+
+// The metrics lines of a run folded into its summary, in the file's order.
+class MetricsFold {
+ public:
+  explicit MetricsFold(RunSummary& r) : r_(r) {}
+
+  void add(const train::MetricsEvent& event) {
+    if (const auto* m = std::get_if<train::MemoryEvent>(&event)) {
+      add_memory(*m);
+    } else if (const auto* v = std::get_if<train::ViewEvent>(&event)) {
+      r_.deaths += static_cast<int64_t>(v->died.size());
+      r_.rejoins += static_cast<int64_t>(v->joined.size());
+    } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
+      add_eval(*e);
+    } else if (const auto* t = std::get_if<train::TrainEvent>(&event)) {
+      add_train(*t);
+    }
+  }
+
+  // What needs every line: the last segment's wall time and the means over the workers.
+  void finish() {
+    r_.wall_s += segment_wall_;
+    double total = 0, idle = 0, util = 0;
+    bool all_util = !last_.empty();
+    for (auto& [w, l] : last_) {
+      total += static_cast<double>(l.bytes);
+      idle += l.virtual_s > 0 ? l.idle_s / l.virtual_s : 0.0;
+      all_util = all_util && l.utilization.has_value();
+      util += l.utilization.value_or(0.0);
+      r_.min_local_steps = r_.min_local_steps < 0 ? l.local_steps : std::min(r_.min_local_steps, l.local_steps);
+    }
+    if (!last_.empty()) {
+      r_.mb_per_worker = total / static_cast<double>(last_.size()) / 1e6;
+      r_.idle_fraction = idle / static_cast<double>(last_.size());
+      if (all_util) r_.utilization = util / static_cast<double>(last_.size());
+    }
+  }
+
+ private:
   struct Last {
     int64_t step = -1, bytes = 0, local_steps = -1;
     double idle_s = 0, virtual_s = 0;
     std::optional<double> utilization;
   };
-  std::map<int64_t, Last> last;  // worker -> its latest train line
-  double segment_wall = 0;       // each process (a resume is a new one) starts its wall clock at 0
-  std::map<int64_t, int64_t> own_lines;  // step -> lines of one rank's own model merged into its point
-  for (const auto& event : events) {
-    if (const auto* m = std::get_if<train::MemoryEvent>(&event)) {
-      const double n = static_cast<double>(std::max<int64_t>(1, m->params));
-      r.state_per_param = static_cast<double>(m->optimizer_state_bytes + m->sync_state_bytes) / n;
-      r.optimizer_state_per_param = static_cast<double>(m->optimizer_state_bytes) / n;
-      r.sync_state_per_param = static_cast<double>(m->sync_state_bytes) / n;
-      r.params = m->params;
-    } else if (const auto* v = std::get_if<train::ViewEvent>(&event)) {
-      r.deaths += static_cast<int64_t>(v->died.size());
-      r.rejoins += static_cast<int64_t>(v->joined.size());
-    } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
-      // Over processes without an average model (train.eval_model = local, elastic Gloo runs)
-      // each rank writes a line of its own model: together they are one point, their mean.
-      const bool own = r.workers > 1 && e->worker_val_loss.size() == 1;
-      if (own) {
-        const auto at = std::find_if(r.curve.rbegin(), r.curve.rend(), [&](const EvalPoint& p) { return p.step == e->step; });
-        if (at != r.curve.rend()) {
-          int64_t& n = own_lines[e->step];
-          at->val_loss = (at->val_loss * static_cast<double>(n) + e->val_loss) / static_cast<double>(n + 1);
-          ++n;
-          at->virtual_s = std::max(at->virtual_s, e->virtual_time_s);
-          if (e->step == r.last_step) r.val_loss = at->val_loss;
-          continue;
-        }
-        own_lines[e->step] = 1;
+
+  void add_memory(const train::MemoryEvent& m) {
+    const double n = static_cast<double>(std::max<int64_t>(1, m.params));
+    r_.state_per_param = static_cast<double>(m.optimizer_state_bytes + m.sync_state_bytes) / n;
+    r_.optimizer_state_per_param = static_cast<double>(m.optimizer_state_bytes) / n;
+    r_.sync_state_per_param = static_cast<double>(m.sync_state_bytes) / n;
+    r_.params = m.params;
+  }
+
+  void add_eval(const train::EvalEvent& e) {
+    // Over processes without an average model (train.eval_model = local, elastic Gloo runs)
+    // each rank writes a line of its own model: together they are one point, their mean.
+    const bool own = r_.workers > 1 && e.worker_val_loss.size() == 1;
+    if (own) {
+      const auto at =
+          std::find_if(r_.curve.rbegin(), r_.curve.rend(), [&](const EvalPoint& p) { return p.step == e.step; });
+      if (at != r_.curve.rend()) {
+        int64_t& n = own_lines_[e.step];
+        at->val_loss = (at->val_loss * static_cast<double>(n) + e.val_loss) / static_cast<double>(n + 1);
+        ++n;
+        at->virtual_s = std::max(at->virtual_s, e.virtual_time_s);
+        if (e.step == r_.last_step) r_.val_loss = at->val_loss;
+        return;
       }
-      r.curve.push_back({e->step, e->val_loss, e->virtual_time_s, static_cast<double>(e->bytes_sent) / 1e6,
-                         e->consensus_distance});
-      r.val_loss = e->val_loss;
-      r.has_val_loss = true;
-      r.consensus = e->consensus_distance;
-      r.last_step = e->step;
-      // Evaluations come from one writer in step order, so a smaller wall time starts a new segment.
-      if (e->wall_time_s < segment_wall) r.wall_s += segment_wall;
-      segment_wall = e->wall_time_s;
-    } else if (const auto* t = std::get_if<train::TrainEvent>(&event)) {
-      auto& w = last[t->worker];
-      if (t->step >= w.step)
-        w = {t->step, t->bytes_sent, t->local_steps.value_or(t->step), t->idle_s, t->virtual_time_s, t->utilization};
-      r.virtual_s = std::max(r.virtual_s, t->virtual_time_s);
-      if (t->step > r.last_train_step || (t->step == r.last_train_step && t->wall_time_s > r.train_wall_s)) {
-        r.last_train_step = t->step;
-        r.train_wall_s = t->wall_time_s;
-      }
+      own_lines_[e.step] = 1;
+    }
+    r_.curve.push_back({e.step, e.val_loss, e.virtual_time_s, static_cast<double>(e.bytes_sent) / 1e6,
+                        e.consensus_distance});
+    r_.val_loss = e.val_loss;
+    r_.has_val_loss = true;
+    r_.consensus = e.consensus_distance;
+    r_.last_step = e.step;
+    // Evaluations come from one writer in step order, so a smaller wall time starts a new segment.
+    if (e.wall_time_s < segment_wall_) r_.wall_s += segment_wall_;
+    segment_wall_ = e.wall_time_s;
+  }
+
+  void add_train(const train::TrainEvent& t) {
+    auto& w = last_[t.worker];
+    if (t.step >= w.step)
+      w = {t.step, t.bytes_sent, t.local_steps.value_or(t.step), t.idle_s, t.virtual_time_s, t.utilization};
+    r_.virtual_s = std::max(r_.virtual_s, t.virtual_time_s);
+    if (t.step > r_.last_train_step || (t.step == r_.last_train_step && t.wall_time_s > r_.train_wall_s)) {
+      r_.last_train_step = t.step;
+      r_.train_wall_s = t.wall_time_s;
     }
   }
-  r.wall_s += segment_wall;
-  double total = 0, idle = 0, util = 0;
-  bool all_util = !last.empty();
-  for (auto& [w, l] : last) {
-    total += static_cast<double>(l.bytes);
-    idle += l.virtual_s > 0 ? l.idle_s / l.virtual_s : 0.0;
-    all_util = all_util && l.utilization.has_value();
-    util += l.utilization.value_or(0.0);
-    r.min_local_steps = r.min_local_steps < 0 ? l.local_steps : std::min(r.min_local_steps, l.local_steps);
-  }
-  if (!last.empty()) {
-    r.mb_per_worker = total / static_cast<double>(last.size()) / 1e6;
-    r.idle_fraction = idle / static_cast<double>(last.size());
-    if (all_util) r.utilization = util / static_cast<double>(last.size());
-  }
+
+  RunSummary& r_;
+  std::map<int64_t, Last> last_;          // worker -> its latest train line
+  double segment_wall_ = 0;               // each process (a resume is a new one) starts its wall clock at 0
+  std::map<int64_t, int64_t> own_lines_;  // step -> lines of one rank's own model merged into its point
+};
+
+}  // namespace
+
+RunSummary read_run_summary(const fs::path& dir) {
+  RunSummary r;
+  r.dir = dir.string();
+  read_run_info(dir, r);
+  const std::vector<train::MetricsEvent> events = train::read_metrics(dir);
+  MetricsFold fold(r);
+  for (const auto& event : events) fold.add(event);
+  fold.finish();
   return r;
 }
 

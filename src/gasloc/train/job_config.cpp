@@ -177,21 +177,28 @@ void OptimSection::resolve() {
   mu_y = my;
 }
 
-void JobConfig::validate() const {
-  // inf or nan is never a setting (optim.lr = inf used to train on NaN).
-  for_each_section([](const char* section, auto& s) {
+namespace {
+
+// inf or nan is never a setting (optim.lr = inf used to train on NaN).
+void require_finite_numbers(const JobConfig& job) {
+  job.for_each_section([](const char* section, auto& s) {
     const_cast<std::decay_t<decltype(s)>&>(s).visit([&](const char* key, auto& value, const char*) {
       if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>)
         require(std::isfinite(value), std::string(section) + "." + key, "must be a finite number");
     });
   });
-  const int64_t max_seq = model.resolve(0).max_seq_len;  // preset known and shape consistent
+}
+
+void validate_model(const ModelSection& model) {
   for (auto [k, v] : {std::pair{"dim", model.dim}, {"n_layers", model.n_layers}, {"n_heads", model.n_heads},
                       {"n_kv_heads", model.n_kv_heads}, {"max_seq_len", model.max_seq_len}})
     require(v >= 0, std::string("model.") + k, "must be >= 0 (0 = preset's)");
   require(model.rope_theta > 0, "model.rope_theta", "must be positive");
   require(model.init_std > 0, "model.init_std", "must be positive");
+}
 
+// `max_seq`: the model's max_seq_len, which a sample must fit in.
+void validate_data(const DataSection& data, int64_t max_seq) {
   require(!data.dir.empty(), "data.dir", "must name a dataset directory");
   require(data.seq_len > 0, "data.seq_len", "must be positive");
   require(data.seq_len <= max_seq, "data.seq_len",
@@ -200,7 +207,9 @@ void JobConfig::validate() const {
   require(data.batch_size > 0, "data.batch_size", "must be positive");
   require(data.val_batches > 0, "data.val_batches", "must be positive");
   require(data.vocab_size >= 0 && data.vocab_size <= 65536, "data.vocab_size", "must be in [0, 65536]");
+}
 
+void validate_optim(const OptimSection& optim) {
   gpa_options(optim).validate();  // mu_x, mu_y: whichever optimizer, as they are recorded in run.json
   require(optim.gpa_from_diloco.H >= 0, "optim.gpa_from_diloco.H", "must be >= 0 (0 = off)");
   require(optim.gpa_from_diloco.H == 0 || optimizer(optim.name).uses_mu, "optim.gpa_from_diloco",
@@ -213,7 +222,10 @@ void JobConfig::validate() const {
   require(optim.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
   require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
   require(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]");
+}
 
+// `data`: train.streams splits its batches.
+void validate_train(const TrainSection& train, const DataSection& data) {
   require(train.steps > 0, "train.steps", "must be positive");
   require(train.stop_at >= 0 && train.stop_at <= train.steps, "train.stop_at", "must be in [0, train.steps]");
   require(train.eval_every >= 0, "train.eval_every", "must be >= 0");
@@ -229,13 +241,14 @@ void JobConfig::validate() const {
   require(!train.run_dir.empty(), "train.run_dir", "must not be empty");
   require(train.divergence_factor == 0 || train.divergence_factor > 1, "train.divergence_factor",
           "must be 0 (never stop) or above 1 (a multiple of ln(vocab))");
-  require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
-  require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
-  // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
-  const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
-  algo.validate(world);
-  network.validate(world);
-  require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
+}
+
+// Which failures a run can carry out: [faults] and elastic runs against the cluster, the algorithm
+// and the checkpoints.
+void validate_faults_and_elastic(const JobConfig& job) {
+  const FaultsSection& faults = job.faults;
+  const ClusterSection& cluster = job.cluster;
+  const algo::AlgoConfig& algo = job.algo;
   require(!faults.any() || cluster.elastic || faults.restart_all, "faults",
           "injects failures into elastic runs (cluster.elastic = true) or prices stop-and-resume (faults.restart_all = "
           "true); without either, one death stops every worker");
@@ -249,7 +262,7 @@ void JobConfig::validate() const {
   require(faults.restart_delay_s >= 0, "faults.restart_delay_s", "must be >= 0");
   {
     const bool rounds = algo::algorithm(algo.name).has_rounds;
-    require(!faults.restart_all || !rounds || train.checkpoint_every % algo.H == 0, "train.checkpoint_every",
+    require(!faults.restart_all || !rounds || job.train.checkpoint_every % algo.H == 0, "train.checkpoint_every",
             fmt::format("must be a multiple of algo.H ({}) with faults.restart_all: a checkpoint is taken at a round's end",
                         algo.H));
   }
@@ -263,6 +276,25 @@ void JobConfig::validate() const {
   require(faults.churn_mean_rounds >= 0, "faults.churn_mean_rounds", "must be >= 0 (0 = no churn)");
   require(faults.churn_restart_rounds >= 0, "faults.churn_restart_rounds", "must be >= 0 (0 = never rejoin)");
   require(faults.churn_seed >= 0, "faults.churn_seed", "must be >= 0");
+}
+
+}  // namespace
+
+void JobConfig::validate() const {
+  require_finite_numbers(*this);
+  const int64_t max_seq = model.resolve(0).max_seq_len;  // preset known and shape consistent
+  validate_model(model);
+  validate_data(data, max_seq);
+  validate_optim(optim);
+  validate_train(train, data);
+  require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
+  require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
+  // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
+  const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
+  algo.validate(world);
+  network.validate(world);
+  require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
+  validate_faults_and_elastic(*this);
   if (world > 0) membership(world);  // ids inside the world, no impossible schedule
 }
 

@@ -480,6 +480,115 @@ void restore_counters(RunState& state, comm::Cluster& cluster, const std::map<in
   }
 }
 
+// What this process settled about the job before the run directory is touched, read by the steps after.
+struct JobSetup {
+  const TrainRequest& req;
+  const JobConfig& job;
+  const data::Dataset& dataset;
+  const model::LlamaConfig& mc;
+  comm::Cluster& cluster;
+  const Run& run;
+  comm::Communicator* processes;  // nullptr when every rank lives in this process
+  ElasticProcess* elastic;        // an elastic Gloo rank's helper, or nullptr
+  const comm::NetworkModel& network;
+  const std::vector<int>& ranks;  // the ranks in this process
+  int world;
+  bool leader, joiner, auto_streams;
+};
+
+// Where the run directory leaves this invocation: its checkpoints, what each local rank loads
+// (nothing for a new run or a joiner), and what the ranks write and evaluate on.
+struct RunStart {
+  const RunCheckpoints& ckpts;
+  const std::map<int, Checkpoint>& loaded;
+  const std::vector<std::vector<int64_t>>& committed;
+  int64_t step;
+  MetricsLog* metrics;
+  const std::vector<data::Batch>& val_batches;
+};
+
+// The ranks' loops, from the step this invocation starts at (a joiner's: where it joined) to the end.
+TrainSummary run_rank_loops(const JobSetup& s, const RunStart& start,
+                            const std::vector<std::unique_ptr<Worker>>& workers, int64_t joined_at) {
+  const JobConfig& job = s.job;
+  const std::vector<int>& ranks = s.ranks;
+  Meeting meeting(&start.val_batches, static_cast<int>(ranks.size()), s.world, job.train.log_every,
+                  job.train.eval_model == "local");
+  Progress progress(job.train.steps);
+  const int64_t end_step = job.train.stop_at > 0 ? job.train.stop_at : job.train.steps;
+  RunState state{s.run, job, start.ckpts, s.req.quiet, joined_at, end_step,
+                 start.metrics, &progress, &meeting, &s.cluster, s.elastic, &start.val_batches};
+  state.reporter = ranks.front();
+  // A process's real clock already holds its evaluations; the virtual clock leaves them out (the
+  // algorithm's clock stays the algorithm's), so they are counted beside it.
+  if (job.cluster.backend == "inproc" && job.train.eval_model == "average")
+    state.eval_price_s = eval_seconds(s.network, workers.front()->numel(), s.world);
+  state.summary.run_dir = s.run.dir().string();
+  state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  if (joined_at < 0) {
+    fmt::print("worker {}: the job ended before it could rejoin\n", ranks.front());
+    state.summary.ended_before_join = true;
+    return state.summary;
+  }
+  std::map<int, int64_t> last_committed;
+  for (int r : ranks) last_committed[r] = start.committed[r].empty() || s.joiner ? -1 : start.committed[r].front();
+  restore_counters(state, s.cluster, start.loaded, last_committed);
+  std::map<int, Worker*> by_rank;
+  for (size_t i = 0; i < ranks.size(); ++i) by_rank[ranks[i]] = workers[i].get();
+  s.cluster.run([&](int r, comm::Communicator& c) { rank_loop(state, r, *by_rank.at(r), c); });
+  if (s.leader && !s.req.quiet) progress.finish();
+  return state.summary;
+}
+
+// This process's BLAS threads and workers (on a resume, from their checkpoints), then their loops.
+TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
+  const JobConfig& job = s.job;
+  const std::vector<int>& ranks = s.ranks;
+  const BlasThreads blas(planned_blas_threads(job, static_cast<int>(ranks.size()), s.cluster.host_processes()));
+  if (blas.active() && !s.req.quiet)
+    print_thread_plan(job, static_cast<int>(ranks.size()), s.cluster.host_processes(), s.auto_streams);
+  if (s.leader && !s.req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active())
+    warn_two_pools(job);
+  const std::optional<algo::Membership> membership = job.membership(s.world);
+  const algo::Membership* views = s.elastic ? &s.elastic->views() : membership ? &*membership : nullptr;
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    workers.push_back(
+        std::make_unique<Worker>(job, s.mc, s.dataset, s.cluster.comm(ranks[i]),
+                                 algo::make_synchronizer(job.algo, s.world, job.train.seed, &s.network, views)));
+    if (!start.loaded.empty()) workers.back()->load_state(start.loaded.at(ranks[i]).tensors);
+  }
+  if (!start.loaded.empty() && s.leader && !s.req.quiet)
+    fmt::print("resumed '{}' at step {}\n", s.run.dir().string(), start.step);
+  if (s.leader)
+    report_worker_memory(*workers.front(), job, *start.metrics, ranks.front(), start.step, !start.loaded.empty(),
+                         s.req.quiet);
+  const int64_t joined_at = s.joiner ? s.elastic->join(*workers.front()) : start.step;
+  return run_rank_loops(s, start, workers, joined_at);
+}
+
+// One job per run directory, for the run's whole life; then the checkpoints, before anything in
+// the directory changes, so that a bad resume changes nothing. A joiner loads none: it takes a
+// running worker's state.
+TrainSummary train_in_run_dir(const JobSetup& s) {
+  const JobConfig& job = s.job;
+  const RunDirLock lock(s.run.dir(), s.ranks);
+  if (!s.req.resume_dir.empty() && !s.joiner) s.run.check_resume_world();
+  RunCheckpoints ckpts(s.run.dir(), s.world);
+  std::map<int, Checkpoint> loaded;
+  const auto committed = committed_by_rank(ckpts, s.world, s.ranks, s.processes);
+  const int64_t start_step = s.joiner ? 0 : prepare_start(s.req, s.run, ckpts, s.ranks, committed, s.processes, loaded);
+  if (s.leader) {
+    s.run.write_info(s.dataset);
+    if (!s.req.quiet) s.run.print();
+  }
+  const auto metrics = s.elastic ? open_elastic_metrics(s.run, *s.elastic, !loaded.empty(), start_step)
+                                 : open_metrics(s.run, s.leader, !loaded.empty(), start_step, s.processes);
+  const auto val_batches =
+      data::validation_batches(*s.dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
+  return train_workers(s, {ckpts, loaded, committed, start_step, metrics.get(), val_batches});
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainRequest& req) {
@@ -509,63 +618,10 @@ TrainSummary run_training(const TrainRequest& req) {
   const std::vector<int>& ranks = cluster->local_ranks();
   const bool leader = elastic ? elastic->leader() : ranks.front() == 0;
   const bool joiner = elastic && elastic->joiner();
-
-  // One job per run directory, for the run's whole life; then the checkpoints, before anything
-  // in the directory changes, so that a bad resume changes nothing. A joiner loads none: it takes
-  // a running worker's state.
-  const RunDirLock lock(run.dir(), ranks);
-  if (!req.resume_dir.empty() && !joiner) run.check_resume_world();
-  RunCheckpoints ckpts(run.dir(), world);
-  std::map<int, Checkpoint> loaded;
-  const auto committed = committed_by_rank(ckpts, world, ranks, processes);
-  const int64_t start_step = joiner ? 0 : prepare_start(req, run, ckpts, ranks, committed, processes, loaded);
-  if (leader) {
-    run.write_info(dataset);
-    if (!req.quiet) run.print();
-  }
-  const auto metrics = elastic ? open_elastic_metrics(run, *elastic, !loaded.empty(), start_step)
-                               : open_metrics(run, leader, !loaded.empty(), start_step, processes);
-  const auto val_batches = data::validation_batches(*dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
-
-  const BlasThreads blas(planned_blas_threads(job, static_cast<int>(ranks.size()), cluster->host_processes()));
-  if (blas.active() && !req.quiet) print_thread_plan(job, static_cast<int>(ranks.size()), cluster->host_processes(), auto_streams);
-  if (leader && !req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active()) warn_two_pools(job);
-  const std::optional<algo::Membership> membership = job.membership(world);
-  const algo::Membership* views = elastic ? &elastic->views() : membership ? &*membership : nullptr;
-  std::vector<std::unique_ptr<Worker>> workers;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    workers.push_back(std::make_unique<Worker>(job, mc, dataset, cluster->comm(ranks[i]),
-                                               algo::make_synchronizer(job.algo, world, job.train.seed, &network, views)));
-    if (!loaded.empty()) workers.back()->load_state(loaded.at(ranks[i]).tensors);
-  }
-  if (!loaded.empty() && leader && !req.quiet) fmt::print("resumed '{}' at step {}\n", run.dir().string(), start_step);
-  if (leader) report_worker_memory(*workers.front(), job, *metrics, ranks.front(), start_step, !loaded.empty(), req.quiet);
-  const int64_t joined_at = joiner ? elastic->join(*workers.front()) : start_step;
-
-  Meeting meeting(&val_batches, static_cast<int>(ranks.size()), world, job.train.log_every, job.train.eval_model == "local");
-  Progress progress(job.train.steps);
-  RunState state{run, job, ckpts, req.quiet, joined_at, job.train.stop_at > 0 ? job.train.stop_at : job.train.steps,
-                 metrics.get(), &progress, &meeting, cluster.get(), elastic.get(), &val_batches};
-  state.reporter = ranks.front();
-  // A process's real clock already holds its evaluations; the virtual clock leaves them out (the
-  // algorithm's clock stays the algorithm's), so they are counted beside it.
-  if (job.cluster.backend == "inproc" && job.train.eval_model == "average")
-    state.eval_price_s = eval_seconds(network, workers.front()->numel(), world);
-  state.summary.run_dir = run.dir().string();
-  state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
-  if (joined_at < 0) {
-    fmt::print("worker {}: the job ended before it could rejoin\n", ranks.front());
-    state.summary.ended_before_join = true;
-    return state.summary;
-  }
-  std::map<int, int64_t> last_committed;
-  for (int r : ranks) last_committed[r] = committed[r].empty() || joiner ? -1 : committed[r].front();
-  restore_counters(state, *cluster, loaded, last_committed);
-  std::map<int, Worker*> by_rank;
-  for (size_t i = 0; i < ranks.size(); ++i) by_rank[ranks[i]] = workers[i].get();
-  cluster->run([&](int r, comm::Communicator& c) { rank_loop(state, r, *by_rank.at(r), c); });
-  if (leader && !req.quiet) progress.finish();
-  return state.summary;
+  // Each step calls the next, so that what a step holds (the set-up here, the run directory's
+  // lock, the BLAS threads, the workers) outlives the steps after it and is let go in reverse.
+  return train_in_run_dir({req, job, dataset, mc, *cluster, run, processes, elastic.get(), network, ranks, world, leader,
+                           joiner, auto_streams});
 }
 
 }  // namespace gasloc::train
