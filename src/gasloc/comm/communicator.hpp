@@ -81,8 +81,9 @@ class Communicator {
   //   of parameters that keep training.
   // - A checkpoint waits first, so that what it stores is complete.
   // This default performs the blocking operation at the start and returns a handle already
-  // complete (a failure is kept for wait()): correct everywhere, not overlapped yet. It is what
-  // the process backends use; the in-process backend overlaps on its virtual clock.
+  // complete (a failure is kept for wait()): correct everywhere, without overlap. The process
+  // group (Gloo, NCCL) moves the data while the worker computes; the in-process backend overlaps
+  // on its virtual clock.
   virtual std::unique_ptr<Pending> start_exchange(const std::vector<int>& peers, const torch::Tensor& send,
                                                   std::vector<torch::Tensor>& recv);
   virtual std::unique_ptr<Pending> start_all_reduce_mean(torch::Tensor& t);
