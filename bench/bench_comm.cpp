@@ -5,6 +5,12 @@
 //
 //   build/bench_comm [--procs 2,4,8] [--sizes-mb 25,100] [--reps 3]
 //
+// --overlap: two ranks instead, each training the research regime's model (micro, batch 8 x 64,
+// one BLAS thread each: the thread plan of 2 ranks on 2 cores) while a 25 MB exchange travels
+// (start_exchange, algo.overlap_steps' path), against the step and the transfer alone.
+//
+//   build/bench_comm --overlap [--sizes-mb 25] [--reps 5]
+//
 // The binary launches its own ranks: it hosts a rendezvous store on a free port and re-executes
 // itself once per rank with RANK/WORLD_SIZE/MASTER_* set (as gasloc launch would).
 #include <arpa/inet.h>
@@ -18,6 +24,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstring>
@@ -29,6 +36,11 @@
 
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/core/blas_threads.hpp"
+#include "gasloc/core/flat_params.hpp"
+#include "gasloc/model/llama.hpp"
+#include "gasloc/optim/adamw.hpp"
+#include "gasloc/optim/optimizer.hpp"
 
 using namespace gasloc;
 using Clock = std::chrono::steady_clock;
@@ -39,6 +51,8 @@ struct Args {
   std::vector<int> procs = {2, 4, 8};
   std::vector<double> sizes_mb = {25, 100};
   int reps = 3;
+  bool overlap = false;    // the overlap bench instead of the tables
+  double limit_gbit = 0;   // --overlap: each rank's link limited to this rate (gasloc launch --bandwidth-limit); 0 = none
   std::string worker_out;  // set in a rank process
 };
 
@@ -48,6 +62,10 @@ int parse(int argc, char** argv, Args& a) {
   app.add_option("--procs", a.procs, "process counts, comma-separated")->delimiter(',')->check(CLI::Range(2, 64))->capture_default_str();
   app.add_option("--sizes-mb", a.sizes_mb, "buffer sizes in MB, comma-separated")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--reps", a.reps, "timed repetitions (median reported) after a warm-up")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--overlap", a.overlap, "two ranks: a training step while an exchange travels, against each alone");
+  app.add_option("--limit-gbit", a.limit_gbit, "with --overlap: each rank's link limited to this rate (Gbit/s; 0 = loopback's own)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--worker-out", a.worker_out, "internal: set in the rank processes bench_comm launches")->group("");
   try {
     app.parse(argc, argv);
@@ -195,6 +213,122 @@ std::vector<std::pair<int, int>> links_of(const std::string& op, int n) {
 
 // ---- a rank ----------------------------------------------------------------------------------
 
+// An operation ends when its slowest rank is done: every rank's time gathered (rank r fills slot
+// r; the mean times n is the vector of times), the largest kept.
+double slowest(comm::Communicator& c, double seconds) {
+  auto t = torch::zeros({c.world()}, torch::kDouble);
+  t[c.rank()] = seconds;
+  c.all_reduce_mean(t);
+  return t.max().item<double>() * c.world();
+}
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One inner step of the research regime (configs/research.toml): the micro model on a batch of
+// 8 x 64 tokens, forward, backward, clip and AdamW.
+class InnerStep {
+ public:
+  InnerStep() : cfg_(config()), m_(cfg_), flat_(m_->hf_parameters()), opt_(flat_, optim::AdamWOptions{}) {
+    x_ = torch::randint(0, cfg_.vocab_size, {8, 64}, torch::kInt64);
+    y_ = x_.roll(1, 1);
+  }
+  double operator()() {
+    const auto t0 = Clock::now();
+    flat_.zero_grad();
+    m_->loss(x_, y_).backward();
+    optim::clip_grad_norm(flat_.grad(), 1.0);
+    opt_.step(1e-3);
+    return since(t0);
+  }
+
+ private:
+  static model::LlamaConfig config() {
+    auto cfg = model::LlamaConfig::preset("micro");
+    cfg.vocab_size = 1024;
+    return cfg;
+  }
+  model::LlamaConfig cfg_;
+  model::Llama m_;
+  FlatParams flat_;
+  optim::AdamW opt_;
+  torch::Tensor x_, y_;
+};
+
+// Two ranks, one BLAS thread each. Per buffer size, the slowest rank's medians of: a step alone;
+// the exchange alone; k steps run while an overlapped exchange travels (k: as many steps as the
+// exchange alone lasts, at least 1) and the whole overlapped window; the exchange while a thread
+// of the same process trains beside it.
+int overlap_worker(const Args& a) {
+  auto opts = comm::gloo_options_from_env();
+  opts.timeout_s = 300;
+  opts.bandwidth_limit_Bps = a.limit_gbit * 1e9 / 8;
+  comm::GlooCommunicator c(opts);
+  BlasThreads one_thread(1);
+  torch::set_num_threads(1);
+  const int peer = 1 - c.rank();
+  InnerStep step;
+  nlohmann::json out = nlohmann::json::array();
+  for (double mb : a.sizes_mb) {
+    const torch::Tensor send = torch::ones({static_cast<int64_t>(mb * 1e6 / 4)});
+    std::vector<torch::Tensor> recv;
+    std::map<std::string, std::vector<double>> t;
+    int k = 1;
+    // Two warm-ups: the first allocates, the second fixes k from warm times.
+    for (int rep = -1; rep <= a.reps; ++rep) {
+      c.barrier();
+      const double alone = slowest(c, step());
+      c.barrier();
+      auto t0 = Clock::now();
+      c.exchange({peer}, send, recv);
+      const double xfer = slowest(c, since(t0));
+      if (rep == 0) k = std::max(1, static_cast<int>(std::lround(xfer / alone)));  // from warm times
+      c.barrier();
+      t0 = Clock::now();
+      auto pending = c.start_exchange({peer}, send, recv);
+      double stepping = 0;
+      for (int i = 0; i < k; ++i) stepping += step();
+      pending->wait();
+      const double window = slowest(c, since(t0)), beside = slowest(c, stepping / k);
+      c.barrier();
+      std::atomic<bool> stop{false};
+      std::thread trainer([&] {
+        while (!stop.load()) step();
+      });
+      t0 = Clock::now();
+      c.exchange({peer}, send, recv);
+      const double loaded = since(t0);
+      stop = true;
+      trainer.join();
+      const double xfer_beside = slowest(c, loaded);
+      if (rep <= 0) continue;
+      t["step"].push_back(alone), t["xfer"].push_back(xfer), t["window"].push_back(window);
+      t["step_beside"].push_back(beside), t["xfer_beside"].push_back(xfer_beside);
+    }
+    nlohmann::json row = {{"mb", mb}, {"k", k}};
+    for (auto& [key, v] : t) row[key] = median(v);
+    out.push_back(row);
+  }
+  if (c.rank() == 0) std::ofstream(a.worker_out) << out.dump() << "\n";
+  return 0;
+}
+
+void print_overlap(const nlohmann::json& rows) {
+  fmt::print("\n| MB | step alone ms | step while the exchange travels ms | exchange alone ms | exchange beside "
+             "training ms | k steps | k steps then the exchange ms | overlapped ms | hidden |\n"
+             "|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : rows) {
+    const double step = r["step"], xfer = r["xfer"], window = r["window"];
+    const int k = r["k"];
+    const double serial = k * step + xfer;
+    // The part of the shorter of the two that the overlap took off the serial time.
+    const double hidden = (serial - window) / std::min(k * step, xfer);
+    fmt::print("| {} | {:.1f} | {:.1f} ({:.2f}x) | {:.1f} | {:.1f} ({:.2f}x) | {} | {:.1f} | {:.1f} | {:.0f}% |\n",
+               r["mb"].get<double>(), step * 1e3, r["step_beside"].get<double>() * 1e3,
+               r["step_beside"].get<double>() / step, xfer * 1e3, r["xfer_beside"].get<double>() * 1e3,
+               r["xfer_beside"].get<double>() / xfer, k, serial * 1e3, window * 1e3, 100 * hidden);
+  }
+}
+
 int worker(const Args& a) {
   auto opts = comm::gloo_options_from_env();
   opts.timeout_s = 300;  // large buffers on a loaded machine
@@ -212,12 +346,8 @@ int worker(const Args& a) {
         const auto t0 = Clock::now();
         if (op == "allreduce") c.all_reduce_mean(buf);
         else c.exchange(op == "pairs" ? pair_peers(r, n) : ring_peers(r, n), send, recv);
-        // The operation ends when its slowest rank is done: gather every rank's time (rank r
-        // fills slot r; the mean times n is the vector of times) and keep the largest.
-        auto t = torch::zeros({n}, torch::kDouble);
-        t[r] = std::chrono::duration<double>(Clock::now() - t0).count();
-        c.all_reduce_mean(t);
-        if (rep > 0) times.push_back(t.max().item<double>() * n);
+        const double t = slowest(c, std::chrono::duration<double>(Clock::now() - t0).count());
+        if (rep > 0) times.push_back(t);
       }
       if (r == 0) out.push_back({{"op", op}, {"n", n}, {"mb", mb}, {"seconds", median(times)}});
     }
@@ -242,8 +372,10 @@ nlohmann::json run_ranks(const Args& a, int n) {
       ::setenv("MASTER_PORT", std::to_string(host.port()).c_str(), 1);
       ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
       const std::string reps = std::to_string(a.reps), sz = join(sizes);
-      ::execl("/proc/self/exe", "bench_comm", "--sizes-mb", sz.c_str(), "--reps", reps.c_str(), "--worker-out",
-              out.c_str(), static_cast<char*>(nullptr));
+      const std::string limit = fmt::format("{}", a.limit_gbit);
+      ::execl("/proc/self/exe", "bench_comm", "--sizes-mb", sz.c_str(), "--reps", reps.c_str(), "--limit-gbit",
+              limit.c_str(), "--worker-out", out.c_str(), a.overlap ? "--overlap" : static_cast<char*>(nullptr),
+              static_cast<char*>(nullptr));
       ::_exit(127);
     }
     pids.push_back(pid);
@@ -267,8 +399,16 @@ int main(int argc, char** argv) {
   try {
     Args a;
     if (const int rc = parse(argc, argv, a); rc >= 0) return rc;
-    if (!a.worker_out.empty()) return worker(a);
+    if (!a.worker_out.empty()) return a.overlap ? overlap_worker(a) : worker(a);
     torch::set_num_threads(1);
+    if (a.overlap) {
+      fmt::print("bench_comm --overlap: 2 Gloo ranks on loopback{}, each training the micro model (batch 8 x 64, one "
+                 "BLAS thread) on {} cores; the slowest rank's median of {} after two warm-ups\n",
+                 a.limit_gbit > 0 ? fmt::format(" limited to {} Gbit/s per rank", a.limit_gbit) : "",
+                 std::thread::hardware_concurrency(), a.reps);
+      print_overlap(run_ranks(a, 2));
+      return 0;
+    }
     fmt::print("bench_comm: Gloo backend on loopback vs plain TCP sockets ({} cores; median of {} after a warm-up)\n",
                std::thread::hardware_concurrency(), a.reps);
     for (double mb : a.sizes_mb) {
