@@ -838,19 +838,33 @@ TEST(SweepClaims, WithinByTimeComparesEachRunsFinalTime) {
   study::SweepOptions o;
   o.doc = "";
   o.command = "test";
-  auto write_run = [&](const std::string& dir, const std::string& variant, double seconds) {
+  auto write_run = [&](const std::string& dir, const std::string& variant, double seconds, double eval_s = 0) {
     auto r = write_eval_run(root / dir, variant, 0, {{{120, 6.0, seconds}}});
     std::ofstream(root / dir / "metrics.jsonl", std::ios::app)
-        << "{\"event\":\"train\",\"step\":120,\"worker\":0,\"virtual_time_s\":" << seconds << "}\n";
+        << "{\"event\":\"train\",\"step\":60,\"worker\":0,\"virtual_time_s\":" << seconds / 2
+        << ",\"eval_time_s\":" << eval_s / 2 << "}\n"
+        << "{\"event\":\"train\",\"step\":120,\"worker\":0,\"virtual_time_s\":" << seconds
+        << ",\"eval_time_s\":" << eval_s << "}\n";
     return r;
   };
-  const auto virt = write_run("virtual", "virtual", 100.0);
+  const auto virt = write_run("virtual", "virtual", 100.0, 12.0);
+  EXPECT_DOUBLE_EQ(study::read_run_summary(virt.dir).eval_s, 12.0);  // the priced evaluations of the last line
   std::string md = study::sweep_section(spec, {write_run("close", "real", 105.0), virt}, o);
   EXPECT_NE(md.find("within 10%: **reproduced** (a = real, b = virtual; final time (s, each run's own clock): a 105.0000, "
                     "b 100.0000"),
             std::string::npos) << md;
   md = study::sweep_section(spec, {write_run("far", "real", 125.0), virt}, o);
   EXPECT_NE(md.find("within 10%: **not reproduced**"), std::string::npos) << md;
+  // by = "time_and_eval": the virtual run's evaluations, priced apart, join its time (100 + 12);
+  // a real run's clock already holds its own.
+  const auto slow = write_run("slow", "real", 115.0);
+  md = study::sweep_section(spec, {slow, virt}, o);
+  EXPECT_NE(md.find("within 10%: **not reproduced**"), std::string::npos) << md;
+  spec.claims[0].by = "time_and_eval";
+  md = study::sweep_section(spec, {slow, virt}, o);
+  EXPECT_NE(md.find("within 10%: **reproduced** (a = real, b = virtual; final time with priced evaluations (s, each run's "
+                    "own clock): a 115.0000, b 112.0000"),
+            std::string::npos) << md;
   fs::remove_all(root);
 }
 

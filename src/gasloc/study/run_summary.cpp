@@ -133,6 +133,7 @@ class MetricsFold {
     auto& w = last_[t.worker];
     if (t.step >= w.step)
       w = {t.step, t.bytes_sent, t.local_steps.value_or(t.step), t.idle_s, t.virtual_time_s, t.utilization};
+    if (t.virtual_time_s >= r_.virtual_s) r_.eval_s = t.eval_time_s;
     r_.virtual_s = std::max(r_.virtual_s, t.virtual_time_s);
     if (t.step > r_.last_train_step || (t.step == r_.last_train_step && t.wall_time_s > r_.train_wall_s)) {
       r_.last_train_step = t.step;

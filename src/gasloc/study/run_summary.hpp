@@ -28,6 +28,7 @@ struct RunSummary {
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
   double utilization = -1;       // mean over workers of their compute utilization at their last line; < 0: not logged (metrics before version 4)
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)
+  double eval_s = 0;             // evaluations priced on the virtual clock by the line of virtual_s (not in it; 0 on a real clock, whose time holds them)
   double wall_s = 0;             // training time on the wall clock, summed over resumed segments
   double train_wall_s = 0;       // the latest training line's wall time (of its segment), before the final evaluation
   int64_t last_train_step = 0;   // ... and its step: train_wall_s / last_train_step is a measured step time

@@ -505,21 +505,25 @@ Judgement judge_faster_claim(const SweepSpec& spec, const SweepClaim& c, Group& 
   return j;
 }
 
-// Each run's final time on its clock (the wall clock for launched runs) per seed.
-BySeed final_times_of(const std::vector<Loaded>& runs) {
+// Each run's final time on its clock (the wall clock for launched runs) per seed; with_eval adds
+// the evaluations the virtual clock priced apart (a real clock's time already holds them).
+BySeed final_times_of(const std::vector<Loaded>& runs, bool with_eval) {
   BySeed out;
-  for (const auto& l : runs) out[seed_of(*l.run)] = l.summary.virtual_s;
+  for (const auto& l : runs) out[seed_of(*l.run)] = l.summary.virtual_s + (with_eval ? l.summary.eval_s : 0.0);
   return out;
 }
 
 // lower, within, no_worse: on the final losses, or with by = "time" on the runs' final times.
 Judgement judge_value_claim(const SweepClaim& c, Group& grp) {
-  const bool time = c.by == "time";
-  const BySeed a = time ? final_times_of(grp.finals[c.a]) : losses_of(grp.finals[c.a]);
-  const BySeed b = time ? final_times_of(grp.finals[c.b]) : losses_of(grp.finals[c.b]);
+  const bool with_eval = c.by == "time_and_eval", time = c.by == "time" || with_eval;
+  const BySeed a = time ? final_times_of(grp.finals[c.a], with_eval) : losses_of(grp.finals[c.a]);
+  const BySeed b = time ? final_times_of(grp.finals[c.b], with_eval) : losses_of(grp.finals[c.b]);
   Judgement j = c.kind == "within" ? judge_within(a, b, c.tolerance) : c.kind == "no_worse" ? judge_no_worse(a, b, c.tolerance)
                                                                                             : judge_lower(a, b);
-  j.numbers = (time ? "final time (s, each run's own clock): " : "final loss: ") + j.numbers;
+  j.numbers = (with_eval ? "final time with priced evaluations (s, each run's own clock): "
+               : time    ? "final time (s, each run's own clock): "
+                         : "final loss: ") +
+              j.numbers;
   return j;
 }
 

@@ -124,9 +124,9 @@ void check_claim(const SweepSpec& spec, const std::set<std::string>& names, cons
   if (cl.tolerance < 0) bad("claim.tolerance", "must be a number >= 0");
   if (cl.kind == "faster" && !cl.by.empty() && cl.by != "time" && cl.by != "steps")
     bad("claim.by", "a 'faster' claim measures time (virtual seconds, the default) or steps to the target");
-  if (cl.kind != "faster" && !cl.by.empty() && cl.by != "loss" && cl.by != "time")
-    bad("claim.by", "lower, within and no_worse compare the final loss (the default) or time (each run's final time on its "
-                    "clock); steps is for 'faster'");
+  if (cl.kind != "faster" && !cl.by.empty() && cl.by != "loss" && cl.by != "time" && cl.by != "time_and_eval")
+    bad("claim.by", "lower, within and no_worse compare the final loss (the default), time (each run's final time on its "
+                    "clock) or time_and_eval (that plus its priced evaluations); steps is for 'faster'");
   if (raw.contains("target_at")) {
     if (!(cl.target_at > 0 && cl.target_at <= 1)) bad("claim.target_at", "must be a fraction of train.steps in (0, 1]");
     if (cl.kind != "faster" || spec.target_from.empty())

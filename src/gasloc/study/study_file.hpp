@@ -170,7 +170,7 @@ struct TuningSection {
 struct ClaimSection {
   std::string text, kind, a, b;
   double tolerance = 0.0;
-  std::string by;  // "": time for faster, loss for the others
+  std::string by;  // "": time for faster, loss for the others; time_and_eval: final time + priced evaluations
   double target_at = 1.0;
   std::vector<std::string> scenarios;
 
