@@ -1,0 +1,8 @@
+set terminal pngcairo size 900,560 noenhanced
+set output 'hetero-homogeneous-time.png'
+set title 'Heterogeneous clusters: time to a target loss on the virtual clock [homogeneous]'
+set xlabel 'virtual time (s)'
+set ylabel 'validation loss (nats per token, average model)'
+set grid
+set key top right
+plot 'hetero-homogeneous-time.dat' index 0 with linespoints title 'diloco', 'hetero-homogeneous-time.dat' index 1 with linespoints title 'gasloc-1peer', 'hetero-homogeneous-time.dat' index 2 with linespoints title 'gasloc-2peer', 5.9302412078695514 with lines dashtype 2 linecolor 'gray40' title 'unigram baseline (5.930)'
