@@ -18,6 +18,7 @@
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/study/consensus_study.hpp"
 #include "gasloc/study/glance.hpp"
+#include "gasloc/study/plot.hpp"
 #include "gasloc/study/section.hpp"
 #include "gasloc/study/study_file.hpp"
 #include "gasloc/study/sweep.hpp"
@@ -362,6 +363,43 @@ TEST(RunSummary, EachRanksOwnModelLinesMakeOnePointTheirMean) {
   EXPECT_DOUBLE_EQ(r.curve[1].val_loss, 3.0);
   EXPECT_DOUBLE_EQ(r.val_loss, 3.0);
   EXPECT_EQ(r.last_step, 20);
+  // Tables say so: these are not the average model's losses.
+  EXPECT_TRUE(r.own_models);
+  EXPECT_NE(study::val_loss_header(true).find("own"), std::string::npos);
+  EXPECT_EQ(study::val_loss_header(false), "val_loss (average model)");
+  fs::remove_all(dir);
+}
+
+// An elastic run's view changes: counted in the summary and drawn as ticks on loss plots against
+// step or time (red where a worker died, green where one rejoined), never on a bytes plot.
+TEST(RunSummary, ViewChangesAreCountedAndMarkedOnThePlot) {
+  const fs::path dir = kRoot / "summary_views";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 3, "config": {"algo": {"name": "diloco"},
+    "train": {"steps": 20}, "optim": {"name": "adamw"}}})";
+  std::ofstream(dir / "metrics.jsonl")
+      << R"({"event":"view","step":10,"worker":0,"round":1,"members":[0,2],"died":[1],"joined":[],"virtual_time_s":11.5})"
+      << "\n"
+      << R"({"event":"view","step":15,"worker":0,"round":2,"members":[0,1,2],"died":[],"joined":[1],"virtual_time_s":17.25})"
+      << "\n"
+      << R"({"event":"eval","step":20,"worker":0,"val_loss":4.0,"wall_time_s":3,"virtual_time_s":22})" << "\n";
+  const auto r = study::read_run_summary(dir);
+  EXPECT_EQ(r.deaths, 1);
+  EXPECT_EQ(r.rejoins, 1);
+  EXPECT_FALSE(r.own_models);  // an average model's line
+  ASSERT_EQ(r.views.size(), 2u);
+  EXPECT_EQ(r.views[1].step, 15);
+  EXPECT_DOUBLE_EQ(r.views[1].virtual_s, 17.25);
+  study::plot_runs({r}, {"run"}, dir / "time.png", "time", {});
+  const std::string gp = read_file(dir / "time.gp");
+  EXPECT_NE(gp.find("set arrow from 11.5, graph 0 to 11.5, graph 0.05 nohead linecolor 'red'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("set arrow from 17.25, graph 0.05 to 17.25, graph 0.1 nohead linecolor 'forest-green'"),
+            std::string::npos) << gp;
+  EXPECT_NE(gp.find("title 'a worker died (tick)'"), std::string::npos) << gp;
+  study::plot_runs({r}, {"run"}, dir / "step.png", "step", {});
+  EXPECT_NE(read_file(dir / "step.gp").find("set arrow from 10, graph 0 to 10,"), std::string::npos);
+  study::plot_runs({r}, {"run"}, dir / "bytes.png", "bytes", {});
+  EXPECT_EQ(read_file(dir / "bytes.gp").find("set arrow"), std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -59,8 +59,10 @@ void print_table(const std::vector<study::RunSummary>& reports, const std::vecto
   const bool with_target = std::isfinite(target);
   // Elastic runs: the workers that died and rejoined, only where some did.
   const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
+  const bool own = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
   if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
-  fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | val_loss (average model) | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
+  fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | {} | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
+             study::val_loss_header(own),
              std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | rejoins |" : ""));
   fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
              std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- |" : ""));
@@ -73,7 +75,7 @@ void print_table(const std::vector<study::RunSummary>& reports, const std::vecto
     }
     if (churn) cols += fmt::format(" {} | {} |", r.deaths, r.rejoins);
     const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
-    const std::string loss = r.has_val_loss ? fmt::format("{:.4f}", r.val_loss) : "-";
+    const std::string loss = r.has_val_loss ? fmt::format("{:.4f}{}", r.val_loss, r.own_models ? " own" : "") : "-";
     const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
     const std::string util = r.utilization >= 0 ? fmt::format("{:.1f}%", 100 * r.utilization) : "-";
     fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} | {} |{}\n", names[i],
@@ -86,7 +88,10 @@ study::PlotStyle plot_style(const ReportOptions& o, const std::vector<study::Run
   study::PlotStyle style;
   style.title = o.title;
   if (style.title.empty()) {
-    const std::string what = o.plot_x == "consensus" ? "Consensus distance" : "Validation loss (average model)";
+    const bool own = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
+    const std::string what = o.plot_x == "consensus" ? "Consensus distance"
+                             : own                   ? "Validation loss (average model, or the mean of own models)"
+                                                     : "Validation loss (average model)";
     const std::string against = o.plot_x == "time" ? "virtual time" : o.plot_x == "bytes" ? "data sent" : "step";
     style.title = fmt::format("{} against {}, {} run{}", what, against, reports.size(), reports.size() == 1 ? "" : "s");
   }

@@ -57,6 +57,27 @@ int run_gnuplot(const fs::path& script, bool quiet) {
     if (errno != EINTR) return 127;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
+
+// Elastic runs' view changes as ticks along the bottom of a loss plot against step or time: red
+// where workers died, green where they rejoined, with one key entry each.
+std::string view_marks(const std::vector<RunSummary>& runs, const std::string& x, std::string& plot) {
+  if (x != "step" && x != "time") return "";
+  std::string arrows;
+  bool died = false, joined = false;
+  for (const auto& r : runs)
+    for (const auto& v : r.views) {
+      const double at = x == "time" ? v.virtual_s : static_cast<double>(v.step);
+      if (v.died > 0) arrows += fmt::format("set arrow from {0}, graph 0 to {0}, graph 0.05 nohead linecolor 'red'\n", at);
+      if (v.joined > 0)
+        arrows += fmt::format("set arrow from {0}, graph 0.05 to {0}, graph 0.1 nohead linecolor 'forest-green'\n", at);
+      died = died || v.died > 0;
+      joined = joined || v.joined > 0;
+    }
+  if (died) plot += ", NaN with lines linecolor 'red' title 'a worker died (tick)'";
+  if (joined) plot += ", NaN with lines linecolor 'forest-green' title 'a worker rejoined (tick)'";
+  return arrows;
+}
+
 }  // namespace
 
 void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::string>& titles, const fs::path& png_in,
@@ -96,10 +117,11 @@ void plot_runs(const std::vector<RunSummary>& runs, const std::vector<std::strin
              (any_positive ? "\nset logscale y" : "");
   if (x != "consensus" && !style.ylabel.empty()) ylabel = "set ylabel " + gp_quote(style.ylabel);
   const std::string title = style.title.empty() ? "" : "set title " + gp_quote(style.title) + "\n";
+  const std::string marks = view_marks(runs, x, plot);
   write_file_atomic(dat, data);
   write_file_atomic(gp, fmt::format("set terminal pngcairo size 900,560 noenhanced\nset output {}\n{}set xlabel '{}'\n"
-                                    "{}\nset grid\nset key {}\n{}\n",
-                                    gp_quote(png.filename().string()), title, xlabel, ylabel, style.key, plot));
+                                    "{}\nset grid\nset key {}\n{}{}\n",
+                                    gp_quote(png.filename().string()), title, xlabel, ylabel, style.key, marks, plot));
   const int first = run_gnuplot(gp, /*quiet=*/true);
   if (first == 127) throw Error("gnuplot not found: cannot draw " + png.string(), "install gnuplot-nox (scripts/setup.sh does)");
   if (first != 0) {

@@ -60,6 +60,8 @@ class MetricsFold {
     } else if (const auto* v = std::get_if<train::ViewEvent>(&event)) {
       r_.deaths += static_cast<int64_t>(v->died.size());
       r_.rejoins += static_cast<int64_t>(v->joined.size());
+      r_.views.push_back({v->step, v->virtual_time_s, static_cast<int64_t>(v->died.size()),
+                          static_cast<int64_t>(v->joined.size())});
     } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
       add_eval(*e);
     } else if (const auto* t = std::get_if<train::TrainEvent>(&event)) {
@@ -105,6 +107,8 @@ class MetricsFold {
     // Over processes without an average model (train.eval_model = local, elastic Gloo runs)
     // each rank writes a line of its own model: together they are one point, their mean.
     const bool own = r_.workers > 1 && e.worker_val_loss.size() == 1;
+    // One process's local evaluation writes the workers' mean with no consensus (it needs the average).
+    r_.own_models = r_.own_models || own || std::isnan(e.consensus_distance);
     if (own) {
       const auto at =
           std::find_if(r_.curve.rbegin(), r_.curve.rend(), [&](const EvalPoint& p) { return p.step == e.step; });
@@ -148,6 +152,11 @@ class MetricsFold {
 };
 
 }  // namespace
+
+std::string val_loss_header(bool any_own_models) {
+  return any_own_models ? "val_loss (average model; \"own\": the mean of the workers' own models)"
+                        : "val_loss (average model)";
+}
 
 RunSummary read_run_summary(const fs::path& dir) {
   RunSummary r;

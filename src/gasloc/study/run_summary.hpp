@@ -17,11 +17,19 @@ struct EvalPoint {
   double consensus = 0;                              // mean squared distance of workers to their average
 };
 
+// A round whose membership changed (an elastic run's "view" line).
+struct ViewMark {
+  int64_t step = 0;
+  double virtual_s = 0;
+  int64_t died = 0, joined = 0;  // workers that left the view, and that rejoined healed
+};
+
 struct RunSummary {
   std::string dir, label, optim, algo;  // label: algorithm (with its topology for gossip)
   int64_t workers = 1, last_step = 0, planned_steps = 0;
   double val_loss = 0, consensus = 0, mb_per_worker = 0, virtual_s = 0;
   bool has_val_loss = false;
+  bool own_models = false;  // its val_loss points are the mean of each worker's own model (train.eval_model = local, elastic Gloo), not the average model's
   double state_per_param = -1;   // optimizer + algorithm bytes per parameter; < 0 if not logged
   double optimizer_state_per_param = -1, sync_state_per_param = -1;  // its two parts
   int64_t params = 0;            // parameters of the model, from the memory line; 0 if not logged
@@ -35,9 +43,14 @@ struct RunSummary {
   double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
   int64_t deaths = 0, rejoins = 0;  // elastic runs: workers that died, and that rejoined healed (view lines)
   std::vector<EvalPoint> curve;
+  std::vector<ViewMark> views;  // elastic runs, in the file's order
   // Evaluated at train.steps: the run is complete.
   bool finished() const { return has_val_loss && last_step >= planned_steps && planned_steps > 0; }
 };
+
+// The val_loss column's header for these runs: the average model's, and where some runs
+// evaluated each worker's own model instead (RunSummary::own_models), what their "own" cells mean.
+std::string val_loss_header(bool any_own_models);
 
 // Throws DataError if dir holds no readable run.json or metrics.jsonl. Malformed metric lines
 // (a crash mid-write) are skipped.

@@ -345,11 +345,15 @@ std::string budget_md(const SweepSpec& spec, Group& grp, double budget) {
 // One row per variant: its chosen point's runs summarized over seeds.
 std::string results_table(const SweepSpec& spec, Group& grp, double unigram, double target) {
   // Elastic runs: how many workers died and rejoined, only where some did.
-  bool churn = false;
+  bool churn = false, own = false;
   for (const auto& [name, rs] : grp.finals)
-    for (const auto& x : rs) churn = churn || x.summary.deaths > 0 || x.summary.rejoins > 0;
+    for (const auto& x : rs) {
+      churn = churn || x.summary.deaths > 0 || x.summary.rejoins > 0;
+      own = own || x.summary.own_models;
+    }
   std::string md;
-  md += "| variant | point | runs | finished | val_loss (average model) | below unigram | consensus distance | steps to target "
+  md += "| variant | point | runs | finished | " + val_loss_header(own) +
+        " | below unigram | consensus distance | steps to target "
         "| virtual s to target | virtual time (s) | MB sent per worker | idle | compute utilization |";
   md += churn ? " deaths | rejoins |\n" : "\n";
   md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |";
@@ -359,9 +363,11 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
     const auto& rs = grp.finals[v.name];
     std::vector<double> l, below, cd, vt, mb, idle, util, st, tt, deaths, rejoins;
     int finished = 0;
+    bool variant_own = false;
     for (const auto& x : rs) {
       const RunSummary& r = x.summary;
       finished += r.finished();
+      variant_own = variant_own || r.own_models;
       if (r.has_val_loss) {
         l.push_back(r.val_loss);
         cd.push_back(r.consensus);
@@ -382,8 +388,8 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
     const std::string partial = !st.empty() && st.size() < rs.size() ? fmt::format(" ({} of {})", st.size(), rs.size()) : "";
     const std::string point = rs.empty() || rs.front().run->tune.empty() ? "-" : point_name(rs.front().run->tune);
     const std::string utilization = util.empty() ? "-" : fmt_stats(stats_of(util), "{:.1f}") + "%";
-    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {}% | {} |", v.name, point, rs.size(), finished,
-                      fmt_stats(stats_of(l), "{:.4f}"), fmt_stats(stats_of(below), "{:.2f}"), fmt_stats(stats_of(cd), "{:.3g}"),
+    md += fmt::format("| {} | {} | {} | {} | {}{} | {} | {} | {}{} | {}{} | {} | {} | {}% | {} |", v.name, point, rs.size(),
+                      finished, fmt_stats(stats_of(l), "{:.4f}"), variant_own ? " own" : "", fmt_stats(stats_of(below), "{:.2f}"), fmt_stats(stats_of(cd), "{:.3g}"),
                       fmt_stats(stats_of(st), "{:.0f}"), partial, fmt_stats(stats_of(tt), "{:.1f}"), partial,
                       fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"), fmt_stats(stats_of(idle), "{:.1f}"),
                       utilization);
