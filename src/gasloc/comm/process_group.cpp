@@ -82,6 +82,7 @@ struct ProcessGroupComm::Impl {
   BuiltBackend built;
   std::vector<uint32_t> pair_round;  // exchanges done with each peer
   TokenBucket send_bucket, recv_bucket;
+  std::mutex bucket_mu;  // an overlapped exchange's thread takes from them beside the control channel
   CommStats stats;
   std::string broken;  // the first error; the group is unusable after it
   mutable std::mutex broken_mu;  // an overlapped exchange's thread may fail beside the worker
@@ -294,8 +295,14 @@ struct ProcessGroupComm::Impl {
     return reusable ? r : torch::empty_like(send, torch::MemoryFormat::Contiguous);
   }
 
+  // Seconds until the limited link has carried these bytes (0 without a limit).
+  double take_bandwidth(double send_bytes, double recv_bytes) {
+    std::lock_guard lock(bucket_mu);
+    return std::max(send_bucket.take(send_bytes), recv_bucket.take(recv_bytes));
+  }
+
   void sleep_for_bandwidth(double send_bytes, double recv_bytes) {
-    const double d = std::max(send_bucket.take(send_bytes), recv_bucket.take(recv_bytes));
+    const double d = take_bandwidth(send_bytes, recv_bytes);
     if (d > 0) std::this_thread::sleep_for(std::chrono::duration<double>(d));
   }
 
@@ -498,7 +505,7 @@ ProcessGroupComm::Impl::PostedReduce ProcessGroupComm::Impl::post_all_reduce(con
   const auto wire = static_cast<double>(p.wire);
   if (overlapped)
     p.ready = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                                 std::max(send_bucket.take(wire), recv_bucket.take(wire))));
+                                 take_bandwidth(wire, wire)));
   else
     sleep_for_bandwidth(wire, wire);
   // Half-precision buffers are summed in fp32: fewer rounding steps than the backend's fp16 sum.
