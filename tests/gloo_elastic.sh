@@ -8,7 +8,7 @@
 #     its final checkpoint committed;
 #  3. DiLoCo with a rank SIGKILLed: the aborted all-reduces are retried over the survivors;
 #  4. a rank SIGSTOPped past the heartbeat timeout: the launcher kills it, and it rejoins;
-#  5. --min-ranks above -n, and --elastic around another command, are refused;
+#  5. --min-ranks above -n or without --elastic, and --elastic around another command, are refused;
 #  and Ctrl+C stops every rank at one step, from which --resume continues bit for bit.
 #   tests/gloo_elastic.sh path/to/gasloc
 set -euo pipefail
@@ -55,7 +55,9 @@ timeout 120 "$G" launch --elastic -n 4 -- "$G" train "${resume_job[@]}" --set tr
 timeout 120 "$G" launch --elastic -n 4 -- "$G" train "${resume_job[@]}" --set train.run_dir=cut > cut.log 2>&1 &
 launcher=$!; pids+=("$launcher")
 for _ in $(seq 1 400); do [ -f cut/metrics.jsonl ] && [ "$(wc -l < cut/metrics.jsonl)" -ge 6 ] && break; sleep 0.05; done
-kill -INT "$launcher"
+# To the launcher itself: GNU timeout would forward it and signal its process group too, and a
+# second interrupt kills every rank (status 137), which happened under load.
+kill -INT "$(pgrep -P "$launcher")"
 set +e; wait "$launcher"; rc=$?; set -e
 [ $rc -eq 130 ] || fail "interrupted elastic run: status $rc: $(tail -20 cut.log)"
 stopped=$(grep -c "stopped after" cut.log || true)
@@ -119,4 +121,8 @@ set +e
 out=$("$G" launch --elastic -n 2 -- "$G" comm-check 2>&1); rc=$?
 set -e
 [ $rc -ne 0 ] && grep -q "runs gasloc train ranks only" <<<"$out" || fail "--elastic comm-check: $out"
+set +e
+out=$("$G" launch --min-ranks 1 -n 2 -- "$G" train "${base[@]}" 2>&1); rc=$?
+set -e
+[ $rc -ne 0 ] && grep -qF -- "--min-ranks requires --elastic" <<<"$out" || fail "--min-ranks without --elastic: $out"
 echo "gloo_elastic: bad options refused"

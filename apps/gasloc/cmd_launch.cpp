@@ -673,13 +673,16 @@ Action add_launch(CLI::App& app) {
                  "seconds without a heartbeat after which a gasloc rank counts as hung and is killed, which stops the job "
                  "naming it (0 = off)")
       ->capture_default_str();
-  app.add_flag("--elastic", o->elastic,
+  auto* elastic = app.add_flag("--elastic", o->elastic,
                "gasloc train ranks with cluster.elastic: a rank that dies leaves the others training, and restarts "
                "and rejoins (up to --max-restarts); the launcher keeps the roster of ranks in its store");
+  // Without --elastic a failed rank stops every rank: these would be silently ignored.
   app.add_option("--max-restarts", o->max_restarts, "with --elastic: restarts of failed ranks over the whole job")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(elastic);
   app.add_option("--min-ranks", o->min_ranks, "with --elastic: the job stops when fewer ranks than this are alive")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(elastic);
   app.add_flag("--netns", o->netns,
                "run every rank in its own network namespace on a private bridge, its links shaped with tbf as the job's "
                "[network] section says (root)");
