@@ -55,11 +55,16 @@ double target_loss(const ReportOptions& o) {
   return target;
 }
 
+// Some runs evaluated each worker's own model instead of the average (RunSummary::own_models).
+bool any_own_models(const std::vector<study::RunSummary>& reports) {
+  return std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
+}
+
 void print_table(const std::vector<study::RunSummary>& reports, const std::vector<std::string>& names, double target) {
   const bool with_target = std::isfinite(target);
   // Elastic runs: the workers that died and rejoined, only where some did.
   const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
-  const bool own = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
+  const bool own = any_own_models(reports);
   if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
   fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | {} | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
              study::val_loss_header(own),
@@ -88,7 +93,7 @@ study::PlotStyle plot_style(const ReportOptions& o, const std::vector<study::Run
   study::PlotStyle style;
   style.title = o.title;
   if (style.title.empty()) {
-    const bool own = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
+    const bool own = any_own_models(reports);
     const std::string what = o.plot_x == "consensus" ? "Consensus distance"
                              : own                   ? "Validation loss (average model, or the mean of own models)"
                                                      : "Validation loss (average model)";
