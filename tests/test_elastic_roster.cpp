@@ -6,6 +6,8 @@
 
 #include "gasloc/algo/store_views.hpp"
 #include "gasloc/comm/elastic_roster.hpp"
+#include "gasloc/comm/heartbeat.hpp"
+#include "gasloc/comm/roster_host.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/elastic_process.hpp"
@@ -121,6 +123,127 @@ TEST(StoreViews, ReportsWhoLeftAndRefusesARankDeclaredDead) {
     EXPECT_NE(std::string(e.what()).find("declared it dead"), std::string::npos) << e.what();
   }
   EXPECT_EQ(views0.retry(v1, 1).members, (std::vector<int>{0, 1}));
+}
+
+// The host of ranks started by hand (gasloc store --elastic), on its own clock: founding members
+// until every id started, then joiners; a second process of a living id refused; death by a
+// stalled heartbeat, or sooner by a suspect report over a still counter, never by the report alone.
+namespace {
+struct HandJob {
+  comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
+  c10::intrusive_ptr<c10d::Store> store = server.local();
+  comm::RosterHost host{*store, 3, 6.0};
+  int64_t claim(int id) { return store->add(comm::elastic_keys::claim(id), 1) - 1; }
+  std::string answer(int id, int64_t inc) {
+    const auto key = comm::elastic_keys::admit(id, inc);
+    return store->check({key}) ? comm::to_text(store->get(key)) : "";
+  }
+  void beat(int id) { store->add(comm::heartbeat_key(id), 1); }
+  RankState state(int id) { return host.roster().find(id)->state; }
+};
+}  // namespace
+
+TEST(RosterHost, FoundsTheJobThenAdmitsJoinersAndRefusesALivingId) {
+  HandJob job;
+  EXPECT_EQ(job.claim(0), 0);
+  EXPECT_EQ(job.claim(2), 0);
+  job.host.tend(0.0);
+  EXPECT_EQ(job.answer(0, 0), "member");
+  EXPECT_FALSE(job.host.founded());
+  EXPECT_FALSE(job.store->check({comm::elastic_keys::founded()}));
+  job.claim(1);
+  job.host.tend(0.5);
+  EXPECT_TRUE(job.host.founded());
+  EXPECT_TRUE(job.store->check({comm::elastic_keys::founded()}));
+  // Rank 1 again while it beats: refused, naming it.
+  job.beat(1);
+  job.host.tend(1.0);
+  EXPECT_EQ(job.claim(1), 1);
+  job.host.tend(2.0);
+  EXPECT_NE(job.answer(1, 1).find("refused:rank 1 is already alive (incarnation 0"), std::string::npos) << job.answer(1, 1);
+  EXPECT_EQ(job.host.roster().find(1)->incarnation, 0);
+  // Silent for the heartbeat timeout (6 s from its last beat at 1.0): dead at 7.0, not before.
+  for (double t : {3.0, 5.0, 6.9}) {
+    job.beat(0), job.beat(2);
+    job.host.tend(t);
+  }
+  EXPECT_EQ(job.state(1), RankState::member);
+  job.beat(0), job.beat(2);
+  job.host.tend(7.0);
+  EXPECT_EQ(job.state(1), RankState::dead);
+  // Started again after the job began: a joiner.
+  EXPECT_EQ(job.claim(1), 2);
+  job.host.tend(7.5);
+  EXPECT_EQ(job.answer(1, 2), "joiner");
+  EXPECT_EQ(job.state(1), RankState::starting);
+  comm::ElasticRoster r1(job.store, 1, 2, false);
+  r1.announce_up();
+  job.host.tend(7.6);
+  EXPECT_EQ(job.state(1), RankState::joining);
+  r1.announce_member();
+  const auto events = job.host.tend(7.7);
+  EXPECT_EQ(job.state(1), RankState::member);
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events.back().find("rank 1 (incarnation 2) rejoined"), std::string::npos) << events.back();
+  // An incarnation that ends says so and leaves at once; an older one's word is ignored.
+  comm::announce_out(*job.store, 1, 0);
+  job.host.tend(7.8);
+  EXPECT_EQ(job.state(1), RankState::member);
+  comm::announce_out(*job.store, 1, 2);
+  job.host.tend(7.9);
+  EXPECT_EQ(job.state(1), RankState::dead);
+}
+
+TEST(RosterHost, ASuspectReportEvictsOnlyOverAStillCounter) {
+  HandJob job;
+  for (int id = 0; id < 3; ++id) job.claim(id);
+  job.host.tend(0.0);
+  ASSERT_TRUE(job.host.founded());
+  comm::ElasticRoster r0(job.store, 0, 0);
+  // Rank 2 beats on: a report of its link is a failed edge, not a death.
+  r0.suspect(2, 0);
+  for (double t : {0.5, 1.5, 2.5, 3.5, 4.5}) {
+    job.beat(2);
+    job.host.tend(t);
+  }
+  EXPECT_EQ(job.state(2), RankState::member);
+  // Rank 1 stops beating at 4.5 and is reported: dead once its counter is still for 3 s, well
+  // before the 6 s heartbeat timeout.
+  job.beat(1);
+  job.host.tend(4.5);
+  r0.suspect(1, 0);
+  job.host.tend(7.4);
+  EXPECT_EQ(job.state(1), RankState::member);
+  job.host.tend(7.5);
+  EXPECT_EQ(job.state(1), RankState::dead);
+}
+
+TEST(RosterHost, ARankOfAnotherWorldSizeOrWithoutAHostIsRefused) {
+  comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
+  auto store = server.local();
+  EXPECT_THROW(comm::admit_by_hand(*store, 0, 3, 1.0), CommError);  // no gasloc store --elastic
+  comm::RosterHost host(*store, 3, 6.0);
+  try {
+    comm::admit_by_hand(*store, 0, 4, 1.0);
+    FAIL() << "another world size was admitted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("WORLD_SIZE is 4 here but the job's gasloc store serves 3"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(comm::admit_by_hand(*store, 3, 3, 1.0), ConfigError);
+  // Nobody answers a claim when the host does not tend: bounded by the timeout.
+  EXPECT_THROW(comm::admit_by_hand(*store, 0, 3, 0.2), CommError);
+}
+
+TEST(StoreViews, AnOlderIncarnationOfAListedIdIsOut) {
+  Job job;
+  auto old2 = job.rank(2, 0);
+  algo::StoreViews views(4, old2);
+  EXPECT_NO_THROW(views.view(0));
+  // Declared dead while stopped, and replaced: the id is listed again, as incarnation 1.
+  job.writer.exited(2, 0);
+  job.writer.started(2, 1, /*member=*/true);
+  EXPECT_THROW(views.view(1), CommError);
 }
 
 TEST(ElasticProcess, AJoinerWithOtherSettingsIsRefusedNamingTheKey) {

@@ -6,14 +6,21 @@
 //   gasloc store --port 29500 --job-id myjob            # host A, until Ctrl+C
 //   TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR=A MASTER_PORT=29500 RANK=r WORLD_SIZE=n \
 //     gasloc train ... --job-id myjob                   # every rank
+// With --elastic -n N it also keeps the roster of an elastic job (comm/roster_host.hpp): ranks
+// started by hand with cluster.elastic = true are admitted, judged by their heartbeats, and a
+// rank started again (on any host) rejoins the running job.
 #include <fmt/format.h>
 #include <csignal>
 
 #include <atomic>
+#include <cmath>
+#include <optional>
 #include <chrono>
 #include <thread>
 
 #include "commands.hpp"
+#include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/comm/roster_host.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -29,25 +36,56 @@ Action add_store(CLI::App& app) {
     std::string addr = "127.0.0.1", job_id;
     int port = 29500;
     bool all_interfaces = false;
+    bool elastic = false;
+    int n = 0;
+    double heartbeat_timeout = 30;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--addr", o->addr, "address to listen on: MASTER_ADDR as the ranks reach it")->capture_default_str();
   app.add_option("--port", o->port, "port to listen on: MASTER_PORT (0: a free one, printed)")->capture_default_str();
   app.add_flag("--all-interfaces", o->all_interfaces, "listen on every interface, not only --addr's");
   app.add_option("--job-id", o->job_id, "the job this store serves: every rank passes the same --job-id")->required();
+  auto* elastic = app.add_flag("--elastic", o->elastic,
+                               "keep the roster of an elastic job (ranks with cluster.elastic = true): admit ranks, "
+                               "declare dead those whose heartbeat stalls, let a rank started again rejoin");
+  app.add_option("-n,--nranks", o->n, "with --elastic: the job's number of ranks (their WORLD_SIZE)")->needs(elastic);
+  app.add_option("--heartbeat-timeout", o->heartbeat_timeout,
+                 "with --elastic: seconds without a heartbeat after which a rank is declared dead")
+      ->capture_default_str()
+      ->needs(elastic);
   return [o]() {
     if (o->port < 0 || o->port > 65535) throw Error(fmt::format("store: --port {} is outside 0..65535", o->port));
     if (o->job_id.empty()) throw Error("store: --job-id is empty", "name the job, e.g. --job-id myjob");
+    if (o->elastic && o->n < 1) throw Error("store --elastic needs the job's number of ranks", "e.g. --elastic -n 4");
+    if (o->elastic && !(o->heartbeat_timeout >= 2 * comm::kSuspectSilenceS && std::isfinite(o->heartbeat_timeout)))
+      throw Error(fmt::format("store: --heartbeat-timeout {} is shorter than {:g} s", o->heartbeat_timeout, 2 * comm::kSuspectSilenceS),
+                  "a rank beats once a second; give it a few beats of slack, e.g. --heartbeat-timeout 10");
     comm::StoreServer server({o->addr, o->port, o->all_interfaces, {o->job_id, "gasloc store job " + o->job_id}});
     fmt::print("gasloc store: serving job {} on {}:{} until Ctrl+C or SIGTERM; start each rank with\n"
                "  TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR={} MASTER_PORT={} RANK=r WORLD_SIZE=n gasloc train ... "
                "--job-id {}\n",
                o->job_id, server.address(), server.port(), o->addr, server.port(), o->job_id);
     std::fflush(stdout);
+    const auto keys = comm::job_keys(server.local());  // the ranks' keys, as they see them; outlives the roster host
+    std::optional<comm::RosterHost> roster;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    if (o->elastic) {
+      roster.emplace(*keys, o->n, o->heartbeat_timeout);
+      fmt::print("gasloc store: keeping the roster of an elastic job of {} ranks (cluster.elastic = true); a rank is "
+                 "declared dead after {:g} s without a heartbeat, and rejoins when started again\n",
+                 o->n, o->heartbeat_timeout);
+    }
+    std::fflush(stdout);
     g_store_stop.store(false);
     auto prev_int = std::signal(SIGINT, on_store_signal);
     auto prev_term = std::signal(SIGTERM, on_store_signal);
-    while (!g_store_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (!g_store_stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!roster) continue;
+      for (const auto& e : roster->tend(seconds())) fmt::print("gasloc store: {:.1f} s: {}\n", seconds(), e);
+      std::fflush(stdout);
+    }
     std::signal(SIGINT, prev_int);
     std::signal(SIGTERM, prev_term);
     fmt::print("gasloc store: stopped\n");

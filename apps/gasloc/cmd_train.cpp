@@ -34,7 +34,8 @@ Action add_train(CLI::App& app) {
                  "hand otherwise derive one from train.run_dir); the store refuses ranks of another job");
   app.add_option("--incarnation", o->req.incarnation,
                  "elastic gloo runs: which start of this rank this is; gasloc launch --elastic sets it, and a rank "
-                 "started again (> 0) joins the running job, taking a running worker's state")
+                 "started again (> 0) joins the running job, taking a running worker's state (ranks started by hand "
+                 "leave it out: their gasloc store --elastic answers)")
       ->check(CLI::NonNegativeNumber);
   return [o]() {
     if (o->help_config) {

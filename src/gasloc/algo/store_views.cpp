@@ -23,11 +23,15 @@ View from_pinned(const comm::PinnedView& p) {
 View StoreViews::view(int64_t round) const {
   if (const auto it = cache_.find(round); it != cache_.end()) return it->second;
   View v = from_pinned(roster_.pin(round));
-  if (!v.is_member(roster_.id()) && !v.is_joining(roster_.id()))
-    throw CommError(fmt::format("worker {} is not in round {}'s view: gasloc launch declared it dead (its heartbeat "
-                                "stalled or a peer reported its link)",
-                                roster_.id(), round),
-                    "gasloc launch --elastic restarts it as a new incarnation, which rejoins");
+  // The view names incarnations: an older one of this id (declared dead while it was stopped, and
+  // since replaced) is out too.
+  const bool listed = v.is_member(roster_.id()) || v.is_joining(roster_.id());
+  if (!listed || roster_.incarnation_of(roster_.id()) != roster_.incarnation())
+    throw CommError(fmt::format("worker {} (incarnation {}) is not in round {}'s view: the store host declared it dead "
+                                "(its heartbeat stalled or a peer reported its link)",
+                                roster_.id(), roster_.incarnation(), round),
+                    "gasloc launch --elastic restarts it as a new incarnation, which rejoins; a rank started by hand "
+                    "rejoins when started again");
   if (const auto prev = cache_.find(round - 1); prev != cache_.end())
     for (int id : prev->second.members)
       if (!v.is_member(id) && !v.is_joining(id)) v.left.push_back(id);

@@ -71,7 +71,7 @@ struct ClusterOptions {
   // started by `gasloc launch --elastic` meet in pair groups (elastic_gloo.hpp).
   bool elastic = false;
   double heartbeat_timeout_s = 10.0;
-  int64_t incarnation = 0;  // elastic Gloo: this process's incarnation of its rank (launch --elastic counts restarts)
+  int64_t incarnation = -1;  // elastic Gloo: this process's incarnation of its rank (launch --elastic counts restarts; -1: the store's roster host answers)
 };
 
 // Throws ConfigError for a backend this build lacks (nccl without a CUDA LibTorch) or does not

@@ -12,6 +12,7 @@
 
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/heartbeat.hpp"
+#include "gasloc/comm/roster_host.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::comm {
@@ -103,6 +104,10 @@ struct ElasticGlooComm::Impl {
   std::unique_ptr<ElasticRoster> roster;
   std::unique_ptr<ElasticRoster> watch_roster;  // the abort watch's own connection
   std::map<int, PairGroup> groups;
+  // Peers (by incarnation) whose group failed: never formed again. Their published addresses are
+  // stale, and Gloo connecting to a dead process's address does not give up; the incarnation is
+  // on its way out of the views (the store host declares it dead, or kills it as a suspect).
+  std::map<int, int64_t> broken;
   CommStats stats;
   Clock::time_point t0 = Clock::now();
   std::unique_ptr<Heartbeat> heartbeat;  // last: stops first
@@ -112,6 +117,10 @@ struct ElasticGlooComm::Impl {
     const int64_t peer_inc = roster->incarnation_of(peer);
     auto it = groups.find(peer);
     if (it != groups.end() && it->second.peer_inc == peer_inc) return &it->second;
+    if (const auto b = broken.find(peer); b != broken.end() && b->second == peer_inc) {
+      why = fmt::format("its link to incarnation {} failed before", peer_inc);
+      return nullptr;
+    }
     if (it != groups.end()) groups.erase(it);
     const int lo = std::min(o.rank, peer), hi = std::max(o.rank, peer);
     const int64_t lo_inc = lo == o.rank ? inc : peer_inc, hi_inc = hi == o.rank ? inc : peer_inc;
@@ -138,6 +147,9 @@ struct ElasticGlooComm::Impl {
   // After a round's transfers: a peer whose link failed while the roster still lists it alive a
   // moment later is reported, and the launcher fences it (kills it; it restarts and rejoins).
   void report(const Transfer& t) {
+    // A rank declared dead itself (stopped past the heartbeat timeout) sees its links fail because
+    // its peers left it: it is out of the next view, and must not blame them.
+    if (roster->gone(o.rank, inc)) return;
     const int64_t peer_inc = roster->incarnation_of(t.peer);
     for (int n = 0; n < 20; ++n) {
       if (roster->gone(t.peer, peer_inc)) return;
@@ -286,7 +298,10 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
     // The works refer to the group's buffers: released before the group.
     t.send.reset();
     t.recv.reset();
-    if (t.group) groups.erase(t.peer);
+    if (t.group) {
+      broken[t.peer] = t.group->peer_inc;
+      groups.erase(t.peer);
+    }
     report(t);
   }
   return got;
@@ -304,18 +319,29 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation) : im
   I.store = job_keys_connection(o, o.timeout_s);
   if (!I.store->check({elastic_keys::roster()}))
     throw CommError(fmt::format("rank {}: the store at {}:{} holds no elastic roster", o.rank, o.master_addr, o.master_port),
-                    "start elastic runs with `gasloc launch --elastic -n N -- gasloc train ...` (the launcher keeps the "
-                    "roster of ranks)");
-  I.roster = std::make_unique<ElasticRoster>(I.store, o.rank, incarnation);
+                    "start elastic runs with `gasloc launch --elastic -n N -- gasloc train ...`, or start the store "
+                    "with `gasloc store --elastic -n N` for ranks started by hand");
+  // Started by hand: the store host answers which incarnation this is, and whether it founds the
+  // job or joins it; gasloc launch --elastic tells its ranks.
+  std::optional<bool> founding;
+  if (incarnation < 0) {
+    const Admission a = admit_by_hand(*I.store, o.rank, o.world, o.timeout_s);
+    I.inc = incarnation = a.incarnation;
+    founding = a.founding;
+  }
+  I.roster = std::make_unique<ElasticRoster>(I.store, o.rank, incarnation, founding);
   // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would raise
   // SIGPIPE and kill this survivor too. Ignored, the write fails with EPIPE: a failed edge.
   std::signal(SIGPIPE, SIG_IGN);
-  I.watch_roster = std::make_unique<ElasticRoster>(job_keys_connection(o), o.rank, incarnation);
+  I.watch_roster = std::make_unique<ElasticRoster>(job_keys_connection(o), o.rank, incarnation, founding);
   I.heartbeat = std::make_unique<Heartbeat>(job_keys_connection(o), o.rank);
+  if (founding.value_or(false)) await_founded(*I.store, o.rank, o.timeout_s);
   I.t0 = Clock::now();
 }
 
-ElasticGlooComm::~ElasticGlooComm() = default;
+ElasticGlooComm::~ElasticGlooComm() {
+  if (impl_->roster) announce_out(*impl_->store, impl_->o.rank, impl_->inc);
+}
 
 int ElasticGlooComm::rank() const { return impl_->o.rank; }
 int ElasticGlooComm::world() const { return impl_->o.world; }

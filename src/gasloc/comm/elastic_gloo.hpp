@@ -25,9 +25,10 @@ namespace gasloc::comm {
 
 class ElasticGlooComm final : public Communicator {
  public:
-  // Connects to the job's store (hosted by gasloc launch --elastic, which writes the roster), as
-  // incarnation `incarnation` of id o.rank. Throws CommError when there is no roster (not an
-  // elastic launch) or the store cannot be reached.
+  // Connects to the job's store (hosted by gasloc launch --elastic or gasloc store --elastic, which
+  // write the roster) as incarnation `incarnation` of id o.rank; -1: a rank started by hand, which
+  // the store's roster host admits (comm/roster_host.hpp). Throws CommError when there is no
+  // roster (not an elastic launch) or the store cannot be reached, ConfigError when refused.
   ElasticGlooComm(const GlooOptions& o, int64_t incarnation);
   ~ElasticGlooComm() override;
   ElasticGlooComm(const ElasticGlooComm&) = delete;

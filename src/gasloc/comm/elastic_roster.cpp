@@ -105,8 +105,8 @@ PinnedView PinnedView::decode(int64_t round, int attempt, const std::string& tex
   return v;
 }
 
-ElasticRoster::ElasticRoster(c10::intrusive_ptr<c10d::Store> store, int id, int64_t incarnation)
-    : store_(std::move(store)), id_(id), incarnation_(incarnation) {}
+ElasticRoster::ElasticRoster(c10::intrusive_ptr<c10d::Store> store, int id, int64_t incarnation, std::optional<bool> founding)
+    : store_(std::move(store)), id_(id), incarnation_(incarnation), founding_(founding.value_or(incarnation == 0)) {}
 
 Roster ElasticRoster::read() { return Roster::decode(to_text(store_->get(elastic_keys::roster()))); }
 

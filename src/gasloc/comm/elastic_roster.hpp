@@ -69,9 +69,12 @@ std::string config();
 // A rank's side. All calls are bounded by the store's timeout and throw CommError.
 class ElasticRoster {
  public:
-  ElasticRoster(c10::intrusive_ptr<c10d::Store> store, int id, int64_t incarnation);
+  // `founding`: a first member of the job (default: incarnation 0, as gasloc launch starts them);
+  // otherwise a joiner that takes a donor's state.
+  ElasticRoster(c10::intrusive_ptr<c10d::Store> store, int id, int64_t incarnation, std::optional<bool> founding = {});
   int id() const { return id_; }
   int64_t incarnation() const { return incarnation_; }
+  bool founding() const { return founding_; }
   c10d::Store& store() { return *store_; }
 
   Roster read();
@@ -98,6 +101,7 @@ class ElasticRoster {
   c10::intrusive_ptr<c10d::Store> store_;
   int id_;
   int64_t incarnation_;
+  bool founding_;
   std::map<int, int64_t> known_;
 };
 

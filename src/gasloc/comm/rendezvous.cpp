@@ -77,14 +77,12 @@ bool process_running(long pid) {
 std::string key(const std::string& what, int rank) { return what + "/" + std::to_string(rank); }
 
 
-// Keys of this job live under one prefix, so a store shared with an agent (torchrun) that
-// restarts workers does not mix attempts.
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> job_keys(const c10::intrusive_ptr<c10d::Store>& tcp) {
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   return c10::make_intrusive<c10d::PrefixStore>(std::string("gasloc/") + (attempt != nullptr ? attempt : "0"), tcp);
 }
-
-}  // namespace
 
 double parse_bandwidth_limit(const std::string& spec_in, int rank) {
   const std::string spec = trim(spec_in);

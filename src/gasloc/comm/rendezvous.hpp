@@ -68,6 +68,10 @@ void validate(const GlooOptions& o, bool check_rank = true);
 // unreachable store.
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o);
 
+// The job's keys in a store: under one prefix, so that a store shared with an agent (torchrun)
+// that restarts workers does not mix attempts.
+c10::intrusive_ptr<c10d::Store> job_keys(const c10::intrusive_ptr<c10d::Store>& store);
+
 // Another connection of this rank to its job's keys in the store (gasloc's store only: not the
 // agent's), for a thread that must not wait behind the rank's own calls (the heartbeat), or for
 // an elastic rank, which meets its peers through the store alone. Calls wait at most

@@ -21,9 +21,9 @@ class ElasticProcess {
   ElasticProcess(comm::ElasticRoster& roster, int world, int64_t steps_per_round, double timeout_s);
   algo::StoreViews& views() { return views_; }
   // A restarted incarnation: it joins a running job instead of resuming from a checkpoint.
-  bool joiner() const { return roster_.incarnation() > 0; }
-  // The job's first incarnation of rank 0: it starts the run's files.
-  bool leader() const { return roster_.id() == 0 && roster_.incarnation() == 0; }
+  bool joiner() const { return !roster_.founding(); }
+  // Rank 0 among the job's first members: it starts the run's files.
+  bool leader() const { return roster_.id() == 0 && roster_.founding(); }
 
   // The first rank to arrive publishes the job's shared settings; every later one (a joiner
   // too) compares its own and is refused naming the keys that differ.

@@ -16,7 +16,7 @@ struct TrainRequest {
   int64_t resume_step = -1;            // with resume_dir: this committed step (-1 = the newest)
   bool quiet = false;                  // no progress lines (tests)
   std::string job_id;                  // process backends: the job token gasloc launch hands its ranks
-  int64_t incarnation = 0;             // elastic Gloo: which start of this rank this is (gasloc launch --elastic)
+  int64_t incarnation = -1;            // elastic Gloo: which start of this rank this is (gasloc launch --elastic; -1: ask gasloc store --elastic)
 };
 
 struct TrainSummary {

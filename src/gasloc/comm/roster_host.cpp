@@ -1,0 +1,194 @@
+#include "gasloc/comm/roster_host.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "gasloc/comm/heartbeat.hpp"
+#include "gasloc/comm/store.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::comm {
+
+namespace elastic_keys {
+std::string world() { return "el/world"; }
+std::string claim(int id) { return fmt::format("el/inc/{}", id); }
+std::string admit(int id, int64_t inc) { return fmt::format("el/admit/{}.{}", id, inc); }
+std::string founded() { return "el/founded"; }
+std::string out(int id) { return fmt::format("el/out/{}", id); }
+}  // namespace elastic_keys
+
+namespace {
+
+constexpr const char* kMember = "member";
+constexpr const char* kJoiner = "joiner";
+constexpr const char* kRefused = "refused:";
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Polls `key` until it exists or `timeout_s` passed; false on timeout.
+bool await_key(c10d::Store& store, const std::string& key, double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  while (!store.check({key})) {
+    if (now_s() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+std::string ids_not_started(c10d::Store& store) {
+  std::vector<int> ids;
+  for (const auto& e : Roster::decode(to_text(store.get(elastic_keys::roster()))).entries)
+    if (e.state != RankState::member) ids.push_back(e.id);
+  return fmt::format("{}", fmt::join(ids, ", "));
+}
+
+}  // namespace
+
+Admission admit_by_hand(c10d::Store& store, int id, int world, double timeout_s) {
+  if (!store.check({elastic_keys::world()}))
+    throw CommError("the job's store keeps no roster of elastic ranks",
+                    "start it with `gasloc store --elastic -n N --job-id JOB` (or start the ranks with gasloc launch "
+                    "--elastic, which keeps the roster itself)");
+  const int host_world = std::stoi(to_text(store.get(elastic_keys::world())));
+  if (world != host_world)
+    throw ConfigError(fmt::format("WORLD_SIZE is {} here but the job's gasloc store serves {} ranks (-n {})", world,
+                                  host_world, host_world),
+                      fmt::format("start every rank with WORLD_SIZE={}", host_world));
+  if (id < 0 || id >= world)
+    throw ConfigError(fmt::format("RANK {} is outside 0..{} of the job's gasloc store", id, world - 1),
+                      "a worker added to a running job takes the id of one that left (RANK < WORLD_SIZE)");
+  const int64_t inc = store.add(elastic_keys::claim(id), 1) - 1;
+  const std::string key = elastic_keys::admit(id, inc);
+  if (!await_key(store, key, timeout_s))
+    throw CommError(fmt::format("rank {}: the gasloc store did not answer its start (incarnation {}) within {} s", id, inc,
+                                timeout_s),
+                    "is the store started with --elastic, and still running?");
+  const std::string answer = to_text(store.get(key));
+  if (answer.rfind(kRefused, 0) == 0)
+    throw ConfigError(fmt::format("rank {} cannot start: {}", id, answer.substr(std::string(kRefused).size())),
+                      "stop the running process of this rank first, or start this one with another RANK");
+  return {inc, answer == kMember};
+}
+
+void await_founded(c10d::Store& store, int id, double timeout_s) {
+  if (!await_key(store, elastic_keys::founded(), timeout_s))
+    throw CommError(fmt::format("rank {}: the job's other ranks did not all start within {} s (not started: {})", id,
+                                timeout_s, ids_not_started(store)),
+                    "start every rank 0..WORLD_SIZE-1 of the job at its gasloc store");
+}
+
+void announce_out(c10d::Store& store, int id, int64_t inc) noexcept {
+  try {
+    store.set(elastic_keys::out(id), to_bytes(std::to_string(inc)));
+  } catch (...) {
+  }
+}
+
+RosterHost::RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s)
+    : store_(store), writer_(store, world), world_(world), heartbeat_timeout_s_(heartbeat_timeout_s) {
+  store_.set(elastic_keys::world(), to_bytes(std::to_string(world)));
+}
+
+bool RosterHost::alive(int id) const {
+  const RosterEntry* e = writer_.roster().find(id);
+  return e && e->incarnation >= 0 && e->state != RankState::dead;
+}
+
+std::vector<std::string> RosterHost::tend(double now_s) {
+  std::vector<std::string> events;
+  for (int id = 0; id < world_; ++id) answer_claims(id, now_s, events);
+  if (!founded_ && static_cast<int>(writer_.roster().with(RankState::member).size()) == world_) {
+    founded_ = true;
+    store_.set(elastic_keys::founded(), to_bytes("1"));
+    events.push_back(fmt::format("all {} ranks started: the job runs", world_));
+  }
+  for (int id : writer_.poll())
+    events.push_back(fmt::format("rank {} (incarnation {}) rejoined: it holds its donor's state and mixes",
+                                 id, writer_.roster().find(id)->incarnation));
+  for (int id = 0; id < world_; ++id) watch_life(id, now_s, events);
+  for (const auto& [id, inc] : writer_.take_suspects())
+    if (alive(id) && writer_.roster().find(id)->incarnation == inc && !suspects_.count(id))
+      suspects_[id] = {inc, life_[id].beats};
+  check_suspects(now_s, events);
+  return events;
+}
+
+void RosterHost::answer_claims(int id, double now_s, std::vector<std::string>& events) {
+  Life& l = life_[id];
+  const int64_t claims = store_.add(elastic_keys::claim(id), 0);
+  for (; l.claims_seen < claims; ++l.claims_seen) {
+    const int64_t inc = l.claims_seen;
+    const RosterEntry& old = *writer_.roster().find(id);
+    const double silent = now_s - l.since_s;
+    if (alive(id) && silent < kSuspectSilenceS) {
+      const std::string why = fmt::format("rank {} is already alive (incarnation {}, its heartbeat {:.1f} s ago)", id,
+                                          old.incarnation, silent);
+      store_.set(elastic_keys::admit(id, inc), to_bytes(kRefused + why));
+      events.push_back(fmt::format("refused a second process for rank {}: {}", id, why));
+      continue;
+    }
+    if (alive(id))
+      declare_dead(id, fmt::format("silent for {:.1f} s and replaced by a new process", silent), events);
+    const bool member = !founded_;
+    writer_.started(id, inc, member);
+    suspects_.erase(id);
+    l.beats = store_.add(heartbeat_key(id), 0);
+    l.since_s = now_s;
+    store_.set(elastic_keys::admit(id, inc), to_bytes(member ? kMember : kJoiner));
+    events.push_back(member ? fmt::format("rank {} (incarnation {}) started", id, inc)
+                            : fmt::format("rank {} (incarnation {}) started: it joins the running job", id, inc));
+  }
+}
+
+void RosterHost::watch_life(int id, double now_s, std::vector<std::string>& events) {
+  if (!alive(id)) return;
+  const int64_t inc = writer_.roster().find(id)->incarnation;
+  if (store_.check({elastic_keys::out(id)}) && to_text(store_.get(elastic_keys::out(id))) == std::to_string(inc)) {
+    writer_.exited(id, inc);
+    events.push_back(fmt::format("rank {} (incarnation {}) ended", id, inc));
+    return;
+  }
+  Life& l = life_[id];
+  const int64_t beats = store_.add(heartbeat_key(id), 0);
+  if (beats != l.beats) {
+    l.beats = beats;
+    l.since_s = now_s;
+  } else if (heartbeat_timeout_s_ > 0 && now_s - l.since_s >= heartbeat_timeout_s_) {
+    declare_dead(id, fmt::format("sent no heartbeat for {:g} s (dead, stopped, frozen or cut off from the store)",
+                                 heartbeat_timeout_s_),
+                 events);
+  }
+}
+
+void RosterHost::check_suspects(double now_s, std::vector<std::string>& events) {
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    const int id = it->first;
+    const Life& l = life_[id];
+    if (!alive(id) || writer_.roster().find(id)->incarnation != it->second.inc) {
+      it = suspects_.erase(it);
+    } else if (now_s - l.since_s >= kSuspectSilenceS) {
+      it = suspects_.erase(it);
+      declare_dead(id, fmt::format("reported by a peer whose link to it failed, and silent for {:.1f} s", now_s - l.since_s),
+                   events);
+    } else if (l.beats >= it->second.beats + 2) {
+      events.push_back(fmt::format("a peer reported its link to rank {} broken, but rank {} beats: it stays (a failed edge)",
+                                   id, id));
+      it = suspects_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void RosterHost::declare_dead(int id, const std::string& why, std::vector<std::string>& events) {
+  const int64_t inc = writer_.roster().find(id)->incarnation;
+  writer_.exited(id, inc);
+  events.push_back(fmt::format("rank {} (incarnation {}) {}: declared dead; the others go on without it (started "
+                               "again, it rejoins; if it was only stopped, it leaves by itself when it resumes)",
+                               id, inc, why));
+}
+
+}  // namespace gasloc::comm
