@@ -9,6 +9,7 @@
 #  3. DiLoCo with a rank SIGKILLed: the aborted all-reduces are retried over the survivors;
 #  4. a rank SIGSTOPped past the heartbeat timeout: the launcher kills it, and it rejoins;
 #  5. --min-ranks above -n or without --elastic, and --elastic around another command, are refused;
+#  6. a run resumed on fewer workers than saved it continues each id from its own checkpoint;
 #  and Ctrl+C stops every rank at one step, from which --resume continues bit for bit.
 #   tests/gloo_elastic.sh path/to/gasloc
 set -euo pipefail
@@ -69,6 +70,29 @@ extract cut > cut.txt
 [ "$(wc -l < whole.txt)" -eq 40 ] || fail "expected 40 loss lines, got $(wc -l < whole.txt)"
 diff whole.txt cut.txt >/dev/null || fail "the resumed elastic run differs: $(diff whole.txt cut.txt | head)"
 echo "gloo_elastic (resume): stopped at $(grep -o 'stopped after [0-9]* steps' cut.log | head -1), resumed bit for bit"
+
+# Resumed on fewer workers: each id left continues from its own checkpoint, so until the first
+# merge after the resume its losses are the 4-worker run's bit for bit (in-process); over Gloo,
+# 3 elastic ranks continue a run that 4 saved. More workers than saved are refused.
+fewer=("${base[@]}" --set train.log_every=1 --set train.eval_every=10 --set train.checkpoint_every=20
+       --set algo.name=gasloc --set algo.topology=1peer --set cluster.elastic=true --set cluster.workers=4)
+"$G" train "${fewer[@]}" --set train.steps=40 --set train.run_dir=fewer-whole >/dev/null
+"$G" train "${fewer[@]}" --set train.steps=20 --set train.run_dir=fewer-cut >/dev/null
+"$G" train --resume fewer-cut --set train.steps=40 --set cluster.workers=3 > fewer.log 2>&1 || fail "resume on 3 of 4: $(tail -5 fewer.log)"
+grep -q "ids 3..3 are left out" fewer.log || fail "the resume on fewer workers did not say so: $(head -5 fewer.log)"
+metric_rows fewer-whole train worker step train_loss | awk '$1 < 3 && $2 > 20 && $2 <= 25' | sort -n -k1 -k2 > fewer-a.txt
+metric_rows fewer-cut train worker step train_loss | awk '$2 > 20 && $2 <= 25' | sort -n -k1 -k2 > fewer-b.txt
+[ "$(wc -l < fewer-a.txt)" -eq 15 ] || fail "expected 15 loss lines before the first merge, got $(wc -l < fewer-a.txt)"
+diff fewer-a.txt fewer-b.txt >/dev/null || fail "resumed on 3, the ids' own steps differ: $(diff fewer-a.txt fewer-b.txt | head)"
+[ "$(metric_rows fewer-cut train worker step | awk '$2 == 40' | wc -l)" -eq 3 ] || fail "3 workers did not reach step 40"
+set +e; out=$("$G" train --resume fewer-cut --set train.steps=60 --set cluster.workers=5 2>&1); rc=$?; set -e
+[ $rc -ne 0 ] && grep -q "resumes on as many workers as it was saved by or fewer" <<<"$out" || fail "resume on more workers: $out"
+timeout 120 "$G" launch --elastic -n 3 -- "$G" train --resume whole --set train.steps=120 > fewer-gloo.log 2>&1 ||
+  fail "elastic Gloo resume on 3 of 4 ranks: $(tail -20 fewer-gloo.log)"
+for r in 0 1 2; do
+  metric_rows whole train worker step | awk -v r=$r '$1 == r' | tail -1 | grep -q " 120$" || fail "rank $r of 3 did not reach step 120"
+done
+echo "gloo_elastic (fewer): resumed on 3 of 4 workers, in-process (bit for bit until the first merge) and over Gloo"
 
 # A long run of 4 elastic ranks, one of which is hit by `signal` once it has trained a while.
 # Checks that the run completes, that every rank reached the last step, and that the launcher

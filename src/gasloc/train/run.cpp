@@ -83,7 +83,9 @@ Checkpoint Run::load(const RunCheckpoints& ckpts, int64_t step, int rank, const 
       }
     throw CheckpointError(e.what(), hint);
   }
-  const auto got = CheckpointMeta::from_json(c.meta), expected = meta();
+  const auto got = CheckpointMeta::from_json(c.meta);
+  auto expected = meta();
+  if (got.world > world_ && fewer_allowed()) expected.world = got.world;  // check_resume_world said why
   if (!(got == expected)) {
     std::string diffs;
     const auto flat_got = got.to_json().flatten(), flat_want = expected.to_json().flatten();
@@ -154,17 +156,33 @@ void Run::check_fresh(const RunCheckpoints& ckpts) const {
   }
 }
 
+bool Run::fewer_allowed() const { return job_.cluster.elastic && job_.data.sampling != "disjoint"; }
+
 void Run::check_resume_world() const {
   const fs::path run_json = dir_ / "run.json";
   auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
   if (doc.is_discarded() || !doc.contains("world") || !doc["world"].is_number_integer()) return;  // load() checks each file
   const int saved = doc["world"].get<int>();
+  if (saved > world_ && fewer_allowed()) {
+    fmt::print("resuming '{}', saved by {} workers, on {}: ids {}..{} continue from their own checkpoints, ids {}..{} "
+               "are left out (an elastic run)\n",
+               dir_.string(), saved, world_, 0, world_ - 1, world_, saved - 1);
+    return;
+  }
+  if (saved > world_ && job_.cluster.elastic)
+    throw CheckpointError(fmt::format("run '{}' was saved by {} workers with data.sampling = \"disjoint\": on {} each "
+                                      "worker's slice of the data would move",
+                                      dir_.string(), saved, world_),
+                          fmt::format("resume it on {} ranks", saved));
   if (saved != world_)
     throw CheckpointError(fmt::format("run '{}' was saved by {} worker{} but this job has {}", dir_.string(), saved,
                                       saved == 1 ? "" : "s", world_),
-                          job_.cluster.backend == "inproc"
-                              ? fmt::format("resume it with cluster.workers = {} (the default)", saved)
-                              : fmt::format("resume it on {} ranks (gasloc launch -n {})", saved, saved));
+                          (job_.cluster.backend == "inproc"
+                               ? fmt::format("resume it with cluster.workers = {} (the default)", saved)
+                               : fmt::format("resume it on {} ranks (gasloc launch -n {})", saved, saved)) +
+                              (job_.cluster.elastic && saved < world_ ? "; an elastic run resumes on as many workers as "
+                                                                        "it was saved by or fewer, not more"
+                                                                      : ""));
 }
 
 void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device) {

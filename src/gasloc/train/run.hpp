@@ -62,7 +62,10 @@ class Run {
   void check_fresh(const RunCheckpoints& ckpts) const;
   // A resumed run keeps its world: a CheckpointError naming both sizes otherwise (before any
   // rank looks for checkpoints it never had).
+  // An elastic run may resume on fewer workers than it was saved by: each id left continues from
+  // its own checkpoint (not with disjoint data slices, which depend on the number of workers).
   void check_resume_world() const;
+  bool fewer_allowed() const;
   // run.json: the resolved job, the model, the dataset and versions.
   void write_info(const data::Dataset& dataset) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.
