@@ -372,6 +372,27 @@ TEST_F(ElasticRun, TheTrainerRunsThroughDeathsAndJoinsAndResumesBitExactly) {
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
 }
 
+// Faults given in seconds land at the round in progress then on an unimpeded worker's clock
+// (floor), restarts after whole rounds (ceil): the same bits as the schedule given in rounds.
+TEST_F(ElasticRun, FaultsInSecondsAreTheirRoundsOnAnUnimpededClock) {
+  const std::vector<std::string> base = {"cluster.workers=4", "cluster.elastic=true", "algo.name=gasloc",
+                                         "algo.topology=1peer", "algo.H=5", "train.steps=40", "train.eval_every=20",
+                                         "network.step_time_s=0.1", "network.bandwidth_gbit=0.1"};
+  auto by_round = base, by_time = base;
+  by_round.push_back("faults.kill=[{id=1,round=2,restart_after_rounds=3}]");
+  const auto a = train::run_training(test_util::nano_request(root_, "faults_rounds", by_round));
+  // The nano model in fp32 over 0.1 Gbit/s to one peer: a round is 5 x 0.1 s of steps plus about
+  // 0.04 s of exchange, 0.54 s. 1.3 s falls in round 2 (1.08..1.62 s); 1.5 s of restart is 2.8
+  // rounds, so 3.
+  by_time.push_back("faults.kill=[{id=1,time_s=1.3,restart_after_s=1.5}]");
+  const auto b = train::run_training(test_util::nano_request(root_, "faults_time", by_time));
+  EXPECT_EQ(a.final_val_loss, b.final_val_loss);
+  const auto views = view_events(root_ / "faults_time");
+  ASSERT_EQ(views.size(), 2u);
+  EXPECT_EQ(views[0].round, 2);
+  EXPECT_EQ(views[1].round, 5);
+}
+
 TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   const auto root = test_util::temp_root("test_elastic_cfg");
   auto load = [&](std::vector<std::string> o) {
@@ -393,6 +414,16 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
                       "over Gloo, failures are real");
   load({"cluster.elastic=true", "cluster.backend=gloo"});  // an elastic Gloo job is a valid job
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1,rund=1}]"}); }, "rund");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1}]"}); },
+                      "needs a round or a time_s");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1,round=1,time_s=3}]"}); },
+                      "not both");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true",
+                                  "faults.kill=[{id=1,time_s=3,restart_after_s=2,restart_after_rounds=1}]"}); },
+                      "in rounds or in seconds");
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.churn_mtbf_s=30",
+                                  "faults.churn_mean_rounds=4"}); },
+                      "faults.churn_mtbf_s");
   std::filesystem::remove_all(root);
 }
 

@@ -276,6 +276,17 @@ void validate_faults_and_elastic(const JobConfig& job) {
   require(faults.churn_mean_rounds >= 0, "faults.churn_mean_rounds", "must be >= 0 (0 = no churn)");
   require(faults.churn_restart_rounds >= 0, "faults.churn_restart_rounds", "must be >= 0 (0 = never rejoin)");
   require(faults.churn_seed >= 0, "faults.churn_seed", "must be >= 0");
+  require(faults.churn_mtbf_s >= 0, "faults.churn_mtbf_s", "must be >= 0 (0 = no churn by time)");
+  require(faults.churn_mtbf_s == 0 || faults.churn_mean_rounds == 0, "faults.churn_mtbf_s",
+          "churn is given in rounds (churn_mean_rounds) or in seconds (churn_mtbf_s), not both");
+  require(faults.churn_restart_s >= 0, "faults.churn_restart_s", "must be >= 0 (0 = never rejoin)");
+  for (const auto& k : faults.kill) {
+    require((k.round >= 0) != (k.time_s >= 0), "faults.kill",
+            fmt::format("worker {}'s entry needs a round or a time_s (>= 0), not both", k.id));
+    require(k.restart_after_s >= 0, "faults.kill", fmt::format("worker {}'s restart_after_s must be >= 0", k.id));
+    require(k.restart_after_s == 0 || k.restart_after_rounds == 0, "faults.kill",
+            fmt::format("worker {}'s restart is given in rounds or in seconds, not both", k.id));
+  }
 }
 
 }  // namespace
@@ -295,15 +306,38 @@ void JobConfig::validate() const {
   network.validate(world);
   require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
   validate_faults_and_elastic(*this);
-  if (world > 0) membership(world);  // ids inside the world, no impossible schedule
+  // Ids inside the world, no impossible schedule. Faults in seconds become rounds only once the
+  // model's size prices a round: checked at the run's start, before any step.
+  if (world > 0 && !faults.by_time()) membership(world);
 }
 
-std::optional<algo::Membership> JobConfig::membership(int world) const {
+bool FaultsSection::by_time() const {
+  return churn_mtbf_s > 0 || std::any_of(kill.begin(), kill.end(), [](const FaultKill& k) { return k.time_s >= 0; });
+}
+
+namespace {
+// A time on an unimpeded worker's clock as rounds: the round in progress then (floor), and a
+// delay as whole rounds, at least one (ceil).
+int64_t round_at(double t, double round_s) { return static_cast<int64_t>(std::floor(t / round_s)); }
+int64_t rounds_after(double delay_s, double round_s) {
+  return delay_s <= 0 ? 0 : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(delay_s / round_s - 1e-9)));
+}
+}  // namespace
+
+std::optional<algo::Membership> JobConfig::membership(int world, double round_s) const {
   if (!cluster.elastic && !faults.restart_all) return std::nullopt;
+  if (faults.by_time() && !(round_s > 0))
+    throw ConfigError("faults: a fault given in seconds needs a round that takes virtual time",
+                      "set network.step_time_s > 0, or give the faults in rounds (faults.kill round, churn_mean_rounds)");
   std::vector<algo::FaultEvent> events;
   for (const auto& k : faults.kill)
-    events.push_back({static_cast<int>(k.id), k.round, k.restart_after_rounds});
-  const algo::Churn churn{faults.churn_mean_rounds, faults.churn_restart_rounds, static_cast<uint64_t>(faults.churn_seed)};
+    events.push_back({static_cast<int>(k.id), k.time_s >= 0 ? round_at(k.time_s, round_s) : k.round,
+                      k.restart_after_s > 0 ? rounds_after(k.restart_after_s, round_s) : k.restart_after_rounds});
+  const algo::Churn churn = faults.churn_mtbf_s > 0
+                                ? algo::Churn{faults.churn_mtbf_s / round_s, rounds_after(faults.churn_restart_s, round_s),
+                                              static_cast<uint64_t>(faults.churn_seed)}
+                                : algo::Churn{faults.churn_mean_rounds, faults.churn_restart_rounds,
+                                              static_cast<uint64_t>(faults.churn_seed)};
   const bool rounds = algo::algorithm(algo.name).has_rounds;
   const int64_t steps_per_round = rounds ? std::max<int64_t>(algo.H, 1) : 1;
   std::optional<algo::RestartAll> restart;

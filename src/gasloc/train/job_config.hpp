@@ -213,16 +213,22 @@ struct ClusterSection {
 };
 
 // One scheduled failure: faults.kill = [{ id = 3, round = 4, restart_after_rounds = 2 }].
+// Or by time: faults.kill = [{ id = 3, time_s = 120, restart_after_s = 60 }], in seconds of an
+// unimpeded worker's virtual clock (docs/training.md, "Faults by time").
 struct FaultKill {
   int64_t id = -1;
   int64_t round = -1;
   int64_t restart_after_rounds = 0;
+  double time_s = -1;
+  double restart_after_s = 0;
   bool operator==(const FaultKill&) const = default;
   template <class V>
   void visit(V&& v) {
     v("id", id, "the worker that dies (its launch rank)");
     v("round", round, "it dies at this round's merge (rounds count from 0), after computing its local steps");
     v("restart_after_rounds", restart_after_rounds, "it rejoins this many rounds later, healed from a donor (0 = never)");
+    v("time_s", time_s, "instead of round: it dies at the merge of the round in progress at this virtual time");
+    v("restart_after_s", restart_after_s, "instead of restart_after_rounds: it rejoins after this many seconds (0 = never)");
   }
 };
 void to_json(nlohmann::json& j, const FaultKill& k);
@@ -234,6 +240,8 @@ struct FaultsSection {
   std::vector<FaultKill> kill;
   double churn_mean_rounds = 0.0;
   int64_t churn_restart_rounds = 1;
+  double churn_mtbf_s = 0.0;
+  double churn_restart_s = 0.0;
   int64_t churn_seed = 0;
   bool restart_all = false;
   double restart_delay_s = 30.0;
@@ -243,12 +251,16 @@ struct FaultsSection {
     v("kill", kill, "scheduled deaths: [{ id = 3, round = 4, restart_after_rounds = 2 }]");
     v("churn_mean_rounds", churn_mean_rounds, "random churn: each worker dies after a mean of this many rounds (0 = none)");
     v("churn_restart_rounds", churn_restart_rounds, "random churn: a dead worker rejoins this many rounds later (0 = never)");
+    v("churn_mtbf_s", churn_mtbf_s, "random churn by time: each worker's mean seconds between failures (instead of churn_mean_rounds)");
+    v("churn_restart_s", churn_restart_s, "random churn by time: a dead worker rejoins after this many seconds (instead of churn_restart_rounds)");
     v("churn_seed", churn_seed, "random churn: the seed of the failure times");
     v("restart_all", restart_all,
       "instead of an elastic run: price stop-and-resume, every worker restarting from the last checkpoint at each failure");
     v("restart_delay_s", restart_delay_s, "restart_all: seconds to restart the job (processes, rendezvous, loading)");
   }
-  bool any() const { return !kill.empty() || churn_mean_rounds > 0; }
+  bool any() const { return !kill.empty() || churn_mean_rounds > 0 || churn_mtbf_s > 0; }
+  // Whether a fault is given in seconds: the membership then needs the round's duration.
+  bool by_time() const;
 };
 
 // One slow worker of a scenario: network.stragglers = [{ rank = 3, bandwidth = 0.1 }].
@@ -329,7 +341,9 @@ struct JobConfig {
   nlohmann::json to_json() const;
   // cluster.elastic: the membership of `world` workers under [faults] (ConfigError naming the
   // entry that cannot happen); nullopt for a run that is not elastic.
-  std::optional<algo::Membership> membership(int world) const;
+  // `round_s`: the round time of an unimpeded worker on the virtual clock (round_seconds), which
+  // turns faults given in seconds into rounds; unused when none is.
+  std::optional<algo::Membership> membership(int world, double round_s = 0) const;
 };
 
 // Builds a job from parsed JSON (from TOML), then applies "section.key=value" overrides, then

@@ -12,6 +12,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
@@ -540,6 +542,35 @@ TrainSummary run_rank_loops(const JobSetup& s, const RunStart& start,
   return state.summary;
 }
 
+// The round time of an unimpeded worker on the virtual clock, H s + C (LocalSteps::round_seconds,
+// for every local-step policy): what turns faults given in seconds into rounds.
+double unimpeded_round_seconds(const JobConfig& job, const model::LlamaConfig& mc, const comm::NetworkModel& network,
+                               int world) {
+  const auto& entry = algo::algorithm(job.algo.name.str());
+  std::optional<topology::Topology> topo;
+  if (entry.needs_topology) topo = topology::Topology(topology::parse_kind(job.algo.topology.str()), world, job.train.seed);
+  const torch::ScalarType wire = entry.sends_gradients ? torch::kFloat32 : algo::parse_wire_dtype(job.algo.wire_dtype.str());
+  const int64_t bytes = mc.num_params() * static_cast<int64_t>(c10::elementSize(wire));
+  return algo::LocalSteps(entry.has_rounds ? job.algo.H : 1, network, topo, world, job.algo.overlap_steps).round_seconds(bytes);
+}
+
+// The membership of an elastic in-process run, saying how faults given in seconds landed.
+std::optional<algo::Membership> fault_membership(const JobSetup& s) {
+  if (!s.job.faults.by_time() || s.elastic) return s.job.membership(s.world);
+  const double round_s = unimpeded_round_seconds(s.job, s.mc, s.network, s.world);
+  auto m = s.job.membership(s.world, round_s);
+  if (s.leader && !s.req.quiet && m) {
+    std::string where;
+    const auto& events = m->events();
+    for (size_t i = 0; i < std::min<size_t>(events.size(), 8); ++i)
+      where += fmt::format("{}worker {} at round {}", i ? ", " : "", events[i].id, events[i].round);
+    if (events.size() > 8) where += fmt::format(", ... ({} in all)", events.size());
+    fmt::print("faults in seconds: a round takes {:.2f} s on an unimpeded worker's clock; deaths: {}\n", round_s,
+               where.empty() ? "none" : where);
+  }
+  return m;
+}
+
 // This process's BLAS threads and workers (on a resume, from their checkpoints), then their loops.
 TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   const JobConfig& job = s.job;
@@ -549,7 +580,7 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
     print_thread_plan(job, static_cast<int>(ranks.size()), s.cluster.host_processes(), s.auto_streams);
   if (s.leader && !s.req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active())
     warn_two_pools(job);
-  const std::optional<algo::Membership> membership = job.membership(s.world);
+  const std::optional<algo::Membership> membership = fault_membership(s);
   const algo::Membership* views = s.elastic ? &s.elastic->views() : membership ? &*membership : nullptr;
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
