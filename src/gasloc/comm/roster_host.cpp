@@ -52,7 +52,14 @@ Admission admit_by_hand(c10d::Store& store, int id, int world, double timeout_s)
     throw CommError("the job's store keeps no roster of elastic ranks",
                     "start it with `gasloc store --elastic -n N --job-id JOB` (or start the ranks with gasloc launch "
                     "--elastic, which keeps the roster itself)");
-  const int host_world = std::stoi(to_text(store.get(elastic_keys::world())));
+  const std::string world_text = to_text(store.get(elastic_keys::world()));
+  int host_world = 0;
+  try {
+    host_world = std::stoi(world_text);
+  } catch (const std::exception&) {
+    throw CommError(fmt::format("the job's store holds '{}' as its number of ranks", world_text),
+                    "another program or gasloc version wrote the job's store");
+  }
   if (world != host_world)
     throw ConfigError(fmt::format("WORLD_SIZE is {} here but the job's gasloc store serves {} ranks (-n {})", world,
                                   host_world, host_world),
