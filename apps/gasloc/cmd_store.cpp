@@ -65,7 +65,6 @@ Action add_store(CLI::App& app) {
                "  TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR={} MASTER_PORT={} RANK=r WORLD_SIZE=n gasloc train ... "
                "--job-id {}\n",
                o->job_id, server.address(), server.port(), o->addr, server.port(), o->job_id);
-    std::fflush(stdout);
     const auto keys = comm::job_keys(server.local());  // the ranks' keys, as they see them; outlives the roster host
     std::optional<comm::RosterHost> roster;
     const auto t0 = std::chrono::steady_clock::now();

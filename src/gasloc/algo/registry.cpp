@@ -10,11 +10,21 @@ topology::Topology SyncContext::topology() const {
   return topology::Topology(topology::parse_kind(cfg.topology), world, seed);
 }
 
+namespace {
+LocalSteps priced_steps(const SyncContext& c, int64_t H, const char* what) {
+  if (!c.network) throw ConfigError(std::string(what) + " needs the network model", "internal: pass [network] to make_synchronizer");
+  return LocalSteps(H, *c.network, c.entry.needs_topology ? std::optional(c.topology()) : std::nullopt, c.world,
+                    c.cfg.overlap_steps);
+}
+}  // namespace
+
 LocalSteps SyncContext::steps() const {
   if (cfg.h_policy != "time_budget") return LocalSteps(cfg.H);
-  if (!network) throw ConfigError("algo.h_policy = time_budget needs the network model", "internal: pass [network] to make_synchronizer");
-  return LocalSteps(cfg.H, *network, entry.needs_topology ? std::optional(topology()) : std::nullopt, world,
-                    cfg.overlap_steps);
+  return priced_steps(*this, cfg.H, "algo.h_policy = time_budget");
+}
+
+double SyncContext::round_seconds(int64_t actual_bytes) const {
+  return priced_steps(*this, entry.has_rounds ? cfg.H : 1, "pricing a round").round_seconds(actual_bytes);
 }
 
 OuterOptions SyncContext::outer() const { return {cfg.outer_lr, cfg.outer_momentum}; }

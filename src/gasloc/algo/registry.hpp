@@ -33,6 +33,9 @@ struct SyncContext {
   topology::Topology topology() const;
   // The local-step policy; time_budget plans each round's exchange over the entry's topology.
   LocalSteps steps() const;
+  // An unimpeded worker's round time on `network` (required), whatever the local-step policy: H
+  // steps (one for algorithms without rounds) and the round's exchange of `actual_bytes`.
+  double round_seconds(int64_t actual_bytes) const;
   OuterOptions outer() const;
   Overlap overlap() const;
   torch::ScalarType wire() const;

@@ -65,13 +65,13 @@ class Run {
   // An elastic run may resume on fewer workers than it was saved by: each id left continues from
   // its own checkpoint (not with disjoint data slices, which depend on the number of workers).
   void check_resume_world() const;
-  bool fewer_allowed() const;
   // run.json: the resolved job, the model, the dataset and versions.
   void write_info(const data::Dataset& dataset) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.
   void print() const;
 
  private:
+  bool fewer_allowed() const;  // check_resume_world's rule, which load() follows
   const JobConfig& job_;
   model::LlamaConfig mc_;
   int world_;

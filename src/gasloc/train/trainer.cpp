@@ -12,8 +12,6 @@
 #include <thread>
 #include <unistd.h>
 
-#include "gasloc/algo/algorithms.hpp"
-#include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
@@ -542,16 +540,14 @@ TrainSummary run_rank_loops(const JobSetup& s, const RunStart& start,
   return state.summary;
 }
 
-// The round time of an unimpeded worker on the virtual clock, H s + C (LocalSteps::round_seconds,
-// for every local-step policy): what turns faults given in seconds into rounds.
+// The round time of an unimpeded worker on the virtual clock, H s + C: what turns faults given
+// in seconds into rounds.
 double unimpeded_round_seconds(const JobConfig& job, const model::LlamaConfig& mc, const comm::NetworkModel& network,
                                int world) {
   const auto& entry = algo::algorithm(job.algo.name.str());
-  std::optional<topology::Topology> topo;
-  if (entry.needs_topology) topo = topology::Topology(topology::parse_kind(job.algo.topology.str()), world, job.train.seed);
-  const torch::ScalarType wire = entry.sends_gradients ? torch::kFloat32 : algo::parse_wire_dtype(job.algo.wire_dtype.str());
-  const int64_t bytes = mc.num_params() * static_cast<int64_t>(c10::elementSize(wire));
-  return algo::LocalSteps(entry.has_rounds ? job.algo.H : 1, network, topo, world, job.algo.overlap_steps).round_seconds(bytes);
+  const algo::SyncContext c{job.algo, entry, world, static_cast<uint64_t>(job.train.seed), &network, nullptr};
+  const torch::ScalarType wire = entry.sends_gradients ? torch::kFloat32 : c.wire();
+  return c.round_seconds(mc.num_params() * static_cast<int64_t>(c10::elementSize(wire)));
 }
 
 // The membership of an elastic in-process run, saying how faults given in seconds landed.
