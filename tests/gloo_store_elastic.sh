@@ -7,7 +7,9 @@
 #     same command started again rejoins as incarnation 1 with a donor's state;
 #  4. a rank SIGSTOPped past the heartbeat timeout is declared dead, leaves by itself once resumed,
 #     and rejoins when started again; then Ctrl+C stops every rank at one step, checkpointed;
-#  5. a rank whose WORLD_SIZE differs from the store's -n is refused.
+#  5. a rank whose WORLD_SIZE differs from the store's -n is refused, and one started with
+#     cluster.join before the job has started is told it is a founder;
+#  6. the run, resumed on 5 ranks at a store with --founders 4, takes rank 4 in as a joiner.
 #   tests/gloo_store_elastic.sh path/to/gasloc
 set -euo pipefail
 source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
@@ -45,6 +47,13 @@ rank() {
     > "$2" 2>&1 &
   pids+=($!)
 }
+
+# 0. cluster.join before the job has started: the rank is one of its founders, and is told so.
+set +e
+out=$(RANK=3 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$G" train "${job[@]}" --job-id hand \
+      --set cluster.join=true 2>&1); rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "the job at the store has not started yet" <<<"$out" || fail "an early joiner was not refused (status $rc): $out"
 
 # 1. One by one: nobody trains before the last has started.
 rank 0 r0.log; p0=$!
@@ -112,3 +121,42 @@ set -e
 [ $rc -ne 0 ] && grep -q "WORLD_SIZE is 3 here but the job's gasloc store serves 4 ranks" <<<"$out" ||
   fail "WORLD_SIZE 3 at a store of 4 was not refused (status $rc): $out"
 echo "gloo_store_elastic: a rank of another world size is refused"
+
+# 6. The run resumed on 5 ranks at a store with room for one more: ranks 0..3 found the job from
+#    their checkpoints; rank 4, started first, waits until the job runs, then joins it with a
+#    donor's state.
+"$G" store --elastic -n 5 --founders 4 --heartbeat-timeout 6 --port 0 --job-id more > store5.log 2>&1 &
+pids+=($!)
+port5=""
+for _ in $(seq 1 200); do
+  port5=$(grep -o 'on 127.0.0.1:[0-9]*' store5.log | head -1 | cut -d: -f2 || true)
+  [ -n "$port5" ] && break
+  sleep 0.05
+done
+[ -n "$port5" ] || fail "gasloc store --founders did not start: $(cat store5.log)"
+resumed() {
+  RANK=$1 WORLD_SIZE=5 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5 "$G" train --resume run --job-id more > "$2" 2>&1 &
+  pids+=($!)
+}
+resumed 4 m4.log; m4=$!
+sleep 1
+resumed 0 m0.log; m0=$!
+resumed 1 m1.log; m1=$!
+resumed 2 m2.log; m2=$!
+resumed 3 m3.log; m3=$!
+for _ in $(seq 1 600); do grep -q "rank 4 (incarnation 0) rejoined" store5.log && break; sleep 0.05; done
+grep -q "rank 4 (incarnation 0) started: it joins the running job" store5.log ||
+  fail "rank 4 was not admitted as a joiner: $(cat store5.log)"
+grep -q "worker 4 rejoined at round" m4.log || fail "rank 4 did not take a donor's state: $(tail -n 5 m4.log) $(cat store5.log)"
+grep -q "ids 4..4 join at the first round's merge" m0.log || fail "rank 0 did not say rank 4 joins: $(head -n 5 m0.log)"
+sleep 1
+kill -INT $m0 $m1 $m2 $m3 $m4
+for p in $m0 $m1 $m2 $m3 $m4; do
+  set +e; wait "$p"; rc=$?; set -e
+  [ $rc -eq 130 ] || fail "a resumed rank did not stop on Ctrl+C (status $rc): $(tail -n 5 m*.log)"
+done
+steps=$(cat m?.log | grep -o 'stopped after [0-9]* steps' | sort -u)
+[ "$(wc -l <<<"$steps")" -eq 1 ] || fail "the resumed ranks stopped at different steps: $steps"
+n=$(printf '%08d' "$(grep -o '[0-9]*' <<<"$steps")")
+[ -f "run/checkpoints/step-$n/rank4.pt" ] || fail "the joined rank 4 has no committed checkpoint at step $n"
+echo "gloo_store_elastic: resumed on 5 ranks at --founders 4, rank 4 joined with a donor's state and $steps"

@@ -15,6 +15,7 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
 #include "gasloc/study/run_summary.hpp"
+#include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
@@ -57,6 +58,27 @@ TEST(Membership, DonorsSpreadOverSurvivors) {
   EXPECT_EQ(v.donor(0), 5);  // cyclically: no survivor below 0
 }
 
+// Ids that arrive at round 3 (a run resumed on more workers): out before, joining at 3 (healed
+// from the nearest survivor below them), members after; a kill scheduled before the arrival is
+// dropped, one after it counts.
+TEST(Membership, ArrivalsJoinAtTheirRound) {
+  const algo::Membership m(6, {{.id = 4, .round = 1}, {.id = 5, .round = 5}}, {}, 0, std::nullopt, {{4, 3}, {5, 3}});
+  EXPECT_FALSE(m.trivial());
+  EXPECT_EQ(m.view(2).members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(m.view(2).joining.empty());
+  EXPECT_EQ(m.view(3).members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(m.view(3).joining, (std::vector<int>{4, 5}));
+  EXPECT_EQ(m.view(3).donor(4), 3);
+  EXPECT_EQ(m.view(3).donor(5), 3);
+  EXPECT_EQ(m.view(4).members, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(m.view(5).dying, (std::vector<int>{5}));
+  EXPECT_FALSE(m.computes(4, 2));
+  EXPECT_FALSE(m.computes(4, 3));
+  EXPECT_TRUE(m.computes(4, 4));
+  EXPECT_EQ(m.events().size(), 1u);
+  EXPECT_TRUE(algo::Membership(4, {}).trivial());
+}
+
 void expect_config_error(const std::function<void()>& f, const std::string& needle) {
   try {
     f();
@@ -72,6 +94,8 @@ TEST(Membership, ImpossibleSchedulesAreRefused) {
   expect_config_error([] { algo::Membership(4, {{.id = 2, .round = 1, .restart_after_rounds = 3}, {.id = 2, .round = 3}}); },
                       "while it is dead or rejoining");
   expect_config_error([] { algo::Membership(2, {{.id = 0, .round = 1}, {.id = 1, .round = 1}}); }, "no worker alive");
+  expect_config_error([] { algo::Membership(4, {}, {}, 0, std::nullopt, {{4, 1}}); }, "worker 4 cannot arrive");
+  expect_config_error([] { algo::Membership(4, {}, {}, 0, algo::RestartAll{}, {{3, 1}}); }, "cannot add workers");
 }
 
 TEST(Membership, ChurnIsAPureFunctionOfItsSeed) {
@@ -372,6 +396,65 @@ TEST_F(ElasticRun, TheTrainerRunsThroughDeathsAndJoinsAndResumesBitExactly) {
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
 }
 
+// Training lines by (worker, step), from a run's metrics.
+std::map<std::pair<int64_t, int64_t>, train::TrainEvent> train_lines(const std::filesystem::path& run) {
+  std::map<std::pair<int64_t, int64_t>, train::TrainEvent> out;
+  for (const auto& e : train::read_metrics(run))
+    if (const auto* t = std::get_if<train::TrainEvent>(&e)) out[{t->worker, t->step}] = *t;
+  return out;
+}
+
+// A run saved by 4 workers at step 10 and resumed on 6: ids 4 and 5 join at the first round's
+// merge (round 2, step 15), healed from worker 3, and compute from round 3 on. Joiners have
+// weight 0 in the mix, so ids 0..3 follow the 4-worker run bit for bit through round 3's local
+// steps (steps 11..20); only round 3's merge, over six, differs.
+TEST_F(ElasticRun, ResumedOnMoreWorkersTheNewIdsJoinFromADonor) {
+  const std::vector<std::string> base = {"cluster.elastic=true", "algo.name=gasloc", "algo.topology=1peer", "algo.H=5",
+                                         "train.eval_every=10", "train.checkpoint_every=10", "train.log_every=1",
+                                         "cluster.workers=4"};
+  auto whole = base, cut = base;
+  whole.push_back("train.steps=25");
+  cut.push_back("train.steps=25");
+  cut.push_back("train.stop_at=10");
+  train::run_training(test_util::nano_request(root_, "more_whole", whole));
+  train::run_training(test_util::nano_request(root_, "more_cut", cut));
+  train::TrainRequest more;
+  more.quiet = true;
+  more.resume_dir = (root_ / "more_cut").string();
+  more.overrides = {"train.steps=25", "cluster.workers=6"};
+  const auto summary = train::run_training(more);
+  EXPECT_EQ(summary.steps_done, 25);
+
+  const auto a = train_lines(root_ / "more_whole"), b = train_lines(root_ / "more_cut");
+  for (int64_t w = 0; w < 6; ++w)
+    for (int64_t step = 11; step <= 25; ++step) {
+      ASSERT_TRUE(b.contains({w, step})) << "worker " << w << " step " << step;
+      const auto& line = b.at({w, step});
+      EXPECT_EQ(line.computed, w < 4 || step > 15) << "worker " << w << " step " << step;
+      if (w < 4 && step <= 20) EXPECT_EQ(a.at({w, step}).train_loss, line.train_loss) << "worker " << w << " step " << step;
+    }
+  const auto views = view_events(root_ / "more_cut");
+  ASSERT_FALSE(views.empty());
+  EXPECT_EQ(views.front().round, 2);
+  EXPECT_EQ(views.front().joined, (std::vector<int64_t>{4, 5}));
+  // Saved again by 6: a later resume on 6 takes every id from its own checkpoint.
+  const train::RunCheckpoints ckpts(root_ / "more_cut", 6);
+  EXPECT_EQ(train::load_checkpoint(ckpts.file(20, 5)).meta.value("world", 0), 6);
+
+  // Disjoint slices of the data depend on the number of workers: such a run keeps its world.
+  auto disjoint = cut;
+  disjoint.push_back("data.sampling=disjoint");
+  train::run_training(test_util::nano_request(root_, "more_disjoint", disjoint));
+  train::TrainRequest refused = more;
+  refused.resume_dir = (root_ / "more_disjoint").string();
+  try {
+    train::run_training(refused);
+    ADD_FAILURE() << "a run of disjoint slices resumed on more workers";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("each worker's slice of the data would move"), std::string::npos) << e.what();
+  }
+}
+
 // Faults given in seconds land at the round in progress then on an unimpeded worker's clock
 // (floor), restarts after whole rounds (ceil): the same bits as the schedule given in rounds.
 TEST_F(ElasticRun, FaultsInSecondsAreTheirRoundsOnAnUnimpededClock) {
@@ -413,6 +496,9 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "faults.kill=[{id=1,round=2}]"}); },
                       "over Gloo, failures are real");
   load({"cluster.elastic=true", "cluster.backend=gloo"});  // an elastic Gloo job is a valid job
+  load({"cluster.elastic=true", "cluster.backend=gloo", "cluster.join=true"});
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "cluster.join=true"}); }, "cluster.join");
+  expect_config_error([&] { load({"cluster.backend=gloo", "cluster.join=true"}); }, "cluster.join");
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1,rund=1}]"}); }, "rund");
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "faults.kill=[{id=1}]"}); },
                       "needs a round or a time_s");

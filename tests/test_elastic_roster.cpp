@@ -194,6 +194,35 @@ TEST(RosterHost, FoundsTheJobThenAdmitsJoinersAndRefusesALivingId) {
   EXPECT_EQ(job.state(1), RankState::dead);
 }
 
+// With --founders 2 of 3: ids 0 and 1 found the job; id 2, claimed first, is answered only once
+// the job runs, as a joiner; a founder's cluster.join is refused before, an extra id's is not.
+TEST(RosterHost, IdsBeyondTheFoundersJoinOnceTheJobRuns) {
+  comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
+  auto store = server.local();
+  comm::RosterHost host(*store, 3, 6.0, 2);
+  EXPECT_TRUE(comm::founds_the_job(*store, 1));
+  EXPECT_FALSE(comm::founds_the_job(*store, 2));
+  const auto claim = [&](int id) { return store->add(comm::elastic_keys::claim(id), 1) - 1; };
+  const auto answer = [&](int id, int64_t inc) {
+    const auto key = comm::elastic_keys::admit(id, inc);
+    return store->check({key}) ? comm::to_text(store->get(key)) : "";
+  };
+  claim(2);
+  claim(0);
+  host.tend(0.0);
+  EXPECT_EQ(answer(0, 0), "member");
+  EXPECT_EQ(answer(2, 0), "");  // not before the job runs
+  EXPECT_FALSE(host.founded());
+  claim(1);
+  host.tend(0.1);
+  EXPECT_TRUE(host.founded());
+  host.tend(0.2);
+  EXPECT_EQ(answer(1, 0), "member");
+  EXPECT_EQ(answer(2, 0), "joiner");
+  EXPECT_FALSE(comm::founds_the_job(*store, 0));
+  EXPECT_THROW(comm::RosterHost(*store, 3, 6.0, 4), ConfigError);
+}
+
 TEST(RosterHost, ASuspectReportEvictsOnlyOverAStillCounter) {
   HandJob job;
   for (int id = 0; id < 3; ++id) job.claim(id);

@@ -161,26 +161,33 @@ struct Opts {
   std::vector<std::string> cmd;
 };
 
+// The run.json of the run that `gasloc train --resume DIR` continues (null without --resume).
+nlohmann::json resumed_run(const Opts& o) {
+  for (size_t i = 2; i + 1 < o.cmd.size(); ++i)
+    if (o.cmd[i] == "--resume") {
+      const std::string dir = o.cmd[i + 1];
+      auto doc = nlohmann::json::parse(read_file(std::filesystem::path(dir) / "run.json"), nullptr, false);
+      if (doc.is_discarded() || !doc.contains("config") || !doc.contains("world"))
+        throw Error("launch: cannot read " + dir + "/run.json", "--resume needs the directory of a run gasloc train started");
+      return doc;
+    }
+  return nullptr;
+}
+
 // The links of the test bed: the [network] section of the job that `gasloc train` will run (its
 // --config/--set, or the run.json of --resume), else --netns-config/--netns-set, else defaults.
 std::vector<double> testbed_links(const Opts& o, bool self_train) {
   train::JobConfig job;
   if (self_train) {
-    std::string config, resume;
+    std::string config;
     std::vector<std::string> sets;
     for (size_t i = 2; i + 1 < o.cmd.size(); ++i) {
       const std::string& a = o.cmd[i];
       if (a == "--config" || a == "-c") config = o.cmd[++i];
       else if (a == "--set" || a == "-s") sets.push_back(o.cmd[++i]);
-      else if (a == "--resume") resume = o.cmd[++i];
     }
-    if (!resume.empty()) {
-      auto doc = nlohmann::json::parse(read_file(std::filesystem::path(resume) / "run.json"), nullptr, false);
-      if (doc.is_discarded() || !doc.contains("config")) throw Error("launch --netns: cannot read " + resume + "/run.json");
-      job = train::job_from_json(doc["config"], sets);
-    } else {
-      job = train::load_job(config, sets);
-    }
+    const nlohmann::json resumed = resumed_run(o);
+    job = resumed.is_null() ? train::load_job(config, sets) : train::job_from_json(resumed["config"], sets);
   } else {
     job = train::load_job(o.netns_config, o.netns_set);
   }
@@ -630,16 +637,29 @@ int run_launch(const Opts& o) {
     throw Error("launch --elastic runs gasloc train ranks only", "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
   const SignalCapture signals;
   std::optional<ElasticPolicy> elastic;
+  // A run resumed on more ranks than saved it: those beyond start as joiners, with a donor's state.
+  int founders = o.n;
+  if (o.elastic)
+    if (const auto resumed = resumed_run(o); !resumed.is_null() && resumed["world"].is_number_integer())
+      founders = std::min(o.n, resumed["world"].get<int>());
+  auto elastic_args = [&](int id, int64_t inc) {
+    auto a = with_incarnation(args, inc);
+    if (id >= founders && inc == 0) a.insert(a.begin() + 2, {"--set", "cluster.join=true"});
+    return a;
+  };
   if (o.elastic) {
     elastic.emplace(ElasticPolicy{comm::RosterWriter(store_host.store(), o.n), o.max_restarts, o.min_ranks,
                                   std::vector<int64_t>(o.n, 0), [&](int id, int64_t inc) {
-                                    return spawn_rank(exe, with_incarnation(args, inc), envs[id], testbed.get(), id);
+                                    return spawn_rank(exe, elastic_args(id, inc), envs[id], testbed.get(), id);
                                   }});
-    for (int i = 0; i < o.n; ++i) elastic->roster.started(i, 0, /*member=*/true);
+    for (int i = 0; i < o.n; ++i) elastic->roster.started(i, 0, /*member=*/i < founders);
+    if (founders < o.n)
+      write_all(1, fmt::format("launch: the run was saved by {} ranks; ranks {}..{} join it with a donor's state\n",
+                               founders, founders, o.n - 1));
   }
   std::vector<Rank> ranks;
   for (int i = 0; i < o.n; ++i)
-    ranks.push_back(spawn_rank(exe, o.elastic ? with_incarnation(args, 0) : args, envs[i], testbed.get(), i));
+    ranks.push_back(spawn_rank(exe, o.elastic ? elastic_args(i, 0) : args, envs[i], testbed.get(), i));
   Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? o.heartbeat_timeout : 0.0,
                         elastic ? &*elastic : nullptr);
   supervisor.run();

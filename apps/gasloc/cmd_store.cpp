@@ -37,7 +37,7 @@ Action add_store(CLI::App& app) {
     int port = 29500;
     bool all_interfaces = false;
     bool elastic = false;
-    int n = 0;
+    int n = 0, founders = 0;
     double heartbeat_timeout = 30;
   };
   auto o = std::make_shared<Opts>();
@@ -49,6 +49,10 @@ Action add_store(CLI::App& app) {
                                "keep the roster of an elastic job (ranks with cluster.elastic = true): admit ranks, "
                                "declare dead those whose heartbeat stalls, let a rank started again rejoin");
   app.add_option("-n,--nranks", o->n, "with --elastic: the job's number of ranks (their WORLD_SIZE)")->needs(elastic);
+  app.add_option("--founders", o->founders,
+                 "with --elastic: ranks 0..F-1 start the job and ranks F..n-1 join it whenever they start (room to add "
+                 "workers to a running job, or to resume a run on more ranks than saved it; default: all n)")
+      ->needs(elastic);
   app.add_option("--heartbeat-timeout", o->heartbeat_timeout,
                  "with --elastic: seconds without a heartbeat after which a rank is declared dead")
       ->capture_default_str()
@@ -57,6 +61,9 @@ Action add_store(CLI::App& app) {
     if (o->port < 0 || o->port > 65535) throw Error(fmt::format("store: --port {} is outside 0..65535", o->port));
     if (o->job_id.empty()) throw Error("store: --job-id is empty", "name the job, e.g. --job-id myjob");
     if (o->elastic && o->n < 1) throw Error("store --elastic needs the job's number of ranks", "e.g. --elastic -n 4");
+    if (o->elastic && (o->founders < 0 || o->founders > o->n))
+      throw Error(fmt::format("store: --founders {} is outside 1..{} (-n)", o->founders, o->n),
+                  "ranks 0..F-1 start the job; the others join it");
     if (o->elastic && !(o->heartbeat_timeout >= 2 * comm::kSuspectSilenceS && std::isfinite(o->heartbeat_timeout)))
       throw Error(fmt::format("store: --heartbeat-timeout {} is shorter than {:g} s", o->heartbeat_timeout, 2 * comm::kSuspectSilenceS),
                   "a rank beats once a second; give it a few beats of slack, e.g. --heartbeat-timeout 10");
@@ -70,10 +77,13 @@ Action add_store(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     if (o->elastic) {
-      roster.emplace(*keys, o->n, o->heartbeat_timeout);
+      roster.emplace(*keys, o->n, o->heartbeat_timeout, o->founders);
       fmt::print("gasloc store: keeping the roster of an elastic job of {} ranks (cluster.elastic = true); a rank is "
                  "declared dead after {:g} s without a heartbeat, and rejoins when started again\n",
                  o->n, o->heartbeat_timeout);
+      if (o->founders > 0 && o->founders < o->n)
+        fmt::print("gasloc store: ranks 0..{} start the job; ranks {}..{} join it whenever they start\n", o->founders - 1,
+                   o->founders, o->n - 1);
     }
     std::fflush(stdout);
     g_store_stop.store(false);

@@ -56,9 +56,16 @@ std::vector<FaultEvent> draw_churn(int workers, const Churn& churn, int64_t hori
 }
 
 Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn, int64_t horizon_rounds,
-                       std::optional<RestartAll> restart_all)
-    : workers_(workers), restart_all_(restart_all) {
+                       std::optional<RestartAll> restart_all, Arrivals arrivals)
+    : workers_(workers), restart_all_(restart_all), arrivals_(std::move(arrivals)) {
   if (workers < 1) throw ConfigError(fmt::format("membership: the world must have >= 1 worker, got {}", workers));
+  for (const auto& [id, round] : arrivals_) {
+    if (id < 0 || id >= workers || round < 0)
+      throw ConfigError(fmt::format("membership: worker {} cannot arrive at round {} in a world of {}", id, round, workers));
+    if (restart_all_)
+      throw ConfigError("faults.restart_all prices a job that restarts every worker; it cannot add workers",
+                        "resume on as many workers as the run was saved by");
+  }
   for (size_t i = 0; i < events.size(); ++i) {
     const auto& e = events[i];
     if (e.id < 0 || e.id >= workers)
@@ -70,6 +77,10 @@ Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn,
                                     entry(i), e.restart_after_rounds));
   }
   for (const auto& e : draw_churn(workers, churn, horizon_rounds)) events.push_back(e);
+  std::erase_if(events, [&](const FaultEvent& e) {
+    const auto a = arrivals_.find(e.id);
+    return a != arrivals_.end() && e.round <= a->second;
+  });
   std::stable_sort(events.begin(), events.end(),
                    [](const FaultEvent& a, const FaultEvent& b) { return a.round != b.round ? a.round < b.round : a.id < b.id; });
   // A worker dies again only once it is back: after its rejoin round (and never after no restart).
@@ -90,6 +101,7 @@ Membership::Membership(int workers, std::vector<FaultEvent> events, Churn churn,
   // Every round needs a survivor to carry the model (and to heal the joiners).
   int64_t last = 0;
   for (const auto& e : events_) last = std::max(last, e.round + e.restart_after_rounds + 1);
+  for (const auto& [id, round] : arrivals_) last = std::max(last, round + 1);
   for (int64_t r = 0; r <= last; ++r)
     if (view(r).survivors().empty())
       throw ConfigError(fmt::format("faults leave no worker alive after round {}", r),
@@ -102,6 +114,8 @@ bool Membership::fails_at(int64_t round) const {
 
 Membership::State Membership::state(int id, int64_t round) const {
   if (restart_all_) return State::member;
+  if (const auto a = arrivals_.find(id); a != arrivals_.end() && round <= a->second)
+    return round < a->second ? State::dead : State::joining;
   State s = State::member;
   for (const auto& e : events_) {
     if (e.id != id || e.round > round) continue;

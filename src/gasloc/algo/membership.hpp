@@ -14,6 +14,7 @@
 //   - from round r+d+1 on it is a member again.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ struct RestartAll {
   double delay_s = 30.0;                // restarting the job: processes, rendezvous, loading the checkpoint
   int64_t checkpoint_every_rounds = 0;  // 0: no checkpoint, a failure replays from the start
 };
+
+// Ids that first arrive at a round, by id (an elastic run resumed on more workers than saved it):
+// out of every view before that round, joining at it (healed from a donor at its merge), members
+// after it.
+using Arrivals = std::map<int, int64_t>;
 
 // The members of one round, ids ascending.
 struct View {
@@ -83,9 +89,10 @@ class Membership {
   // the world, a round >= 0, no second death of an id before it has rejoined, and at least one
   // survivor in every round. Churn events are drawn for rounds < `horizon_rounds`.
   // With `restart_all`, nobody leaves: every view is the whole world, and the events are the
-  // rounds at which the whole job stops and restarts (fails_at).
+  // rounds at which the whole job stops and restarts (fails_at). An arriving id's events up to
+  // its arrival are dropped: it is not there to be killed.
   Membership(int workers, std::vector<FaultEvent> events, Churn churn = {}, int64_t horizon_rounds = 0,
-             std::optional<RestartAll> restart_all = std::nullopt);
+             std::optional<RestartAll> restart_all = std::nullopt, Arrivals arrivals = {});
 
   virtual ~Membership() = default;
   int workers() const { return workers_; }
@@ -98,7 +105,7 @@ class Membership {
   virtual View retry(const View& v, int attempt) const;
   const std::vector<FaultEvent>& events() const { return events_; }  // scheduled and drawn, by round then id
   // Every worker in every round: the fixed-world path, bit for bit.
-  virtual bool trivial() const { return events_.empty(); }
+  virtual bool trivial() const { return events_.empty() && arrivals_.empty(); }
   const std::optional<RestartAll>& restart_all() const { return restart_all_; }
   // Whether a worker fails at round r's merge (the whole job restarts then, under restart_all).
   bool fails_at(int64_t round) const;
@@ -114,6 +121,7 @@ class Membership {
   int workers_;
   std::vector<FaultEvent> events_;
   std::optional<RestartAll> restart_all_;
+  Arrivals arrivals_;
 };
 
 // The churn events of `workers` for rounds < horizon (pure function of the churn's seed).

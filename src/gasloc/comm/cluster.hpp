@@ -72,6 +72,7 @@ struct ClusterOptions {
   bool elastic = false;
   double heartbeat_timeout_s = 10.0;
   int64_t incarnation = -1;  // elastic Gloo: this process's incarnation of its rank (launch --elastic counts restarts; -1: the store's roster host answers)
+  bool join = false;         // elastic Gloo: a joiner of the running job even at incarnation 0 (cluster.join)
 };
 
 // Throws ConfigError for a backend this build lacks (nccl without a CUDA LibTorch) or does not

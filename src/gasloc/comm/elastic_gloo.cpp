@@ -307,7 +307,7 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
   return got;
 }
 
-ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation) : impl_(std::make_unique<Impl>()) {
+ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool join) : impl_(std::make_unique<Impl>()) {
   validate(o);
   auto& I = *impl_;
   I.o = o;
@@ -324,7 +324,15 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation) : im
   // Started by hand: the store host answers which incarnation this is, and whether it founds the
   // job or joins it; gasloc launch --elastic tells its ranks.
   std::optional<bool> founding;
+  if (join) founding = false;
   if (incarnation < 0) {
+    // Asked before claiming an incarnation, so that a refusal leaves the host nothing to answer.
+    if (join && founds_the_job(*I.store, o.rank))
+      throw ConfigError(fmt::format("rank {} was started with cluster.join = true, but the job at the store has not "
+                                    "started yet: rank {} is one of its founding members",
+                                    o.rank, o.rank),
+                        "start it without cluster.join; once every rank of the job has started, a rank started "
+                        "again joins by itself");
     const Admission a = admit_by_hand(*I.store, o.rank, o.world, o.timeout_s);
     I.inc = incarnation = a.incarnation;
     founding = a.founding;

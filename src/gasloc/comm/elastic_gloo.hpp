@@ -29,7 +29,8 @@ class ElasticGlooComm final : public Communicator {
   // write the roster) as incarnation `incarnation` of id o.rank; -1: a rank started by hand, which
   // the store's roster host admits (comm/roster_host.hpp). Throws CommError when there is no
   // roster (not an elastic launch) or the store cannot be reached, ConfigError when refused.
-  ElasticGlooComm(const GlooOptions& o, int64_t incarnation);
+  // `join`: this process joins the running job with a donor's state, even at incarnation 0.
+  ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool join = false);
   ~ElasticGlooComm() override;
   ElasticGlooComm(const ElasticGlooComm&) = delete;
   ElasticGlooComm& operator=(const ElasticGlooComm&) = delete;

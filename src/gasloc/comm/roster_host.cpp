@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "gasloc/comm/heartbeat.hpp"
@@ -18,6 +19,7 @@ std::string claim(int id) { return fmt::format("el/inc/{}", id); }
 std::string admit(int id, int64_t inc) { return fmt::format("el/admit/{}.{}", id, inc); }
 std::string founded() { return "el/founded"; }
 std::string out(int id) { return fmt::format("el/out/{}", id); }
+std::string founders() { return "el/founders"; }
 }  // namespace elastic_keys
 
 namespace {
@@ -38,10 +40,25 @@ bool await_key(c10d::Store& store, const std::string& key, double timeout_s) {
   return true;
 }
 
-std::string ids_not_started(c10d::Store& store) {
+int parse_count(const std::string& text, const std::string& what) {
+  try {
+    return std::stoi(text);
+  } catch (const std::exception&) {
+    throw CommError(fmt::format("the job's store holds '{}' as its {}", text, what),
+                    "another program or gasloc version wrote the job's store");
+  }
+}
+
+int founders_of(c10d::Store& store, int world) {
+  if (!store.check({elastic_keys::founders()})) return world;
+  return parse_count(to_text(store.get(elastic_keys::founders())), "number of founding ranks");
+}
+
+std::string founders_not_started(c10d::Store& store) {
+  const int founders = founders_of(store, std::numeric_limits<int>::max());
   std::vector<int> ids;
   for (const auto& e : Roster::decode(to_text(store.get(elastic_keys::roster()))).entries)
-    if (e.state != RankState::member) ids.push_back(e.id);
+    if (e.id < founders && e.state != RankState::member) ids.push_back(e.id);
   return fmt::format("{}", fmt::join(ids, ", "));
 }
 
@@ -52,21 +69,15 @@ Admission admit_by_hand(c10d::Store& store, int id, int world, double timeout_s)
     throw CommError("the job's store keeps no roster of elastic ranks",
                     "start it with `gasloc store --elastic -n N --job-id JOB` (or start the ranks with gasloc launch "
                     "--elastic, which keeps the roster itself)");
-  const std::string world_text = to_text(store.get(elastic_keys::world()));
-  int host_world = 0;
-  try {
-    host_world = std::stoi(world_text);
-  } catch (const std::exception&) {
-    throw CommError(fmt::format("the job's store holds '{}' as its number of ranks", world_text),
-                    "another program or gasloc version wrote the job's store");
-  }
+  const int host_world = parse_count(to_text(store.get(elastic_keys::world())), "number of ranks");
   if (world != host_world)
     throw ConfigError(fmt::format("WORLD_SIZE is {} here but the job's gasloc store serves {} ranks (-n {})", world,
                                   host_world, host_world),
                       fmt::format("start every rank with WORLD_SIZE={}", host_world));
   if (id < 0 || id >= world)
     throw ConfigError(fmt::format("RANK {} is outside 0..{} of the job's gasloc store", id, world - 1),
-                      "a worker added to a running job takes the id of one that left (RANK < WORLD_SIZE)");
+                      "a worker added to a running job takes the id of one that left, or one of the ids the store "
+                      "keeps for joiners (gasloc store --elastic -n N --founders F: ids F..N-1)");
   const int64_t inc = store.add(elastic_keys::claim(id), 1) - 1;
   const std::string key = elastic_keys::admit(id, inc);
   if (!await_key(store, key, timeout_s))
@@ -82,9 +93,14 @@ Admission admit_by_hand(c10d::Store& store, int id, int world, double timeout_s)
 
 void await_founded(c10d::Store& store, int id, double timeout_s) {
   if (!await_key(store, elastic_keys::founded(), timeout_s))
-    throw CommError(fmt::format("rank {}: the job's other ranks did not all start within {} s (not started: {})", id,
-                                timeout_s, ids_not_started(store)),
-                    "start every rank 0..WORLD_SIZE-1 of the job at its gasloc store");
+    throw CommError(fmt::format("rank {}: the job's other founding ranks did not all start within {} s (not started: {})",
+                                id, timeout_s, founders_not_started(store)),
+                    "start every founding rank of the job (0..WORLD_SIZE-1, or 0..F-1 under --founders F) at its "
+                    "gasloc store");
+}
+
+bool founds_the_job(c10d::Store& store, int id) {
+  return !store.check({elastic_keys::founded()}) && id < founders_of(store, std::numeric_limits<int>::max());
 }
 
 void announce_out(c10d::Store& store, int id, int64_t inc) noexcept {
@@ -94,8 +110,16 @@ void announce_out(c10d::Store& store, int id, int64_t inc) noexcept {
   }
 }
 
-RosterHost::RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s)
-    : store_(store), writer_(store, world), world_(world), heartbeat_timeout_s_(heartbeat_timeout_s) {
+RosterHost::RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s, int founders)
+    : store_(store),
+      writer_(store, world),
+      world_(world),
+      founders_(founders > 0 ? founders : world),
+      heartbeat_timeout_s_(heartbeat_timeout_s) {
+  if (founders_ > world_)
+    throw ConfigError(fmt::format("store: --founders {} is more than the job's {} ranks (-n)", founders_, world_),
+                      "the founders are ranks 0..F-1 of the -n; the others join the running job");
+  store_.set(elastic_keys::founders(), to_bytes(std::to_string(founders_)));
   store_.set(elastic_keys::world(), to_bytes(std::to_string(world)));
 }
 
@@ -107,10 +131,16 @@ bool RosterHost::alive(int id) const {
 std::vector<std::string> RosterHost::tend(double now_s) {
   std::vector<std::string> events;
   for (int id = 0; id < world_; ++id) answer_claims(id, now_s, events);
-  if (!founded_ && static_cast<int>(writer_.roster().with(RankState::member).size()) == world_) {
-    founded_ = true;
-    store_.set(elastic_keys::founded(), to_bytes("1"));
-    events.push_back(fmt::format("all {} ranks started: the job runs", world_));
+  if (!founded_) {
+    const auto members = writer_.roster().with(RankState::member);
+    if (std::count_if(members.begin(), members.end(), [&](int id) { return id < founders_; }) == founders_) {
+      founded_ = true;
+      store_.set(elastic_keys::founded(), to_bytes("1"));
+      events.push_back(founders_ == world_ ? fmt::format("all {} ranks started: the job runs", world_)
+                                           : fmt::format("founding ranks 0..{} started: the job runs (ranks {}..{} "
+                                                         "join it when started)",
+                                                         founders_ - 1, founders_, world_ - 1));
+    }
   }
   for (int id : writer_.poll())
     events.push_back(fmt::format("rank {} (incarnation {}) rejoined: it holds its donor's state and mixes",
@@ -124,6 +154,7 @@ std::vector<std::string> RosterHost::tend(double now_s) {
 }
 
 void RosterHost::answer_claims(int id, double now_s, std::vector<std::string>& events) {
+  if (id >= founders_ && !founded_) return;  // a joiner is answered once the job runs
   Life& l = life_[id];
   const int64_t claims = store_.add(elastic_keys::claim(id), 0);
   for (; l.claims_seen < claims; ++l.claims_seen) {
@@ -139,7 +170,7 @@ void RosterHost::answer_claims(int id, double now_s, std::vector<std::string>& e
     }
     if (alive(id))
       declare_dead(id, fmt::format("silent for {:.1f} s and replaced by a new process", silent), events);
-    const bool member = !founded_;
+    const bool member = !founded_ && id < founders_;
     writer_.started(id, inc, member);
     suspects_.erase(id);
     l.beats = store_.add(heartbeat_key(id), 0);

@@ -3,7 +3,9 @@
 // it starts. It cannot see processes exit or kill them (they may run on other hosts), so:
 // - a starting process claims its incarnation, inc = add(el/inc/ID, 1) - 1, and waits for the
 //   host's answer in el/admit/ID.INC: a founding member (until every id of the job has started
-//   once), a joiner (afterwards: it takes a donor's state), or refused (the id is alive);
+//   once), a joiner (afterwards: it takes a donor's state), or refused (the id is alive); with
+//   founders F < N, ids 0..F-1 found the job and ids F..N-1 are joiners, answered once it runs
+//   (room to add workers to a running job, or a run resumed on more ranks than saved it);
 // - the host judges liveness by heartbeats alone: an incarnation whose counter has not moved for
 //   the heartbeat timeout is declared dead; a peer's suspect report declares it dead sooner, once
 //   its counter has been still for kSuspectSilenceS (a report alone never evicts);
@@ -29,6 +31,7 @@ constexpr double kSuspectSilenceS = 3.0;
 
 namespace elastic_keys {
 std::string world();                          // the job's number of ids (the host's -n)
+std::string founders();                       // ids 0..F-1 found the job; the rest join it (--founders)
 std::string claim(int id);                    // incarnation counter of one id
 std::string admit(int id, int64_t inc);       // the host's answer to a claim
 std::string founded();                        // set once every id has started
@@ -45,15 +48,19 @@ struct Admission {
 // answer. Throws ConfigError when the host refuses (the id is alive; another world size) and
 // CommError when the store keeps no elastic roster or the answer does not come.
 Admission admit_by_hand(c10d::Store& store, int id, int world, double timeout_s);
-// A founding member, beating already: waits (at most timeout_s) until every id has started.
+// A founding member, beating already: waits (at most timeout_s) until every founding id has started.
 void await_founded(c10d::Store& store, int id, double timeout_s);
+// Whether a process of `id` started now would be a founding member: the job does not run yet
+// and `id` is below the store's --founders.
+bool founds_the_job(c10d::Store& store, int id);
 // Says that this incarnation ended (best effort: a failure here is ignored).
 void announce_out(c10d::Store& store, int id, int64_t inc) noexcept;
 
 // The host's side, on its own store (no socket, never blocks on a rank).
 class RosterHost {
  public:
-  RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s);
+  // `founders`: ids 0..founders-1 found the job (default: all `world`).
+  RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s, int founders = 0);
   // Answers claims, reads announcements, heartbeats, leaves and suspects at `now_s` (seconds of
   // the host's steady clock). Returns what happened, one line per event, for the host's log.
   std::vector<std::string> tend(double now_s);
@@ -78,7 +85,7 @@ class RosterHost {
 
   c10d::Store& store_;
   RosterWriter writer_;
-  int world_;
+  int world_, founders_;
   double heartbeat_timeout_s_;
   bool founded_ = false;
   std::map<int, Life> life_;

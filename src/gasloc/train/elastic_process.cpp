@@ -60,6 +60,12 @@ int64_t ElasticProcess::join(Worker& w) {
   double last_news = now_s();
   for (;;) {
     const auto pinned = views_.pinned(t);
+    // A resumed job's first round is not round 0: rounds below the newest pinned one that never
+    // were are stepped over.
+    if (!pinned && roster_.latest_round() > t) {
+      ++t;
+      continue;
+    }
     if (!pinned) {
       // The job may have ended (no member left), or stalled.
       if (now_s() - last_news > 1.0) {

@@ -255,6 +255,9 @@ void validate_faults_and_elastic(const JobConfig& job) {
   require(algo.overlap_steps == 0 || (!cluster.elastic && !faults.any() && !faults.restart_all), "algo.overlap_steps",
           "overlapped rounds are built for a fixed membership without [faults]: set algo.overlap_steps = 0, or "
           "cluster.elastic = false and remove [faults]");
+  require(!cluster.join || (cluster.elastic && cluster.backend == "gloo"), "cluster.join",
+          "joins a rank to a running elastic Gloo job: set cluster.elastic = true and cluster.backend = \"gloo\" (an "
+          "in-process run adds workers by resuming on more, cluster.workers)");
   require(!(faults.restart_all && cluster.elastic), "faults.restart_all",
           "prices the stop-and-resume an elastic run avoids: set cluster.elastic = false, or faults.restart_all = false");
   require(!faults.restart_all || cluster.backend == "inproc", "faults.restart_all",
@@ -324,7 +327,7 @@ int64_t rounds_after(double delay_s, double round_s) {
 }
 }  // namespace
 
-std::optional<algo::Membership> JobConfig::membership(int world, double round_s) const {
+std::optional<algo::Membership> JobConfig::membership(int world, double round_s, algo::Arrivals arrivals) const {
   if (!cluster.elastic && !faults.restart_all) return std::nullopt;
   if (faults.by_time() && !(round_s > 0))
     throw ConfigError("faults: a fault given in seconds needs a round that takes virtual time",
@@ -342,7 +345,7 @@ std::optional<algo::Membership> JobConfig::membership(int world, double round_s)
   const int64_t steps_per_round = rounds ? std::max<int64_t>(algo.H, 1) : 1;
   std::optional<algo::RestartAll> restart;
   if (faults.restart_all) restart = algo::RestartAll{faults.restart_delay_s, train.checkpoint_every / steps_per_round};
-  return algo::Membership(world, std::move(events), churn, train.steps / steps_per_round + 1, restart);
+  return algo::Membership(world, std::move(events), churn, train.steps / steps_per_round + 1, restart, std::move(arrivals));
 }
 
 nlohmann::json JobConfig::to_json() const {

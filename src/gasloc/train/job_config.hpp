@@ -195,6 +195,7 @@ struct ClusterSection {
   bool store_all_interfaces = false;
   bool elastic = false;
   double heartbeat_timeout_s = 10.0;
+  bool join = false;
 
   template <class V>
   void visit(V&& v) {
@@ -209,6 +210,9 @@ struct ClusterSection {
       "gasloc launch --elastic)");
     v("heartbeat_timeout_s", heartbeat_timeout_s,
       "elastic: seconds after a death until it is detected; a dead peer's partners wait this long (virtual clock)");
+    v("join", join,
+      "elastic gloo: this rank joins the running job with a running worker's state instead of starting or resuming "
+      "one (gasloc launch --elastic sets it for ranks beyond the workers a resumed run was saved by)");
   }
 };
 
@@ -343,7 +347,8 @@ struct JobConfig {
   // entry that cannot happen); nullopt for a run that is not elastic.
   // `round_s`: the round time of an unimpeded worker on the virtual clock (round_seconds), which
   // turns faults given in seconds into rounds; unused when none is.
-  std::optional<algo::Membership> membership(int world, double round_s = 0) const;
+  // `arrivals`: ids beyond the workers a resumed run was saved by, and the round they join at.
+  std::optional<algo::Membership> membership(int world, double round_s = 0, algo::Arrivals arrivals = {}) const;
 };
 
 // Builds a job from parsed JSON (from TOML), then applies "section.key=value" overrides, then

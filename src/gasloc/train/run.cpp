@@ -85,7 +85,7 @@ Checkpoint Run::load(const RunCheckpoints& ckpts, int64_t step, int rank, const 
   }
   const auto got = CheckpointMeta::from_json(c.meta);
   auto expected = meta();
-  if (got.world > world_ && fewer_allowed()) expected.world = got.world;  // check_resume_world said why
+  if (got.world != world_ && world_may_change()) expected.world = got.world;  // check_resume_world said why
   if (!(got == expected)) {
     std::string diffs;
     const auto flat_got = got.to_json().flatten(), flat_want = expected.to_json().flatten();
@@ -156,20 +156,26 @@ void Run::check_fresh(const RunCheckpoints& ckpts) const {
   }
 }
 
-bool Run::fewer_allowed() const { return job_.cluster.elastic && job_.data.sampling != "disjoint"; }
+bool Run::world_may_change() const { return job_.cluster.elastic && job_.data.sampling != "disjoint"; }
 
-void Run::check_resume_world() const {
+int Run::check_resume_world() const {
   const fs::path run_json = dir_ / "run.json";
   auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
-  if (doc.is_discarded() || !doc.contains("world") || !doc["world"].is_number_integer()) return;  // load() checks each file
+  if (doc.is_discarded() || !doc.contains("world") || !doc["world"].is_number_integer()) return world_;  // load() checks each file
   const int saved = doc["world"].get<int>();
-  if (saved > world_ && fewer_allowed()) {
-    fmt::print("resuming '{}', saved by {} workers, on {}: ids {}..{} continue from their own checkpoints, ids {}..{} "
-               "are left out (an elastic run)\n",
-               dir_.string(), saved, world_, 0, world_ - 1, world_, saved - 1);
-    return;
+  if (saved != world_ && world_may_change()) {
+    const int kept = std::min(saved, world_);
+    if (saved > world_)
+      fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, ids {}..{} "
+                 "are left out (an elastic run)\n",
+                 dir_.string(), saved, world_, kept - 1, world_, saved - 1);
+    else
+      fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, ids {}..{} "
+                 "join at the first round's merge with a donor's state (an elastic run)\n",
+                 dir_.string(), saved, world_, kept - 1, saved, world_ - 1);
+    return saved;
   }
-  if (saved > world_ && job_.cluster.elastic)
+  if (saved != world_ && job_.cluster.elastic)
     throw CheckpointError(fmt::format("run '{}' was saved by {} workers with data.sampling = \"disjoint\": on {} each "
                                       "worker's slice of the data would move",
                                       dir_.string(), saved, world_),
@@ -179,10 +185,8 @@ void Run::check_resume_world() const {
                                       saved == 1 ? "" : "s", world_),
                           (job_.cluster.backend == "inproc"
                                ? fmt::format("resume it with cluster.workers = {} (the default)", saved)
-                               : fmt::format("resume it on {} ranks (gasloc launch -n {})", saved, saved)) +
-                              (job_.cluster.elastic && saved < world_ ? "; an elastic run resumes on as many workers as "
-                                                                        "it was saved by or fewer, not more"
-                                                                      : ""));
+                               : fmt::format("resume it on {} ranks (gasloc launch -n {})", saved, saved)));
+  return saved;
 }
 
 void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device) {
@@ -235,7 +239,7 @@ namespace {
 // Keys that may differ between ranks (paths and thread counts of each host).
 const std::vector<std::pair<std::string, std::string>> kRankLocal = {
     {"train", "run_dir"}, {"train", "threads"}, {"train", "blas_threads"}, {"data", "dir"}, {"cluster", "timeout_s"},
-    {"cluster", "workers"}, {"cluster", "store_all_interfaces"}};
+    {"cluster", "workers"}, {"cluster", "store_all_interfaces"}, {"cluster", "join"}};
 
 // The settings every rank of a job shares: the resolved job without the keys that may differ
 // between ranks (paths and thread counts of each host, the timeout, the world).

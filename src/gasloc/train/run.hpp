@@ -62,16 +62,18 @@ class Run {
   void check_fresh(const RunCheckpoints& ckpts) const;
   // A resumed run keeps its world: a CheckpointError naming both sizes otherwise (before any
   // rank looks for checkpoints it never had).
-  // An elastic run may resume on fewer workers than it was saved by: each id left continues from
-  // its own checkpoint (not with disjoint data slices, which depend on the number of workers).
-  void check_resume_world() const;
+  // An elastic run may resume on fewer or more workers than it was saved by: each id left
+  // continues from its own checkpoint, and ids beyond the saved ones join at the first round,
+  // healed from a donor (not with disjoint data slices, which depend on the number of workers).
+  // Returns the number of workers that saved the run.
+  int check_resume_world() const;
   // run.json: the resolved job, the model, the dataset and versions.
   void write_info(const data::Dataset& dataset) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.
   void print() const;
 
  private:
-  bool fewer_allowed() const;  // check_resume_world's rule, which load() follows
+  bool world_may_change() const;  // check_resume_world's rule, which load() follows
   const JobConfig& job_;
   model::LlamaConfig mc_;
   int world_;

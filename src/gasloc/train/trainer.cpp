@@ -353,6 +353,7 @@ std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobCo
   o.elastic = job.cluster.elastic;
   o.heartbeat_timeout_s = job.cluster.heartbeat_timeout_s;
   o.incarnation = req.incarnation;
+  o.join = job.cluster.join;
   return comm::make_cluster(o);
 }
 
@@ -467,8 +468,15 @@ std::unique_ptr<MetricsLog> open_elastic_metrics(const Run& run, ElasticProcess&
 // the clocks, so only the wall time is left to add on top of them.
 void restore_counters(RunState& state, comm::Cluster& cluster, const std::map<int, Checkpoint>& loaded,
                       const std::map<int, int64_t>& committed) {
+  auto counters = [](const Checkpoint& c) { return Counters::from_json(c.meta.value("counters", nlohmann::json::object())); };
+  // A worker beyond those that saved the run arrives at the latest clock among them, with no history.
+  Counters arriving;
+  for (const auto& [r, c] : loaded) {
+    arriving.virtual_time_s = std::max(arriving.virtual_time_s, counters(c).virtual_time_s);
+    arriving.wall_time_s = std::max(arriving.wall_time_s, counters(c).wall_time_s);
+  }
   for (int r : cluster.local_ranks()) {
-    Counters k = loaded.empty() ? Counters{} : Counters::from_json(loaded.at(r).meta.value("counters", nlohmann::json::object()));
+    Counters k = loaded.contains(r) ? counters(loaded.at(r)) : arriving;
     const bool kept = cluster.restore(r, k.virtual_time_s, {k.bytes_sent, 0, k.idle_s, k.compute_s});
     if (kept) k = {0, 0, k.wall_time_s, 0, k.eval_time_s, 0};
     state.base[r] = k;
@@ -501,6 +509,7 @@ struct JobSetup {
 struct RunStart {
   const RunCheckpoints& ckpts;
   const std::map<int, Checkpoint>& loaded;
+  const algo::Arrivals& arrivals;  // in-process ranks beyond the workers that saved the run: they join
   const std::vector<std::vector<int64_t>>& committed;
   int64_t step;
   MetricsLog* metrics;
@@ -551,10 +560,10 @@ double unimpeded_round_seconds(const JobConfig& job, const model::LlamaConfig& m
 }
 
 // The membership of an elastic in-process run, saying how faults given in seconds landed.
-std::optional<algo::Membership> fault_membership(const JobSetup& s) {
-  if (!s.job.faults.by_time() || s.elastic) return s.job.membership(s.world);
+std::optional<algo::Membership> fault_membership(const JobSetup& s, const algo::Arrivals& arrivals) {
+  if (!s.job.faults.by_time() || s.elastic) return s.job.membership(s.world, 0, arrivals);
   const double round_s = unimpeded_round_seconds(s.job, s.mc, s.network, s.world);
-  auto m = s.job.membership(s.world, round_s);
+  auto m = s.job.membership(s.world, round_s, arrivals);
   if (s.leader && !s.req.quiet && m) {
     std::string where;
     const auto& events = m->events();
@@ -567,6 +576,16 @@ std::optional<algo::Membership> fault_membership(const JobSetup& s) {
   return m;
 }
 
+// An id beyond the workers that saved a resumed run holds, until it is healed at its arrival
+// round's merge, its donor's checkpoint under its own random generator: its round and step are
+// then the job's, and what it holds is the state it will receive.
+void stand_in_for_arrival(Worker& w, int id, const RunStart& start, const algo::Membership& membership) {
+  const int donor = membership.view(start.arrivals.at(id)).donor(id);
+  StateDict state = start.loaded.at(donor).tensors;
+  state["rng.cpu"] = w.state().at("rng.cpu");
+  w.load_state(state);
+}
+
 // This process's BLAS threads and workers (on a resume, from their checkpoints), then their loops.
 TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   const JobConfig& job = s.job;
@@ -576,14 +595,15 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
     print_thread_plan(job, static_cast<int>(ranks.size()), s.cluster.host_processes(), s.auto_streams);
   if (s.leader && !s.req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active())
     warn_two_pools(job);
-  const std::optional<algo::Membership> membership = fault_membership(s);
+  const std::optional<algo::Membership> membership = fault_membership(s, start.arrivals);
   const algo::Membership* views = s.elastic ? &s.elastic->views() : membership ? &*membership : nullptr;
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(
         std::make_unique<Worker>(job, s.mc, s.dataset, s.cluster.comm(ranks[i]),
                                  algo::make_synchronizer(job.algo, s.world, job.train.seed, &s.network, views)));
-    if (!start.loaded.empty()) workers.back()->load_state(start.loaded.at(ranks[i]).tensors);
+    if (start.loaded.contains(ranks[i])) workers.back()->load_state(start.loaded.at(ranks[i]).tensors);
+    else if (start.arrivals.contains(ranks[i])) stand_in_for_arrival(*workers.back(), ranks[i], start, *membership);
   }
   if (!start.loaded.empty() && s.leader && !s.req.quiet)
     fmt::print("resumed '{}' at step {}\n", s.run.dir().string(), start.step);
@@ -600,11 +620,23 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
 TrainSummary train_in_run_dir(const JobSetup& s) {
   const JobConfig& job = s.job;
   const RunDirLock lock(s.run.dir(), s.ranks);
-  if (!s.req.resume_dir.empty() && !s.joiner) s.run.check_resume_world();
+  const int saved = !s.req.resume_dir.empty() && !s.joiner ? s.run.check_resume_world() : s.world;
   RunCheckpoints ckpts(s.run.dir(), s.world);
   std::map<int, Checkpoint> loaded;
   const auto committed = committed_by_rank(ckpts, s.world, s.ranks, s.processes);
-  const int64_t start_step = s.joiner ? 0 : prepare_start(s.req, s.run, ckpts, s.ranks, committed, s.processes, loaded);
+  std::vector<int> with_checkpoint, arriving;
+  for (int r : s.ranks) (r < saved ? with_checkpoint : arriving).push_back(r);
+  if (s.elastic && !arriving.empty())
+    throw ConfigError(fmt::format("rank {} has no checkpoint: run '{}' was saved by {} workers", arriving.front(),
+                                  s.run.dir().string(), saved),
+                      fmt::format("ranks beyond those that saved a run join it: resume it under gasloc launch --elastic, "
+                                  "which starts them as joiners, or, by hand, at a gasloc store --elastic -n {} "
+                                  "--founders {}",
+                                  s.world, saved));
+  const int64_t start_step =
+      s.joiner ? 0 : prepare_start(s.req, s.run, ckpts, with_checkpoint, committed, s.processes, loaded);
+  algo::Arrivals arrivals;
+  for (int r : arriving) arrivals[r] = algo::algorithm(job.algo.name).rounds_in(start_step, job.algo.H);
   if (s.leader) {
     s.run.write_info(s.dataset);
     if (!s.req.quiet) s.run.print();
@@ -613,7 +645,7 @@ TrainSummary train_in_run_dir(const JobSetup& s) {
                                  : open_metrics(s.run, s.leader, !loaded.empty(), start_step, s.processes);
   const auto val_batches =
       data::validation_batches(*s.dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
-  return train_workers(s, {ckpts, loaded, committed, start_step, metrics.get(), val_batches});
+  return train_workers(s, {ckpts, loaded, arrivals, committed, start_step, metrics.get(), val_batches});
 }
 
 }  // namespace
