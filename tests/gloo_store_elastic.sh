@@ -26,15 +26,21 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
 "$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
 
-"$G" store --elastic -n 4 --heartbeat-timeout 6 --port 0 --job-id hand > store.log 2>&1 &
-pids+=($!)
-port=""
-for _ in $(seq 1 200); do
-  port=$(grep -o 'on 127.0.0.1:[0-9]*' store.log | head -1 | cut -d: -f2 || true)
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || fail "gasloc store did not start: $(cat store.log)"
+# start_store LOG ARGS...: a gasloc store in the background; sets store_port to the port it serves.
+start_store() {
+  local log=$1; shift
+  "$G" store --elastic --heartbeat-timeout 6 --port 0 "$@" > "$log" 2>&1 &
+  pids+=($!)
+  store_port=""
+  for _ in $(seq 1 200); do
+    store_port=$(grep -o 'on 127.0.0.1:[0-9]*' "$log" | head -1 | cut -d: -f2 || true)
+    [ -n "$store_port" ] && break
+    sleep 0.05
+  done
+  [ -n "$store_port" ] || fail "gasloc store $* did not start: $(cat "$log")"
+}
+start_store store.log -n 4 --job-id hand
+port=$store_port
 
 job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
      --set data.val_batches=2 --set train.threads=1 --set train.blas_threads=1 --set algo.H=5
@@ -125,15 +131,8 @@ echo "gloo_store_elastic: a rank of another world size is refused"
 # 6. The run resumed on 5 ranks at a store with room for one more: ranks 0..3 found the job from
 #    their checkpoints; rank 4, started first, waits until the job runs, then joins it with a
 #    donor's state.
-"$G" store --elastic -n 5 --founders 4 --heartbeat-timeout 6 --port 0 --job-id more > store5.log 2>&1 &
-pids+=($!)
-port5=""
-for _ in $(seq 1 200); do
-  port5=$(grep -o 'on 127.0.0.1:[0-9]*' store5.log | head -1 | cut -d: -f2 || true)
-  [ -n "$port5" ] && break
-  sleep 0.05
-done
-[ -n "$port5" ] || fail "gasloc store --founders did not start: $(cat store5.log)"
+start_store store5.log -n 5 --founders 4 --job-id more
+port5=$store_port
 resumed() {
   RANK=$1 WORLD_SIZE=5 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5 "$G" train --resume run --job-id more > "$2" 2>&1 &
   pids+=($!)
