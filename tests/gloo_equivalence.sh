@@ -54,7 +54,8 @@ compare anchor --set algo.topology=2peer
 compare mix_after --set algo.topology=2peer --set algo.form=mix_after
 compare accelerated_bf16 --set algo.topology=1peer --set algo.form=accelerated --set algo.gossip_step=0.8 \
   --set algo.outer_momentum=0.5 --set algo.wire_dtype=bf16
-compare overlap_eager --set algo.topology=2peer --set algo.overlap_steps=3
+compare overlap_eager --set algo.topology=2peer --set algo.overlap_steps=3 --set algo.overlap=eager
+compare overlap_delayed --set algo.topology=2peer --set algo.overlap_steps=3 --set algo.overlap=delayed
 # The bf16 job must differ from its fp32 twin (the setting reached the run).
 "$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
   --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 --set train.threads=1 \

@@ -532,6 +532,11 @@ TEST_F(Trainer, ARunDirectoryThatHoldsAnotherRunIsRefused) {
   EXPECT_EQ(train::run_training(request("died", {"train.steps=4", "train.streams=1"})).steps_done, 4);
   fs::remove_all(kRoot / "died" / "checkpoints");
   EXPECT_THROW(train::run_training(request("died", {"train.steps=4", "train.streams=2"})), CheckpointError);
+  // The overlap variant of a run without overlap does nothing: another one is the same run.
+  fs::remove_all(kRoot / "died" / "checkpoints");
+  EXPECT_EQ(train::run_training(request("died", {"train.steps=4", "train.streams=1", "algo.overlap=eager"})).steps_done, 4);
+  fs::remove_all(kRoot / "died" / "checkpoints");
+  EXPECT_EQ(train::run_training(request("died", {"train.steps=4", "train.streams=1", "algo.overlap=delayed"})).steps_done, 4);
 }
 
 TEST_F(Trainer, ADivergingWorkerStopsTheRunBeforeItSends) {

@@ -29,7 +29,7 @@ struct AlgoConfig {
   double gossip_step = 1.0;
   config::Choice wire_dtype{wire_dtype_choices(), "fp32"};
   int64_t overlap_steps = 0;
-  config::Choice overlap{overlap_choices(), "eager"};
+  config::Choice overlap{overlap_choices(), "delayed"};
 
   template <class V>
   void visit(V&& v) {
