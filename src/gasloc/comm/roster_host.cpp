@@ -49,13 +49,14 @@ int parse_count(const std::string& text, const std::string& what) {
   }
 }
 
-int founders_of(c10d::Store& store, int world) {
-  if (!store.check({elastic_keys::founders()})) return world;
+// The store's --founders; without the key, every id founds the job.
+int founders_of(c10d::Store& store) {
+  if (!store.check({elastic_keys::founders()})) return std::numeric_limits<int>::max();
   return parse_count(to_text(store.get(elastic_keys::founders())), "number of founding ranks");
 }
 
 std::string founders_not_started(c10d::Store& store) {
-  const int founders = founders_of(store, std::numeric_limits<int>::max());
+  const int founders = founders_of(store);
   std::vector<int> ids;
   for (const auto& e : Roster::decode(to_text(store.get(elastic_keys::roster()))).entries)
     if (e.id < founders && e.state != RankState::member) ids.push_back(e.id);
@@ -100,7 +101,7 @@ void await_founded(c10d::Store& store, int id, double timeout_s) {
 }
 
 bool founds_the_job(c10d::Store& store, int id) {
-  return !store.check({elastic_keys::founded()}) && id < founders_of(store, std::numeric_limits<int>::max());
+  return !store.check({elastic_keys::founded()}) && id < founders_of(store);
 }
 
 void announce_out(c10d::Store& store, int id, int64_t inc) noexcept {

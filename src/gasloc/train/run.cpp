@@ -168,15 +168,12 @@ int Run::check_resume_world() const {
   if (doc.is_discarded() || !doc.contains("world") || !doc["world"].is_number_integer()) return world_;  // load() checks each file
   const int saved = doc["world"].get<int>();
   if (saved != world_ && world_may_change()) {
-    const int kept = std::min(saved, world_);
-    if (saved > world_)
-      fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, ids {}..{} "
-                 "are left out (an elastic run)\n",
-                 dir_.string(), saved, world_, kept - 1, world_, saved - 1);
-    else
-      fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, ids {}..{} "
-                 "join at the first round's merge with a donor's state (an elastic run)\n",
-                 dir_.string(), saved, world_, kept - 1, saved, world_ - 1);
+    const std::string others =
+        saved > world_ ? fmt::format("ids {}..{} are left out", world_, saved - 1)
+                       : fmt::format("ids {}..{} join at the first round's merge with a donor's state", saved, world_ - 1);
+    fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, {} (an elastic "
+               "run)\n",
+               dir_.string(), saved, world_, std::min(saved, world_) - 1, others);
     return saved;
   }
   if (saved != world_ && job_.cluster.elastic)

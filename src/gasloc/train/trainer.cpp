@@ -472,8 +472,9 @@ void restore_counters(RunState& state, comm::Cluster& cluster, const std::map<in
   // A worker beyond those that saved the run arrives at the latest clock among them, with no history.
   Counters arriving;
   for (const auto& [r, c] : loaded) {
-    arriving.virtual_time_s = std::max(arriving.virtual_time_s, counters(c).virtual_time_s);
-    arriving.wall_time_s = std::max(arriving.wall_time_s, counters(c).wall_time_s);
+    const Counters k = counters(c);
+    arriving.virtual_time_s = std::max(arriving.virtual_time_s, k.virtual_time_s);
+    arriving.wall_time_s = std::max(arriving.wall_time_s, k.wall_time_s);
   }
   for (int r : cluster.local_ranks()) {
     Counters k = loaded.contains(r) ? counters(loaded.at(r)) : arriving;
