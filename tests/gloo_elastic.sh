@@ -94,15 +94,16 @@ done
 echo "gloo_elastic (fewer): resumed on 3 of 4 workers, in-process (bit for bit until the first merge) and over Gloo"
 
 # Resumed on more: the 3 ranks' run on 5, whose ranks 3 and 4 join with a donor's state at the
-# first round (the in-process bits are pinned in test_elastic).
-timeout 120 "$G" launch --elastic -n 5 -- "$G" train --resume whole --set train.steps=140 > more-gloo.log 2>&1 ||
+# first round they find (the in-process bits are pinned in test_elastic). The run is long enough
+# (36 rounds) that a joiner slowed by a loaded machine still joins before the last round.
+timeout 120 "$G" launch --elastic -n 5 -- "$G" train --resume whole --set train.steps=300 > more-gloo.log 2>&1 ||
   fail "elastic Gloo resume on 5 ranks of a run saved by 3: $(tail -20 more-gloo.log)"
 grep -q "ranks 3..4 join it with a donor's state" more-gloo.log || fail "the launcher did not say ranks 3..4 join: $(head more-gloo.log)"
 for r in 3 4; do
   grep -q "\[rank $r\].*worker $r rejoined at round" more-gloo.log || fail "rank $r did not take a donor's state: $(grep "rank $r" more-gloo.log | tail)"
 done
 for r in 0 1 2 3 4; do
-  metric_rows whole train worker step | awk -v r=$r '$1 == r' | tail -1 | grep -q " 140$" || fail "rank $r of 5 did not reach step 140"
+  metric_rows whole train worker step | awk -v r=$r '$1 == r' | tail -1 | grep -q " 300$" || fail "rank $r of 5 did not reach step 300"
 done
 echo "gloo_elastic (more): resumed on 5 ranks, ranks 3 and 4 joined with a donor's state"
 
