@@ -100,7 +100,7 @@ timeout 120 "$G" launch --elastic -n 5 -- "$G" train --resume whole --set train.
   fail "elastic Gloo resume on 5 ranks of a run saved by 3: $(tail -20 more-gloo.log)"
 grep -q "ranks 3..4 join it with a donor's state" more-gloo.log || fail "the launcher did not say ranks 3..4 join: $(head more-gloo.log)"
 for r in 3 4; do
-  grep -q "\[rank $r\].*worker $r rejoined at round" more-gloo.log || fail "rank $r did not take a donor's state: $(grep "rank $r" more-gloo.log | tail)"
+  grep -q "\[rank $r\].*worker $r joined at round" more-gloo.log || fail "rank $r did not take a donor's state: $(grep "rank $r" more-gloo.log | tail)"
 done
 for r in 0 1 2 3 4; do
   metric_rows whole train worker step | awk -v r=$r '$1 == r' | tail -1 | grep -q " 300$" || fail "rank $r of 5 did not reach step 300"

@@ -143,10 +143,10 @@ resumed 0 m0.log; m0=$!
 resumed 1 m1.log; m1=$!
 resumed 2 m2.log; m2=$!
 resumed 3 m3.log; m3=$!
-for _ in $(seq 1 600); do grep -q "rank 4 (incarnation 0) rejoined" store5.log && break; sleep 0.05; done
+for _ in $(seq 1 600); do grep -q "rank 4 (incarnation 0) joined" store5.log && break; sleep 0.05; done
 grep -q "rank 4 (incarnation 0) started: it joins the running job" store5.log ||
   fail "rank 4 was not admitted as a joiner: $(cat store5.log)"
-grep -q "worker 4 rejoined at round" m4.log || fail "rank 4 did not take a donor's state: $(tail -n 5 m4.log) $(cat store5.log)"
+grep -q "worker 4 joined at round" m4.log || fail "rank 4 did not take a donor's state: $(tail -n 5 m4.log) $(cat store5.log)"
 grep -q "ids 4..4 join at the first round's merge" m0.log || fail "rank 0 did not say rank 4 joins: $(head -n 5 m0.log)"
 sleep 1
 kill -INT $m0 $m1 $m2 $m3 $m4

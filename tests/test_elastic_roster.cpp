@@ -220,7 +220,10 @@ TEST(RosterHost, IdsBeyondTheFoundersJoinOnceTheJobRuns) {
   EXPECT_EQ(answer(1, 0), "member");
   EXPECT_EQ(answer(2, 0), "joiner");
   EXPECT_FALSE(comm::founds_the_job(*store, 0));
+  // A second host refused for its --founders leaves the running job's roster as it was.
+  const auto roster = comm::to_text(store->get(comm::elastic_keys::roster()));
   EXPECT_THROW(comm::RosterHost(*store, 3, 6.0, 4), ConfigError);
+  EXPECT_EQ(comm::to_text(store->get(comm::elastic_keys::roster())), roster);
 }
 
 TEST(RosterHost, ASuspectReportEvictsOnlyOverAStillCounter) {

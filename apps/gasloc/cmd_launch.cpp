@@ -23,6 +23,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "commands.hpp"
@@ -487,6 +488,7 @@ class Supervisor {
                                "restarts as incarnation {} ({} restart(s) left)\n",
                                id, inc, describe_status(status), seconds(), inc + 1, elastic_->restarts_left));
       elastic_->incarnation[id] = inc + 1;
+      failed_at_[id] = seconds();
       heartbeats_.forget(id);
       elastic_->roster.started(id, inc + 1, /*member=*/false);
       ranks_.push_back(elastic_->spawn(id, inc + 1));
@@ -512,8 +514,14 @@ class Supervisor {
   // Elastic: announcements into the roster, and ranks a peer reported (a link that failed while
   // the rank looked alive): fenced by a kill, they restart and rejoin.
   void tend_roster() {
-    for (int id : elastic_->roster.poll())
-      write_all(2, fmt::format("launch: rank {} (incarnation {}) rejoined after {:.1f} s\n", id, elastic_->incarnation[id], seconds()));
+    for (int id : elastic_->roster.poll()) {
+      const int64_t inc = elastic_->incarnation[id];
+      const auto failed = failed_at_.find(id);
+      write_all(2, failed == failed_at_.end() || inc == 0
+                       ? fmt::format("launch: rank {} (incarnation {}) joined {:.1f} s into the job\n", id, inc, seconds())
+                       : fmt::format("launch: rank {} (incarnation {}) rejoined {:.1f} s after it failed\n", id, inc,
+                                     seconds() - failed->second));
+    }
     for (const auto& [id, inc] : elastic_->roster.take_suspects()) {
       if (elastic_->incarnation[id] != inc) continue;
       for (auto& r : ranks_) {
@@ -569,6 +577,7 @@ class Supervisor {
   c10d::Store& store_;
   double grace_;
   Clock::time_point t_start_;
+  std::map<int, double> failed_at_;  // elastic, by id: when its newest incarnation's predecessor failed (seconds())
   std::optional<Clock::time_point> kill_at_;  // SIGKILL whoever is left at this time
   std::optional<Clock::time_point> drain_until_;
   comm::HeartbeatWatch heartbeats_;

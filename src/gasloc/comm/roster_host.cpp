@@ -111,15 +111,21 @@ void announce_out(c10d::Store& store, int id, int64_t inc) noexcept {
   }
 }
 
+namespace {
+int checked_founders(int founders, int world) {
+  if (founders > world)
+    throw ConfigError(fmt::format("store: --founders {} is more than the job's {} ranks (-n)", founders, world),
+                      "the founders are ranks 0..F-1 of the -n; the others join the running job");
+  return founders > 0 ? founders : world;
+}
+}  // namespace
+
 RosterHost::RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s, int founders)
     : store_(store),
-      writer_(store, world),
       world_(world),
-      founders_(founders > 0 ? founders : world),
+      founders_(checked_founders(founders, world)),
+      writer_(store, world),
       heartbeat_timeout_s_(heartbeat_timeout_s) {
-  if (founders_ > world_)
-    throw ConfigError(fmt::format("store: --founders {} is more than the job's {} ranks (-n)", founders_, world_),
-                      "the founders are ranks 0..F-1 of the -n; the others join the running job");
   store_.set(elastic_keys::founders(), to_bytes(std::to_string(founders_)));
   store_.set(elastic_keys::world(), to_bytes(std::to_string(world)));
 }
@@ -143,9 +149,12 @@ std::vector<std::string> RosterHost::tend(double now_s) {
                                                          founders_ - 1, founders_, world_ - 1));
     }
   }
-  for (int id : writer_.poll())
-    events.push_back(fmt::format("rank {} (incarnation {}) rejoined: it holds its donor's state and mixes",
-                                 id, writer_.roster().find(id)->incarnation));
+  for (int id : writer_.poll()) {
+    // Incarnation 0 admitted as a joiner is a first arrival (room declared at the start), not a return.
+    const int64_t inc = writer_.roster().find(id)->incarnation;
+    events.push_back(fmt::format("rank {} (incarnation {}) {}: it holds its donor's state and mixes", id, inc,
+                                 inc == 0 ? "joined" : "rejoined"));
+  }
   for (int id = 0; id < world_; ++id) watch_life(id, now_s, events);
   for (const auto& [id, inc] : writer_.take_suspects())
     if (alive(id) && writer_.roster().find(id)->incarnation == inc && !suspects_.count(id))

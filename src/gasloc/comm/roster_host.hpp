@@ -84,8 +84,8 @@ class RosterHost {
   bool alive(int id) const;
 
   c10d::Store& store_;
+  int world_, founders_;  // before writer_: founders is checked before the roster is written
   RosterWriter writer_;
-  int world_, founders_;
   double heartbeat_timeout_s_;
   bool founded_ = false;
   std::map<int, Life> life_;

@@ -82,7 +82,8 @@ int64_t ElasticProcess::join(Worker& w) {
       const auto plan = algo::heal_plan(*pinned, me);
       if (plan && w.heal(*plan)) {
         roster_.announce_member();
-        spdlog::info("worker {} rejoined at round {} with worker {}'s state (step {})", me, t, pinned->donor(me), w.steps_done());
+        spdlog::info("worker {} {} at round {} with worker {}'s state (step {})", me,
+                     roster_.incarnation() == 0 ? "joined" : "rejoined", t, pinned->donor(me), w.steps_done());
         return w.steps_done();
       }
       spdlog::warn("worker {}: its donor for round {} failed during the transfer; waiting for the next round", me, t);

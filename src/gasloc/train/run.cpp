@@ -162,7 +162,7 @@ void Run::check_fresh(const RunCheckpoints& ckpts) const {
 
 bool Run::world_may_change() const { return job_.cluster.elastic && job_.data.sampling != "disjoint"; }
 
-int Run::check_resume_world() const {
+int Run::check_resume_world(bool announce) const {
   const fs::path run_json = dir_ / "run.json";
   auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
   if (doc.is_discarded() || !doc.contains("world") || !doc["world"].is_number_integer()) return world_;  // load() checks each file
@@ -171,9 +171,10 @@ int Run::check_resume_world() const {
     const std::string others =
         saved > world_ ? fmt::format("ids {}..{} are left out", world_, saved - 1)
                        : fmt::format("ids {}..{} join at the first round's merge with a donor's state", saved, world_ - 1);
-    fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, {} (an elastic "
-               "run)\n",
-               dir_.string(), saved, world_, std::min(saved, world_) - 1, others);
+    if (announce)
+      fmt::print("resuming '{}', saved by {} workers, on {}: ids 0..{} continue from their own checkpoints, {} (an "
+                 "elastic run)\n",
+                 dir_.string(), saved, world_, std::min(saved, world_) - 1, others);
     return saved;
   }
   if (saved != world_ && job_.cluster.elastic)

@@ -65,8 +65,9 @@ class Run {
   // An elastic run may resume on fewer or more workers than it was saved by: each id left
   // continues from its own checkpoint, and ids beyond the saved ones join at the first round,
   // healed from a donor (not with disjoint data slices, which depend on the number of workers).
-  // Returns the number of workers that saved the run.
-  int check_resume_world() const;
+  // Returns the number of workers that saved the run; `announce` (one rank of the job) says how
+  // the ids are mapped when it differs.
+  int check_resume_world(bool announce) const;
   // run.json: the resolved job, the model, the dataset and versions.
   void write_info(const data::Dataset& dataset) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.

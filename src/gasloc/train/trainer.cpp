@@ -245,7 +245,7 @@ void report_view(RunState& s, int rank, const std::optional<algo::View>& v, comm
   std::string line = fmt::format("step {:>6} | round {}: {} workers in the view", step, v->round, v->members.size());
   if (!v->dying.empty()) line += fmt::format(", worker(s) {} died (their partners mixed without them)", fmt::join(v->dying, ", "));
   if (!v->left.empty()) line += fmt::format(", worker(s) {} left (died since the round before)", fmt::join(v->left, ", "));
-  for (int j : v->joining) line += fmt::format(", worker {} rejoined (state from worker {})", j, v->donor(j));
+  for (int j : v->joining) line += fmt::format(", worker {} joined (state from worker {})", j, v->donor(j));
   s.progress->println(line);
 }
 
@@ -621,7 +621,7 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
 TrainSummary train_in_run_dir(const JobSetup& s) {
   const JobConfig& job = s.job;
   const RunDirLock lock(s.run.dir(), s.ranks);
-  const int saved = !s.req.resume_dir.empty() && !s.joiner ? s.run.check_resume_world() : s.world;
+  const int saved = !s.req.resume_dir.empty() && !s.joiner ? s.run.check_resume_world(s.ranks.front() == 0) : s.world;
   RunCheckpoints ckpts(s.run.dir(), s.world);
   std::map<int, Checkpoint> loaded;
   const auto committed = committed_by_rank(ckpts, s.world, s.ranks, s.processes);
