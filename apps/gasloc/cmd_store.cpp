@@ -66,7 +66,7 @@ Action add_store(CLI::App& app) {
                   "ranks 0..F-1 start the job; the others join it");
     if (o->elastic && !(o->heartbeat_timeout >= 2 * comm::kSuspectSilenceS && std::isfinite(o->heartbeat_timeout)))
       throw Error(fmt::format("store: --heartbeat-timeout {} is shorter than {:g} s", o->heartbeat_timeout, 2 * comm::kSuspectSilenceS),
-                  "a rank beats once a second; give it a few beats of slack, e.g. --heartbeat-timeout 10");
+                  "a rank beats twice a second; give it a few seconds of slack, e.g. --heartbeat-timeout 10");
     comm::StoreServer server({o->addr, o->port, o->all_interfaces, {o->job_id, "gasloc store job " + o->job_id}});
     fmt::print("gasloc store: serving job {} on {}:{} until Ctrl+C or SIGTERM; start each rank with\n"
                "  TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR={} MASTER_PORT={} RANK=r WORLD_SIZE=n gasloc train ... "

@@ -1,5 +1,5 @@
 // Liveness of process ranks, judged by the store's host (docs/communication.md, "Heartbeats").
-// Each rank runs a thread that adds 1 to hb/RANK in the job's store every second over a
+// Each rank runs a thread that adds 1 to hb/RANK in the job's store twice a second over a
 // connection of its own, so a rank whose main thread waits in a collective still beats, while
 // one that is stopped (SIGSTOP), frozen, or cut off from the store does not. The host watches the
 // counters on its own clock (no clock is compared across hosts) and acts on a rank whose counter
@@ -22,8 +22,10 @@ std::string heartbeat_key(int rank);
 
 class Heartbeat {
  public:
-  // Beats for `rank` into `store` (the rank's own connection) every interval_s, from now on.
-  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, double interval_s = 1.0);
+  // Beats for `rank` into `store` (the rank's own connection) every interval_s, from now on. Half
+  // a second: a hang is named within half a second of the heartbeat timeout, for one small store
+  // call per beat.
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, double interval_s = 0.5);
   // Stops and joins the thread (at most one store call's timeout).
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
