@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
@@ -197,6 +198,26 @@ TEST_F(RunFiles, LabelsAreUniqueAndCsvIsTidy) {
   EXPECT_EQ(eval_rows, 2);
   EXPECT_EQ(worker_rows, 4);
   EXPECT_NE(csv.find("\"r,1\",eval,,10,,"), std::string::npos) << csv;  // the average model's row at step 10
+}
+
+// An elastic run's evaluations list their members: each own-model loss goes to its id, not to
+// its position (each Gloo rank writes its own line, members = [itself]).
+TEST(RunsCsv, AnElasticEvaluationsLossesGoToTheirMembersIds) {
+  const fs::path dir = kRoot / "elastic_csv";
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "metrics.jsonl");
+    for (int id : {3, 6})
+      f << fmt::format(R"({{"event":"eval","members":[{}],"step":100,"val_loss":0.{},"version":4,"worker":{},)"
+                       R"("worker_val_loss":[0.{}],"consensus_distance":0.0,"bytes_sent":0,"eval_time_s":0.0,)"
+                       R"("virtual_time_s":1.0,"wall_time_s":1.0}})"
+                       "\n",
+                       id, id, id, id);
+  }
+  const std::string csv = study::runs_csv({dir.string()}, {"e"});
+  EXPECT_NE(csv.find("e,eval_worker,3,100,,0.3,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("e,eval_worker,6,100,,0.6,"), std::string::npos) << csv;
+  EXPECT_EQ(csv.find("e,eval_worker,0,"), std::string::npos) << csv;
 }
 
 // One run directory, one job (train/run_lock.hpp): another process holding a rank's byte is

@@ -53,8 +53,10 @@ std::string runs_csv(const std::vector<std::string>& dirs, const std::vector<std
         row("train", std::to_string(t->worker), t->step, train::to_json(event));
       } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
         row("eval", "", e->step, train::to_json(event));
+        // An elastic run's own-model losses are in its members' order, not by id.
         for (size_t w = 0; w < e->worker_val_loss.size(); ++w)
-          row("eval_worker", std::to_string(w), e->step, {{"val_loss", e->worker_val_loss[w]}});
+          row("eval_worker", std::to_string(e->members.empty() ? static_cast<int64_t>(w) : e->members.at(w)), e->step,
+              {{"val_loss", e->worker_val_loss[w]}});
       }
     }
   }
