@@ -5,30 +5,34 @@
 # of ranks that were not hit (goal: none), whether the run completed, its final validation loss
 # against the fault-free run's (goal: within 2%), and per failure the seconds until the dead rank
 # left the view and until its next incarnation was back in the mixing.
-#   scripts/soak_elastic.sh [--netns] MINUTES [STEPS]     (STEPS: default, about MINUTES of training)
+#   scripts/soak_elastic.sh [--netns] [--out DIR] MINUTES [STEPS]   (STEPS: default, about MINUTES of training)
+#   scripts/soak_elastic.sh [--netns] [--out DIR] --report          (the report of a finished soak)
+# DIR: default runs/soak (runs/soak-netns with --netns).
 # --netns (root): 4 ranks, each its own host on shaped links (`gasloc launch --netns`), and the
 # faults take turns in a fixed order every ~20 s: a rank's link set down for 8 s (a dead link,
 # not a dead process), a SIGKILL, a SIGSTOP for 20 s.
-# Every output line is time-stamped on this script's clock (soak/launch.log), so a kill, the view
-# that first leaves the rank out and its rejoin are measured on one clock.
+# Every output line is time-stamped on this script's clock (DIR/launch.log), so a kill, the view
+# that first leaves the rank out and its rejoin are measured on one clock (scripts/lib/soak_report.awk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-netns=""
+netns="" out=""
 [ "${1:-}" = "--netns" ] && { netns=--netns; shift; }
-minutes=${1:?usage: scripts/soak_elastic.sh [--netns] MINUTES [STEPS]}
+[ "${1:-}" = "--out" ] && { out=${2:?--out needs a directory}; shift 2; }
+minutes=${1:?usage: scripts/soak_elastic.sh [--netns] [--out DIR] MINUTES [STEPS]}
 n=8; [ -n "$netns" ] && n=4
 G=$PWD/build/gasloc
 [ -x "$G" ] || { echo "build gasloc first (scripts/setup.sh)" >&2; exit 2; }
-out=runs/soak${netns:+-netns}
+out=${out:-runs/soak${netns:+-netns}}
 job=(--set model.preset=nano --set data.dir="$out/data" --set data.seq_len=64 --set data.batch_size=8
      --set data.val_batches=4 --set train.log_every=50 --set train.eval_every=500 --set train.checkpoint_every=500
      --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc --set algo.topology=1peer
      --set algo.H=10 --set cluster.backend=gloo --set cluster.timeout_s=120)
-# About 25 steps a second for 8 nano ranks on 2 cores; round to whole rounds.
-[ "$minutes" = "--report" ] || steps=${2:-$(( minutes * 60 * 25 / 10 * 10 ))}
+# Steps a second on 2 cores, measured with faults: about 20 for 8 nano ranks (54,000 in 48
+# minutes), about 25 for 4 on shaped links (6,000 in 4 minutes); round to whole rounds.
+rate=20; [ -n "$netns" ] && rate=25
+[ "$minutes" = "--report" ] || steps=${2:-$(( minutes * 60 * rate / 10 * 10 ))}
 stamp() { local t0=$1; while IFS= read -r line; do printf '%s %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')" "$line"; done; }
 now() { awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }'; }
-delta() { [ -n "$2" ] && awk -v a="$2" -v b="$1" 'BEGIN { printf "%.1f", a - b }' || echo "?"; }
 # What the files of a finished soak say (also: scripts/soak_elastic.sh [--netns] --report).
 report() {
   local rc secs count
@@ -41,20 +45,7 @@ report() {
   local lf lc
   lf=$(final_loss "$out/faults"); lc=$(final_loss "$out/clean")
   echo "final validation loss (mean over the ranks' own models): $lf with faults, $lc without ($(awk -v a="$lf" -v b="$lc" 'BEGIN { printf "%+.2f", 100 * (a - b) / b }')%)"
-  echo "restarts: $(grep -c "restarts as incarnation" "$out/launch.log" || true) for $(wc -l < "$out/faults.txt") injected failures (more means a rank that was not hit failed too)"
-  # Per failure, until the next one: from the fault to the first view that leaves the rank out,
-  # and to its rejoin.
-  awk '{ print $1 }' "$out/faults.txt" | tail -n +2 | paste "$out/faults.txt" - | while read -r t what r until; do
-    until=${until:-1e9}
-    left=$(awk -v t="$t" -v u="$until" -v r="$r" '$1 >= t && $1 < u && /left \(died/ && $0 ~ ("worker\\(s\\) ([0-9]+, )*" r "[ ,]") { print $1; exit }' "$out/launch.log")
-    back=$(awk -v t="$t" -v u="$until" -v r="$r" '$1 >= t && $1 < u && $0 ~ ("launch: rank " r " \\(incarnation [0-9]+\\) rejoined") { print $1; exit }' "$out/launch.log")
-    if [ -z "$left" ]; then
-      printf '%s rank %s at %s s: never left the view and was not restarted (its transfers waited out the outage)\n' "$what" "$r" "$t"
-    else
-      printf '%s rank %s at %s s: left the view after %s s, back in the mixing after %s s\n' "$what" "$r" "$t" \
-        "$(delta "$t" "$left")" "$(delta "$t" "$back")"
-    fi
-  done
+  awk -f scripts/lib/soak_report.awk "$out/faults.txt" "$out/launch.log"
 }
 [ "$minutes" = "--report" ] && { report; exit 0; }
 rm -rf "$out"; mkdir -p "$out"
