@@ -22,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -151,7 +152,7 @@ struct Opts {
   std::string addr = "127.0.0.1";
   std::optional<double> timeout;  // unset: the command's own (gasloc train: cluster.timeout_s)
   double grace = 10;
-  double heartbeat_timeout = 30;  // 0: ranks are not judged by their heartbeats
+  std::optional<double> heartbeat_timeout;  // 0: ranks are not judged; unset: the job's (elastic) or 30 s
   std::string bandwidth;
   bool netns = false, keep = false, cleanup = false;
   bool elastic = false;  // a failed rank restarts and rejoins; the others go on
@@ -175,23 +176,23 @@ nlohmann::json resumed_run(const Opts& o) {
   return nullptr;
 }
 
-// The links of the test bed: the [network] section of the job that `gasloc train` will run (its
-// --config/--set, or the run.json of --resume), else --netns-config/--netns-set, else defaults.
-std::vector<double> testbed_links(const Opts& o, bool self_train) {
-  train::JobConfig job;
-  if (self_train) {
-    std::string config;
-    std::vector<std::string> sets;
-    for (size_t i = 2; i + 1 < o.cmd.size(); ++i) {
-      const std::string& a = o.cmd[i];
-      if (a == "--config" || a == "-c") config = o.cmd[++i];
-      else if (a == "--set" || a == "-s") sets.push_back(o.cmd[++i]);
-    }
-    const nlohmann::json resumed = resumed_run(o);
-    job = resumed.is_null() ? train::load_job(config, sets) : train::job_from_json(resumed["config"], sets);
-  } else {
-    job = train::load_job(o.netns_config, o.netns_set);
+// The job that the `gasloc train` ranks will run: its --config/--set, or the run.json of --resume.
+train::JobConfig train_job(const Opts& o) {
+  std::string config;
+  std::vector<std::string> sets;
+  for (size_t i = 2; i + 1 < o.cmd.size(); ++i) {
+    const std::string& a = o.cmd[i];
+    if (a == "--config" || a == "-c") config = o.cmd[++i];
+    else if (a == "--set" || a == "-s") sets.push_back(o.cmd[++i]);
   }
+  const nlohmann::json resumed = resumed_run(o);
+  return resumed.is_null() ? train::load_job(config, sets) : train::job_from_json(resumed["config"], sets);
+}
+
+// The links of the test bed: the [network] section of the job that `gasloc train` will run, else
+// --netns-config/--netns-set, else defaults.
+std::vector<double> testbed_links(const Opts& o, bool self_train) {
+  train::JobConfig job = self_train ? train_job(o) : train::load_job(o.netns_config, o.netns_set);
   job.network.validate(o.n);
   const comm::NetworkModel links = job.network.model(o.n);
   std::vector<double> bw;
@@ -210,12 +211,7 @@ void validate(const Opts& o) {
                 "leave it out to use the command's own (gasloc train: cluster.timeout_s, 300 s)");
   if (!(o.grace >= 0 && std::isfinite(o.grace)))
     throw Error(fmt::format("launch: --grace {} must be a number of seconds >= 0", o.grace));
-  if (!(o.heartbeat_timeout >= 0 && std::isfinite(o.heartbeat_timeout)))
-    throw Error(fmt::format("launch: --heartbeat-timeout {} must be a number of seconds >= 0", o.heartbeat_timeout),
-                "0 turns the heartbeat check off");
-  if (o.heartbeat_timeout > 0 && o.heartbeat_timeout < 2)
-    throw Error(fmt::format("launch: --heartbeat-timeout {} is shorter than two heartbeats (one a second)", o.heartbeat_timeout),
-                "use 2 s or more, or 0 to turn the check off");
+  if (o.heartbeat_timeout) comm::check_heartbeat_timeout(*o.heartbeat_timeout, "launch: --heartbeat-timeout", true);
   if (o.addr.empty()) throw Error("launch: --master-addr is empty", "the default 127.0.0.1 serves ranks on this host");
   if (o.max_restarts < 0) throw Error(fmt::format("launch: --max-restarts {} must be >= 0", o.max_restarts));
   if (o.min_ranks < 1 || o.min_ranks > o.n)
@@ -287,8 +283,9 @@ class SignalCapture {
   SignalCapture& operator=(const SignalCapture&) = delete;
 
  private:
-  static constexpr std::array<int, 4> kSignals{SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-  std::array<struct sigaction, 4> old_{};
+  // SIGUSR1: a status line (ranks alive, restarts left, the store's size).
+  static constexpr std::array<int, 5> kSignals{SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1};
+  std::array<struct sigaction, 5> old_{};
 };
 
 // Starts rank i. Everything the child needs is prepared before fork(): between fork and exec
@@ -360,6 +357,10 @@ Clock::time_point after_seconds(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+// A rank's error that a restart would meet again (configuration, data, a full disk): gasloc exits
+// 2 for those (apps/gasloc/main.cpp), so the job stops with that error instead of looping.
+constexpr int kNoRestartStatus = 2;
+
 // What --elastic adds to the supervision: the roster of incarnations (the one writer of the job's
 // membership, comm/elastic_roster.hpp), restarts of dead ranks, and the floor of live ranks.
 struct ElasticPolicy {
@@ -368,6 +369,8 @@ struct ElasticPolicy {
   int min_ranks = 1;
   std::vector<int64_t> incarnation;                 // by id: the newest started
   std::function<Rank(int id, int64_t inc)> spawn;  // starts incarnation inc of rank id
+  std::vector<std::vector<std::string>> story;      // by id: what each incarnation did, for the summary
+  std::vector<bool> ended_well;                     // by id: its newest incarnation exited 0
 };
 
 // Watches the ranks until all have exited and their output is read: forwards signals, stops
@@ -424,6 +427,10 @@ class Supervisor {
     char sig = 0;
     while (::read(g_signal_pipe[0], &sig, 1) == 1) {
       if (sig == SIGCHLD) continue;
+      if (sig == SIGUSR1) {
+        print_status();
+        continue;
+      }
       if (sig == SIGINT && interrupted) {
         write_all(2, "launch: second interrupt: killing every rank\n");
         signal_all(ranks_, SIGKILL);
@@ -439,6 +446,26 @@ class Supervisor {
   }
 
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t_start_).count(); }
+
+  // `kill -USR1` of the launcher: who runs, what is left, and how large the store has grown.
+  void print_status() {
+    std::vector<int> running;
+    for (const auto& r : ranks_)
+      if (r.running) running.push_back(r.index);
+    std::sort(running.begin(), running.end());
+    std::string rss = "?";
+    std::ifstream proc("/proc/self/status");
+    for (std::string line; std::getline(proc, line);)
+      if (line.rfind("VmRSS:", 0) == 0) rss = fmt::format("{:.1f} MB", std::strtod(line.c_str() + 6, nullptr) / 1024);
+    int64_t keys = -1;
+    try {
+      keys = store_.getNumKeys();
+    } catch (const std::exception&) {
+    }
+    write_all(2, fmt::format("launch: status at {:.1f} s: rank(s) {} running{}; store: {} keys; launcher RSS {}\n",
+                             seconds(), fmt::join(running, ", "),
+                             elastic_ ? fmt::format("; {} restart(s) left", elastic_->restarts_left) : "", keys, rss));
+  }
 
   void reap() {
     for (;;) {
@@ -473,6 +500,19 @@ class Supervisor {
     kill_at_ = after_seconds(grace_);
   }
 
+  // How a rank's process ended, in words: the launcher's own reason when it killed it.
+  std::string ending(const Rank& r) const {
+    if (const auto it = killed_why_.find(r.pid); it != killed_why_.end()) return "killed by gasloc launch (" + it->second + ")";
+    return describe_status(r.status);
+  }
+
+  // Stops the job because of rank entry k, saying why.
+  void stop_job(size_t k, const std::string& why) {
+    write_all(2, "launch: " + why + "\n");
+    first_failed = static_cast<int>(k);
+    stop_all();
+  }
+
   // Elastic: an exited rank leaves the roster at once (its peers stop waiting for it); a failed
   // one is started again as the next incarnation while restarts are left, and joins.
   void elastic_exit(size_t k) {
@@ -480,13 +520,30 @@ class Supervisor {
     const int status = ranks_[k].status;
     const int64_t inc = elastic_->incarnation[id];
     elastic_->roster.exited(id, inc);
-    if (!failed(status) || interrupted || first_failed >= 0) return;
+    elastic_->ended_well[id] = !failed(status);
+    auto tell = [&](const std::string& what) { elastic_->story[id].push_back(fmt::format("incarnation {} {}", inc, what)); };
+    if (!failed(status)) return tell(interrupted ? "stopped as asked" : "finished");
+    if (interrupted || first_failed >= 0) return tell("ended with " + ending(ranks_[k]) + " while the job stopped");
     comm::publish_failure(store_, id, {id, fmt::format("rank {} exited with {} (seen by gasloc launch)", id, describe_status(status))});
+    if (WIFEXITED(status) && WEXITSTATUS(status) == kNoRestartStatus) {
+      tell("failed with exit status 2 (not restarted)");
+      return stop_job(k, fmt::format("rank {} (incarnation {}) failed with exit status 2: its error (above) is about the "
+                                     "job's configuration, data or disk, which a restart would meet again; stopping the job",
+                                     id, inc));
+    }
+    if (elastic_->roster.count(comm::RankState::member) == 0) {
+      tell("failed with " + ending(ranks_[k]));
+      return stop_job(k, fmt::format("rank {} (incarnation {}) failed with {}, and no member of the job is left to give a "
+                                     "restarted rank its state; stopping the job (resume it from its checkpoints with "
+                                     "gasloc launch --elastic ... -- gasloc train --resume RUN)",
+                                     id, inc, ending(ranks_[k])));
+    }
     if (elastic_->restarts_left > 0) {
       --elastic_->restarts_left;
+      tell(fmt::format("failed with {}; restarted", ending(ranks_[k])));
       write_all(2, fmt::format("launch: rank {} (incarnation {}) failed with {} after {:.1f} s; the others go on, and it "
                                "restarts as incarnation {} ({} restart(s) left)\n",
-                               id, inc, describe_status(status), seconds(), inc + 1, elastic_->restarts_left));
+                               id, inc, ending(ranks_[k]), seconds(), inc + 1, elastic_->restarts_left));
       elastic_->incarnation[id] = inc + 1;
       failed_at_[id] = seconds();
       heartbeats_.forget(id);
@@ -495,20 +552,19 @@ class Supervisor {
       return;
     }
     const auto alive = static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
+    tell(fmt::format("failed with {}; no restart left", ending(ranks_[k])));
     write_all(2, fmt::format("launch: rank {} (incarnation {}) failed with {} after {:.1f} s and no restart is left "
                              "(--max-restarts); {} rank(s) go on without it\n",
-                             id, inc, describe_status(status), seconds(), alive));
+                             id, inc, ending(ranks_[k]), seconds(), alive));
     if (alive >= elastic_->min_ranks) return;
     std::vector<int> missing;
     for (size_t j = 0; j < elastic_->incarnation.size(); ++j) {
       const bool running = std::any_of(ranks_.begin(), ranks_.end(), [&](const Rank& r) { return r.running && r.index == static_cast<int>(j); });
       if (!running) missing.push_back(static_cast<int>(j));
     }
-    write_all(2, fmt::format("launch: only {} rank(s) alive, fewer than --min-ranks {}: no view can form without "
-                             "rank(s) {}; stopping the job\n",
-                             alive, elastic_->min_ranks, fmt::join(missing, ", ")));
-    first_failed = static_cast<int>(k);
-    stop_all();
+    stop_job(k, fmt::format("only {} rank(s) alive, fewer than --min-ranks {}: no view can form without rank(s) {}; "
+                            "stopping the job",
+                            alive, elastic_->min_ranks, fmt::join(missing, ", ")));
   }
 
   // Elastic: announcements into the roster, and ranks a peer reported (a link that failed while
@@ -527,6 +583,7 @@ class Supervisor {
       for (auto& r : ranks_) {
         if (!r.running || r.index != id) continue;
         write_all(2, fmt::format("launch: a peer reported its link to rank {} broken; killing rank {} (it restarts)\n", id, id));
+        killed_why_[r.pid] = "a peer reported its link broken";
         ::kill(-r.pid, SIGKILL);
         ::kill(-r.pid, SIGCONT);
       }
@@ -552,6 +609,7 @@ class Supervisor {
                                            r, heartbeats_.timeout_s());
       comm::publish_failure(store_, r, {r, what});
       write_all(2, "launch: " + what + "\n");
+      killed_why_[rank.pid] = fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s());
       ::kill(-rank.pid, SIGKILL);
       ::kill(-rank.pid, SIGCONT);  // a stopped process group dies at once
     }
@@ -579,6 +637,7 @@ class Supervisor {
   double grace_;
   Clock::time_point t_start_;
   std::map<int, double> failed_at_;  // elastic, by id: when its newest incarnation's predecessor failed (seconds())
+  std::map<pid_t, std::string> killed_why_;  // processes the launcher killed, and why
   std::optional<Clock::time_point> kill_at_;  // SIGKILL whoever is left at this time
   std::optional<Clock::time_point> drain_until_;
   comm::HeartbeatWatch heartbeats_;
@@ -611,6 +670,44 @@ int report_failure(const std::vector<Rank>& ranks, int first_failed, c10d::Store
     msg += fmt::format("launch: rank {} reports that rank {} failed first: {}\n", f.index, rec->root, rec->what);
   write_all(2, msg);
   return exit_code(f.status);
+}
+
+// The heartbeat timeout: --heartbeat-timeout, else an elastic job's cluster.heartbeat_timeout_s
+// (one setting for the in-process reference and the real job), else 30 s.
+double heartbeat_timeout(const Opts& o) {
+  if (o.heartbeat_timeout) return *o.heartbeat_timeout;
+  if (!o.elastic) return 30;
+  const double s = train_job(o).cluster.heartbeat_timeout_s;
+  comm::check_heartbeat_timeout(s, "launch: the job's cluster.heartbeat_timeout_s");
+  write_all(1, fmt::format("launch: a rank without a heartbeat for {:g} s is killed and restarts (cluster.heartbeat_timeout_s; "
+                           "--heartbeat-timeout overrides it)\n",
+                           s));
+  return s;
+}
+
+// An elastic job's end: one line per rank saying what each of its incarnations did, then the
+// exit status: 0 only when every rank's newest incarnation ended well (finished, or found the
+// job finished), 130 after an interrupt, the stopping rank's status when the job was stopped,
+// else 1.
+int elastic_outcome(const ElasticPolicy& e, const Supervisor& s, const std::vector<Rank>& ranks, c10d::Store& store,
+                    int world) {
+  const int code = s.first_failed >= 0 ? report_failure(ranks, s.first_failed, store, world) : 0;
+  std::vector<int> unfinished;
+  for (int id = 0; id < world; ++id) {
+    write_all(2, fmt::format("launch: rank {}: {}\n", id, e.story[id].empty() ? "never ended" : fmt::format("{}", fmt::join(e.story[id], "; "))));
+    if (!e.ended_well[id]) unfinished.push_back(id);
+  }
+  if (code != 0) return code;
+  if (s.interrupted) {
+    write_all(2, "launch: the job stopped as asked (interrupted); resume it with gasloc train --resume RUN\n");
+    return 130;
+  }
+  if (!unfinished.empty()) {
+    write_all(2, fmt::format("launch: the job did not finish: rank(s) {} ended with an error (above)\n", fmt::join(unfinished, ", ")));
+    return 1;
+  }
+  write_all(2, "launch: the job finished: every rank ended well\n");
+  return 0;
 }
 
 int run_launch(const Opts& o) {
@@ -659,9 +756,11 @@ int run_launch(const Opts& o) {
   };
   if (o.elastic) {
     elastic.emplace(ElasticPolicy{comm::RosterWriter(store_host.store(), o.n), o.max_restarts, o.min_ranks,
-                                  std::vector<int64_t>(o.n, 0), [&](int id, int64_t inc) {
+                                  std::vector<int64_t>(o.n, 0),
+                                  [&](int id, int64_t inc) {
                                     return spawn_rank(exe, elastic_args(id, inc), envs[id], testbed.get(), id);
-                                  }});
+                                  },
+                                  std::vector<std::vector<std::string>>(o.n), std::vector<bool>(o.n, false)});
     for (int i = 0; i < o.n; ++i) elastic->roster.started(i, 0, /*member=*/i < founders);
     if (founders < o.n)
       write_all(1, fmt::format("launch: the run was saved by {} ranks; ranks {}..{} join it with a donor's state\n",
@@ -670,15 +769,11 @@ int run_launch(const Opts& o) {
   std::vector<Rank> ranks;
   for (int i = 0; i < o.n; ++i)
     ranks.push_back(spawn_rank(exe, o.elastic ? elastic_args(i, 0) : args, envs[i], testbed.get(), i));
-  Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? o.heartbeat_timeout : 0.0,
+  Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? heartbeat_timeout(o) : 0.0,
                         elastic ? &*elastic : nullptr);
   supervisor.run();
+  if (elastic) return elastic_outcome(*elastic, supervisor, ranks, store_host.store(), o.n);
   if (supervisor.first_failed >= 0) return report_failure(ranks, supervisor.first_failed, store_host.store(), o.n);
-  if (elastic && !supervisor.interrupted) {
-    // The job completed if a rank finished it; ranks that died on the way were reported then.
-    if (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return !failed(r.status); })) return 0;
-    return exit_code(ranks.back().status);
-  }
   if (supervisor.interrupted) {
     for (const auto& r : ranks)
       if (failed(r.status)) return exit_code(r.status);

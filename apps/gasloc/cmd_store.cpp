@@ -38,7 +38,7 @@ Action add_store(CLI::App& app) {
     bool all_interfaces = false;
     bool elastic = false;
     int n = 0, founders = 0;
-    double heartbeat_timeout = 30;
+    std::optional<double> heartbeat_timeout;  // unset: the job's cluster.heartbeat_timeout_s
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--addr", o->addr, "address to listen on: MASTER_ADDR as the ranks reach it")->capture_default_str();
@@ -54,8 +54,8 @@ Action add_store(CLI::App& app) {
                  "workers to a running job, or to resume a run on more ranks than saved it; default: all n)")
       ->needs(elastic);
   app.add_option("--heartbeat-timeout", o->heartbeat_timeout,
-                 "with --elastic: seconds without a heartbeat after which a rank is declared dead")
-      ->capture_default_str()
+                 "with --elastic: seconds without a heartbeat after which a rank is declared dead (default: the job's "
+                 "cluster.heartbeat_timeout_s, which its first rank tells the store)")
       ->needs(elastic);
   return [o]() {
     if (o->port < 0 || o->port > 65535) throw Error(fmt::format("store: --port {} is outside 0..65535", o->port));
@@ -64,9 +64,7 @@ Action add_store(CLI::App& app) {
     if (o->elastic && (o->founders < 0 || o->founders > o->n))
       throw Error(fmt::format("store: --founders {} is outside 1..{} (-n)", o->founders, o->n),
                   "ranks 0..F-1 start the job; the others join it");
-    if (o->elastic && !(o->heartbeat_timeout >= 2 * comm::kSuspectSilenceS && std::isfinite(o->heartbeat_timeout)))
-      throw Error(fmt::format("store: --heartbeat-timeout {} is shorter than {:g} s", o->heartbeat_timeout, 2 * comm::kSuspectSilenceS),
-                  "a rank beats twice a second; give it a few seconds of slack, e.g. --heartbeat-timeout 10");
+    if (o->heartbeat_timeout) comm::check_heartbeat_timeout(*o->heartbeat_timeout, "store: --heartbeat-timeout");
     comm::StoreServer server({o->addr, o->port, o->all_interfaces, {o->job_id, "gasloc store job " + o->job_id}});
     fmt::print("gasloc store: serving job {} on {}:{} until Ctrl+C or SIGTERM; start each rank with\n"
                "  TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR={} MASTER_PORT={} RANK=r WORLD_SIZE=n gasloc train ... "
@@ -79,8 +77,9 @@ Action add_store(CLI::App& app) {
     if (o->elastic) {
       roster.emplace(*keys, o->n, o->heartbeat_timeout, o->founders);
       fmt::print("gasloc store: keeping the roster of an elastic job of {} ranks (cluster.elastic = true); a rank is "
-                 "declared dead after {:g} s without a heartbeat, and rejoins when started again\n",
-                 o->n, o->heartbeat_timeout);
+                 "declared dead after {} without a heartbeat, and rejoins when started again\n",
+                 o->n, o->heartbeat_timeout ? fmt::format("{:g} s", *o->heartbeat_timeout)
+                                            : std::string("the job's cluster.heartbeat_timeout_s"));
       if (o->founders > 0 && o->founders < o->n)
         fmt::print("gasloc store: ranks 0..{} start the job; ranks {}..{} join it whenever they start\n", o->founders - 1,
                    o->founders, o->n - 1);

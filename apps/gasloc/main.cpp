@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cerrno>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
@@ -47,9 +49,20 @@ int main(int argc, char** argv) {
     for (auto& [sub, action] : commands)
       if (sub->parsed()) return action();
   } catch (const gasloc::Error& e) {
+    // Exit statuses say whether trying again may help (gasloc launch --elastic restarts a rank
+    // for 3 and 1, not for 2): 2 for the job's input (configuration, data, checkpoints, disk),
+    // which a restart would meet again; 3 for a peer or the network.
     std::cerr << "error: " << e.what() << "\n";
     if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
-    return 2;
+    return dynamic_cast<const gasloc::CommError*>(&e) ? 3 : 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    const int err = e.code().value();
+    if (err == ENOSPC || err == EDQUOT || err == EROFS || err == EACCES) {
+      std::cerr << "hint: free space or fix the permissions of that path, then resume the run\n";
+      return 2;
+    }
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

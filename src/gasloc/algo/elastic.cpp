@@ -1,5 +1,7 @@
 #include "gasloc/algo/elastic.hpp"
 
+#include "gasloc/comm/elastic_roster.hpp"
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -52,7 +54,7 @@ torch::Tensor all_reduce_mix_over(const Membership& membership, const View& view
   // The first attempt is over the view; a member that dies there aborts it for everyone, and the
   // retry is over the survivors, so the mean is theirs and the round is not lost. An aborted
   // attempt changes nobody's tensor.
-  constexpr int64_t kAttempts = 64;  // call ids: the round's attempts
+  constexpr int64_t kAttempts = comm::kAttemptsPerRound;  // call ids: the round's attempts
   View v = view;
   for (int attempt = 0;; v = membership.retry(view, ++attempt)) {
     if (attempt >= kAttempts) throw CommError(fmt::format("{}: round {} was aborted {} times", what, view.round, kAttempts));

@@ -307,7 +307,8 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
   return got;
 }
 
-ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool join) : impl_(std::make_unique<Impl>()) {
+ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool join, double heartbeat_timeout_s)
+    : impl_(std::make_unique<Impl>()) {
   validate(o);
   auto& I = *impl_;
   I.o = o;
@@ -321,6 +322,8 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool
     throw CommError(fmt::format("rank {}: the store at {}:{} holds no elastic roster", o.rank, o.master_addr, o.master_port),
                     "start elastic runs with `gasloc launch --elastic -n N -- gasloc train ...`, or start the store "
                     "with `gasloc store --elastic -n N` for ranks started by hand");
+  if (heartbeat_timeout_s > 0)
+    I.store->compareSet(elastic_keys::heartbeat_timeout(), {}, to_bytes(fmt::format("{}", heartbeat_timeout_s)));
   // Started by hand: the store host answers which incarnation this is, and whether it founds the
   // job or joins it; gasloc launch --elastic tells its ranks.
   std::optional<bool> founding;
@@ -341,8 +344,10 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool
   // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would raise
   // SIGPIPE and kill this survivor too. Ignored, the write fails with EPIPE: a failed edge.
   std::signal(SIGPIPE, SIG_IGN);
-  I.watch_roster = std::make_unique<ElasticRoster>(job_keys_connection(o), o.rank, incarnation, founding);
-  I.heartbeat = std::make_unique<Heartbeat>(job_keys_connection(o), o.rank);
+  // Both talk to the store for the whole job, through a host that may pause: a failed call opens a
+  // new connection for the next one.
+  I.watch_roster = std::make_unique<ElasticRoster>(job_keys_reconnecting(o), o.rank, incarnation, founding);
+  I.heartbeat = std::make_unique<Heartbeat>(job_keys_reconnecting(o), o.rank);
   if (founding.value_or(false)) await_founded(*I.store, o.rank, o.timeout_s);
   I.t0 = Clock::now();
 }
@@ -393,8 +398,8 @@ bool ElasticGlooComm::all_reduce_mean_over(torch::Tensor& t, const std::vector<i
   const std::vector<torch::Tensor> got = I.swap(others, flat);
   const bool complete = std::all_of(got.begin(), got.end(), [](const torch::Tensor& g) { return g.defined(); });
   // One key decides for every member: commit once all received everything, abort otherwise.
-  const std::string decision = fmt::format("el/ar/{}", call_id);
-  auto ok_key = [&](int m) { return fmt::format("el/ar/{}/ok/{}", call_id, m); };
+  const std::string decision = elastic_keys::all_reduce(call_id);
+  auto ok_key = [&](int m) { return elastic_keys::all_reduce_ok(call_id, m); };
   auto decide = [&](const char* d) { return to_text(I.store->compareSet(decision, {}, to_bytes(d))) == "commit"; };
   bool commit = false;
   if (!complete) {

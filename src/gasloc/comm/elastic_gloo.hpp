@@ -30,7 +30,9 @@ class ElasticGlooComm final : public Communicator {
   // the store's roster host admits (comm/roster_host.hpp). Throws CommError when there is no
   // roster (not an elastic launch) or the store cannot be reached, ConfigError when refused.
   // `join`: this process joins the running job with a donor's state, even at incarnation 0.
-  ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool join = false);
+  // `heartbeat_timeout_s` (> 0): the job's cluster.heartbeat_timeout_s, told to a gasloc store
+  // that was started without its own (the first rank's value stands).
+  ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool join = false, double heartbeat_timeout_s = 0);
   ~ElasticGlooComm() override;
   ElasticGlooComm(const ElasticGlooComm&) = delete;
   ElasticGlooComm& operator=(const ElasticGlooComm&) = delete;

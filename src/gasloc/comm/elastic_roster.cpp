@@ -48,6 +48,16 @@ std::string in(int id) { return fmt::format("el/in/{}", id); }
 std::string suspect(int id) { return fmt::format("el/suspect/{}", id); }
 std::string stop() { return "el/stop"; }
 std::string config() { return "el/config"; }
+std::string at(int id) { return fmt::format("el/at/{}", id); }
+std::string resume_of(int id) { return fmt::format("el/resume/{}", id); }
+std::string resume() { return "el/resume"; }
+std::string behind(int id) { return fmt::format("el/behind/{}", id); }
+std::string any_behind() { return "el/behind"; }
+std::string files() { return "el/files"; }
+std::string files_ready() { return "el/files_ready"; }
+std::string finished() { return "el/finished"; }
+std::string all_reduce(int64_t call_id) { return fmt::format("el/ar/{}", call_id); }
+std::string all_reduce_ok(int64_t call_id, int id) { return fmt::format("el/ar/{}/ok/{}", call_id, id); }
 }  // namespace elastic_keys
 
 std::string Roster::encode() const {
@@ -120,19 +130,32 @@ int64_t ElasticRoster::incarnation_of(int id) const {
   return it == known_.end() ? -1 : it->second;
 }
 
+void ElasticRoster::mark_progress(int64_t round) {
+  if (round <= marked_round_) return;
+  marked_round_ = round;
+  store_->set(elastic_keys::at(id_), to_bytes(fmt::format("{}:{}", incarnation_, round)));
+}
+
 PinnedView ElasticRoster::pin(int64_t round, int attempt) {
+  mark_progress(round);
   const std::string key = elastic_keys::view(round, attempt);
   if (store_->check({key})) return seen(PinnedView::decode(round, attempt, to_text(store_->get(key))));
   const Roster r = read();
   PinnedView v;
   v.round = round;
   v.attempt = attempt;
+  const bool any_behind = store_->check({elastic_keys::any_behind()});
+  auto says = [&](const std::string& key, int64_t inc) {
+    return store_->check({key}) && to_text(store_->get(key)) == std::to_string(inc);
+  };
   for (const auto& e : r.entries) {
     if (e.state != RankState::member && e.state != RankState::joining) continue;
     // A joiner healed a moment ago is a member already, before the launcher's roster says so.
-    const bool healed = e.state == RankState::joining && store_->check({elastic_keys::in(e.id)}) &&
-                        to_text(store_->get(elastic_keys::in(e.id))) == std::to_string(e.incarnation);
-    (e.state == RankState::member || healed ? v.members : v.joining).push_back(e.id);
+    const bool healed = says(elastic_keys::in(e.id), e.incarnation);
+    // A member that resumed without a state of its own joins like a restarted rank.
+    const bool behind = e.state == RankState::member && any_behind && says(elastic_keys::behind(e.id), e.incarnation);
+    const bool member = e.state == RankState::member ? !behind || healed : healed;
+    (member ? v.members : v.joining).push_back(e.id);
     v.incarnation[e.id] = e.incarnation;
   }
   const std::string proposed = v.encode();
@@ -160,6 +183,10 @@ bool ElasticRoster::gone(int id, int64_t inc) {
 
 void ElasticRoster::announce_up() { store_->set(elastic_keys::up(id_), to_bytes(std::to_string(incarnation_))); }
 void ElasticRoster::announce_member() { store_->set(elastic_keys::in(id_), to_bytes(std::to_string(incarnation_))); }
+void ElasticRoster::announce_behind() {
+  store_->set(elastic_keys::behind(id_), to_bytes(std::to_string(incarnation_)));
+  store_->set(elastic_keys::any_behind(), to_bytes("1"));
+}
 void ElasticRoster::suspect(int peer, int64_t inc) {
   store_->set(elastic_keys::suspect(peer), to_bytes(std::to_string(inc)));
 }
@@ -213,7 +240,35 @@ std::vector<int> RosterWriter::poll() {
     }
   }
   if (changed) publish();
+  prune_rounds();
   return healed;
+}
+
+int64_t RosterWriter::prune_rounds() {
+  int64_t floor = -1;
+  for (const auto& e : roster_.entries) {
+    if (e.state != RankState::member) continue;
+    const std::string key = elastic_keys::at(e.id);
+    if (!store_.check({key})) return 0;
+    const auto f = split(to_text(store_.get(key)), ':');
+    if (f.size() != 2 || parse_int(f[0], key) != e.incarnation) return 0;  // not yet said by this incarnation
+    const int64_t round = parse_int(f[1], key);
+    floor = floor < 0 ? round : std::min(floor, round);
+  }
+  int64_t deleted = 0;
+  for (; pruned_below_ < floor - kKeptRounds; ++pruned_below_) {
+    const int64_t r = pruned_below_;
+    for (int a = 0; a < kAttemptsPerRound; ++a)
+      if (!store_.deleteKey(elastic_keys::view(r, a))) break;
+      else ++deleted;
+    for (int64_t a = 0; a < kAttemptsPerRound; ++a) {
+      const int64_t call = r * kAttemptsPerRound + a;
+      if (!store_.deleteKey(elastic_keys::all_reduce(call))) break;
+      ++deleted;
+      for (const auto& e : roster_.entries) deleted += store_.deleteKey(elastic_keys::all_reduce_ok(call, e.id)) ? 1 : 0;
+    }
+  }
+  return deleted;
 }
 
 std::vector<std::pair<int, int64_t>> RosterWriter::take_suspects() {

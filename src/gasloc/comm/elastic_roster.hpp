@@ -15,6 +15,17 @@
 //   el/suspect/ID      a rank whose link failed while it was not known dead (the writer kills it)
 //   el/stop            the step at which every rank stops (an interrupt, set once)
 //   el/config          the run's shared settings, set by the first rank: a joiner must match
+//   el/at/ID           "INC:R": the newest round whose view this incarnation asked for; the
+//                      roster's writer deletes the keys of rounds below every member's
+//                      (RosterWriter::prune_rounds), so the store does not grow with the rounds
+//   el/ar/C, el/ar/C/ok/ID  an all-reduce's decision and its members' receipts (C = round *
+//                      kAttemptsPerRound + attempt)
+//   el/resume/ID, el/resume   a resumed job: the committed steps each founding rank can load, and
+//                      the step all resume from, decided once (train/elastic_process.hpp)
+//   el/behind/ID       the incarnation of a member that resumes without a state of its own: views
+//                      list it as joining (healed by a donor) until it announces `in`
+//   el/files, el/files_ready  who opens the run's files, and that they are open
+//   el/finished        the last step, once a rank reached it
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -25,6 +36,9 @@
 #include <vector>
 
 namespace gasloc::comm {
+
+// All-reduce attempts of one round: a round's call ids are round * kAttemptsPerRound + attempt.
+constexpr int64_t kAttemptsPerRound = 64;
 
 enum class RankState : char { starting = 's', member = 'm', joining = 'j', dead = 'd' };
 
@@ -64,6 +78,16 @@ std::string in(int id);
 std::string suspect(int id);
 std::string stop();
 std::string config();
+std::string at(int id);
+std::string resume_of(int id);
+std::string resume();
+std::string behind(int id);
+std::string any_behind();
+std::string files();
+std::string files_ready();
+std::string finished();
+std::string all_reduce(int64_t call_id);
+std::string all_reduce_ok(int64_t call_id, int id);
 }  // namespace elastic_keys
 
 // A rank's side. All calls are bounded by the store's timeout and throw CommError.
@@ -89,6 +113,8 @@ class ElasticRoster {
   bool gone(int id, int64_t inc);
   void announce_up();
   void announce_member();
+  // This member resumes without a state of its own: views list it as joining until it is healed.
+  void announce_behind();
   // Reports incarnation `inc` of `peer`, whose link failed while the roster listed it alive.
   void suspect(int peer, int64_t inc);
   // The step every rank stops at: proposes `step` if nobody has yet; returns the agreed one.
@@ -97,12 +123,15 @@ class ElasticRoster {
 
  private:
   PinnedView seen(PinnedView v);
+  // Tells the roster's writer that this incarnation reads no view below `round` again.
+  void mark_progress(int64_t round);
 
   c10::intrusive_ptr<c10d::Store> store_;
   int id_;
   int64_t incarnation_;
   bool founding_;
   std::map<int, int64_t> known_;
+  int64_t marked_round_ = -1;
 };
 
 // The launcher's side, on its own store (no socket, never blocks on a rank).
@@ -120,11 +149,19 @@ class RosterWriter {
   std::vector<std::pair<int, int64_t>> take_suspects();
   const Roster& roster() const { return roster_; }
   int count(RankState s) const { return static_cast<int>(roster_.with(s).size()); }
+  // Deletes the views and all-reduce keys of rounds that no live rank reads again: those more
+  // than kKeptRounds below every member's progress (el/at/ID of its current incarnation). A
+  // joiner scans views from el/latest on and steps over missing ones; its donor cannot pass the
+  // round that heals it, so that round stays. Nothing is deleted while a member has not yet
+  // said where it is. Returns the number of keys deleted. poll() calls it.
+  int64_t prune_rounds();
+  static constexpr int64_t kKeptRounds = 2;
 
  private:
   void publish();
   c10d::Store& store_;
   Roster roster_;
+  int64_t pruned_below_ = 0;  // rounds below this have no keys left
 };
 
 }  // namespace gasloc::comm

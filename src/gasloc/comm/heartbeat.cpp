@@ -1,11 +1,34 @@
 #include "gasloc/comm/heartbeat.hpp"
 
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include <chrono>
+#include <cmath>
 #include <string>
+
+#include "gasloc/core/error.hpp"
 
 namespace gasloc::comm {
 
 std::string heartbeat_key(int rank) { return "hb/" + std::to_string(rank); }
+
+void check_heartbeat_timeout(double seconds, const std::string& what, bool zero_turns_off) {
+  if (zero_turns_off && seconds == 0) return;
+  if (std::isfinite(seconds) && seconds >= kMinHeartbeatTimeoutS) return;
+  throw ConfigError(fmt::format("{} {:g} is not a heartbeat timeout: ranks beat every {:g} s, and a timeout under {:g} s "
+                                "(four beats) would take a late beat on a busy host for a death",
+                                what, seconds, kHeartbeatIntervalS, kMinHeartbeatTimeoutS),
+                    fmt::format("give {:g} s or more, e.g. 10{}", kMinHeartbeatTimeoutS, zero_turns_off ? ", or 0 to turn the check off" : ""));
+}
+
+double HostClock::forgive(double now_s) {
+  const double gap = last_s_ < 0 ? 0.0 : now_s - last_s_;
+  last_s_ = now_s;
+  return gap > max_gap_s_ ? gap - max_gap_s_ : 0.0;
+}
 
 Heartbeat::Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, double interval_s)
     : store_(std::move(store)), rank_(rank), interval_s_(interval_s) {
@@ -22,14 +45,25 @@ Heartbeat::~Heartbeat() {
 }
 
 void Heartbeat::loop() {
+  using Clock = std::chrono::steady_clock;
   const auto interval = std::chrono::duration<double>(interval_s_);
+  std::optional<Clock::time_point> failing_since;
   std::unique_lock lk(mu_);
   while (!stop_) {
     lk.unlock();
     try {
       store_->add(heartbeat_key(rank_), 1);
-    } catch (const std::exception&) {
-      // The store is gone or slow: the host judges the silence; nothing to do here.
+      if (failing_since)
+        spdlog::info("rank {}: heartbeats reach the store again after {:.1f} s", rank_,
+                     std::chrono::duration<double>(Clock::now() - *failing_since).count());
+      failing_since.reset();
+    } catch (const std::exception& e) {
+      // The host judges the silence; this side keeps trying (a new connection each time), so
+      // that a host that was only paused or slow hears from this rank as soon as it can.
+      if (!failing_since) {
+        failing_since = Clock::now();
+        spdlog::warn("rank {}: a heartbeat did not reach the store ({}); retrying every {:g} s", rank_, e.what(), interval_s_);
+      }
     }
     lk.lock();
     cv_.wait_for(lk, interval, [this] { return stop_; });
@@ -37,6 +71,8 @@ void Heartbeat::loop() {
 }
 
 std::vector<int> HeartbeatWatch::stalled(c10d::Store& store, double now_s) {
+  const double forgiven = clock_.forgive(now_s);
+  for (auto& [r, seen] : seen_) seen.since_s += forgiven;
   std::vector<int> out;
   for (int r = 0; r < world_; ++r) {
     int64_t count = 0;

@@ -5,6 +5,10 @@
 // counters on its own clock (no clock is compared across hosts) and acts on a rank whose counter
 // has stalled: `gasloc launch` kills it, which turns a hang that would hold its peers for
 // cluster.timeout_s into a failure named within the heartbeat timeout.
+//
+// A paused or slow host must not get healthy ranks killed: a beat that fails is retried on a new
+// connection (the rank's store is a ReconnectingStore), and the judges discount a gap in their
+// own clock (HostClock): while the host itself did not run, nobody's silence can be seen.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -20,12 +24,36 @@ namespace gasloc::comm {
 
 std::string heartbeat_key(int rank);
 
+// How often a rank beats.
+constexpr double kHeartbeatIntervalS = 0.5;
+// The shortest heartbeat timeout: four beats, so that one late beat on a busy host is no death.
+constexpr double kMinHeartbeatTimeoutS = 4 * kHeartbeatIntervalS;
+// Throws ConfigError naming `what` (a key or a flag) unless `seconds` is a usable heartbeat
+// timeout: finite and at least kMinHeartbeatTimeoutS, or 0 where `zero_turns_off`.
+void check_heartbeat_timeout(double seconds, const std::string& what, bool zero_turns_off = false);
+
+// A judge's clock without the time the judge itself did not run (SIGSTOP, a frozen VM, a host
+// starved for seconds): the judge looks every fraction of a second, so a longer gap between two
+// looks is time in which it could not have seen anyone beat, and counts against nobody.
+class HostClock {
+ public:
+  explicit HostClock(double max_look_gap_s = 1.0) : max_gap_s_(max_look_gap_s) {}
+  // The seconds to forgive at this look: the part of the gap since the last look beyond the
+  // longest gap expected (0 at the first look).
+  double forgive(double now_s);
+
+ private:
+  double max_gap_s_;
+  double last_s_ = -1;
+};
+
 class Heartbeat {
  public:
-  // Beats for `rank` into `store` (the rank's own connection) every interval_s, from now on. Half
-  // a second: a hang is named within half a second of the heartbeat timeout, for one small store
-  // call per beat.
-  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, double interval_s = 0.5);
+  // Beats for `rank` into `store` (the rank's own connection, best a ReconnectingStore) every
+  // interval_s, from now on. Half a second: a hang is named within half a second of the heartbeat
+  // timeout, for one small store call per beat. A failed beat is logged once and retried at the
+  // next interval; beats that resume are logged with the gap.
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, double interval_s = kHeartbeatIntervalS);
   // Stops and joins the thread (at most one store call's timeout).
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
@@ -49,7 +77,8 @@ class HeartbeatWatch {
  public:
   HeartbeatWatch(int world, double timeout_s) : world_(world), timeout_s_(timeout_s) {}
   // Reads every counter at `now_s` (seconds of the host's steady clock) and returns the ranks
-  // stalled for timeout_s or longer, ascending. A store that fails is skipped this time.
+  // stalled for timeout_s or longer, ascending. A store that fails is skipped this time. A gap
+  // in the host's own clock since the last call (HostClock) is added to every rank's allowance.
   std::vector<int> stalled(c10d::Store& store, double now_s);
   // A rank restarted: its counter goes on from the old process's count, and the new process is
   // judged only once it has beaten (a process still starting, or one that cannot reach the
@@ -67,6 +96,7 @@ class HeartbeatWatch {
   };
   int world_;
   double timeout_s_;
+  HostClock clock_;
   std::map<int, Seen> seen_;
   std::map<int, int64_t> restarted_;  // rank -> its count when restarted (-1: not read yet)
 };

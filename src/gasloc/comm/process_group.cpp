@@ -364,7 +364,7 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
   I.t0 = Clock::now();
   // Beats for the store's host over a connection of its own (heartbeat.hpp); torchrun's agent
   // store has no host that watches.
-  if (!o.agent_store) I.heartbeat = std::make_unique<Heartbeat>(job_keys_connection(o), o.rank);
+  if (!o.agent_store) I.heartbeat = std::make_unique<Heartbeat>(job_keys_reconnecting(o), o.rank);
 }
 
 ProcessGroupComm::~ProcessGroupComm() {

@@ -282,6 +282,10 @@ c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o, double
   return job_keys(c10::make_intrusive<StoreClient>(o.master_addr, o.master_port, timeout, o.job));
 }
 
+c10::intrusive_ptr<c10d::Store> job_keys_reconnecting(const GlooOptions& o, double max_timeout_s) {
+  return c10::make_intrusive<ReconnectingStore>([o, max_timeout_s] { return job_keys_connection(o, max_timeout_s); });
+}
+
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
   validate(o, /*check_rank=*/false);
   const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);

@@ -77,6 +77,9 @@ c10::intrusive_ptr<c10d::Store> job_keys(const c10::intrusive_ptr<c10d::Store>& 
 // an elastic rank, which meets its peers through the store alone. Calls wait at most
 // min(o.timeout_s, max_timeout_s).
 c10::intrusive_ptr<c10d::Store> job_keys_connection(const GlooOptions& o, double max_timeout_s = 10.0);
+// The same, opened again after a call on it failed (store.hpp, ReconnectingStore): for a thread
+// that talks to the store for the whole job, through a store host that may pause or drop a link.
+c10::intrusive_ptr<c10d::Store> job_keys_reconnecting(const GlooOptions& o, double max_timeout_s = 10.0);
 
 // Store-side arrival records of collectives: before its seq-th collective (counted from 1, the
 // same on every rank) a rank records (seq, op) under its key; a collective that times out reads

@@ -20,6 +20,7 @@ std::string admit(int id, int64_t inc) { return fmt::format("el/admit/{}.{}", id
 std::string founded() { return "el/founded"; }
 std::string out(int id) { return fmt::format("el/out/{}", id); }
 std::string founders() { return "el/founders"; }
+std::string heartbeat_timeout() { return "el/heartbeat_timeout"; }
 }  // namespace elastic_keys
 
 namespace {
@@ -120,7 +121,7 @@ int checked_founders(int founders, int world) {
 }
 }  // namespace
 
-RosterHost::RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s, int founders)
+RosterHost::RosterHost(c10d::Store& store, int world, std::optional<double> heartbeat_timeout_s, int founders)
     : store_(store),
       world_(world),
       founders_(checked_founders(founders, world)),
@@ -135,8 +136,30 @@ bool RosterHost::alive(int id) const {
   return e && e->incarnation >= 0 && e->state != RankState::dead;
 }
 
+double RosterHost::suspect_silence_s() const {
+  return std::min(kSuspectSilenceS, heartbeat_timeout_s_.value_or(2 * kSuspectSilenceS) / 2);
+}
+
+void RosterHost::learn_heartbeat_timeout(std::vector<std::string>& events) {
+  if (heartbeat_timeout_s_ || !store_.check({elastic_keys::heartbeat_timeout()})) return;
+  const std::string text = to_text(store_.get(elastic_keys::heartbeat_timeout()));
+  double s = 0;
+  try {
+    s = std::stod(text);
+  } catch (const std::exception&) {
+    throw CommError(fmt::format("the job's store holds '{}' as its heartbeat timeout", text),
+                    "another program or gasloc version wrote the job's store");
+  }
+  heartbeat_timeout_s_ = s;
+  events.push_back(fmt::format("heartbeat timeout {:g} s, the job's cluster.heartbeat_timeout_s", s));
+}
+
 std::vector<std::string> RosterHost::tend(double now_s) {
   std::vector<std::string> events;
+  // Time in which this host did not run counts against no rank's heartbeat.
+  const double forgiven = clock_.forgive(now_s);
+  for (auto& [id, l] : life_) l.since_s += forgiven;
+  learn_heartbeat_timeout(events);
   for (int id = 0; id < world_; ++id) answer_claims(id, now_s, events);
   if (!founded_) {
     const auto members = writer_.roster().with(RankState::member);
@@ -171,7 +194,7 @@ void RosterHost::answer_claims(int id, double now_s, std::vector<std::string>& e
     const int64_t inc = l.claims_seen;
     const RosterEntry& old = *writer_.roster().find(id);
     const double silent = now_s - l.since_s;
-    if (alive(id) && silent < kSuspectSilenceS) {
+    if (alive(id) && silent < suspect_silence_s()) {
       const std::string why = fmt::format("rank {} is already alive (incarnation {}, its heartbeat {:.1f} s ago)", id,
                                           old.incarnation, silent);
       store_.set(elastic_keys::admit(id, inc), to_bytes(kRefused + why));
@@ -204,9 +227,9 @@ void RosterHost::watch_life(int id, double now_s, std::vector<std::string>& even
   if (beats != l.beats) {
     l.beats = beats;
     l.since_s = now_s;
-  } else if (heartbeat_timeout_s_ > 0 && now_s - l.since_s >= heartbeat_timeout_s_) {
+  } else if (heartbeat_timeout_s_ && now_s - l.since_s >= *heartbeat_timeout_s_) {
     declare_dead(id, fmt::format("sent no heartbeat for {:g} s (dead, stopped, frozen or cut off from the store)",
-                                 heartbeat_timeout_s_),
+                                 *heartbeat_timeout_s_),
                  events);
   }
 }
@@ -217,7 +240,7 @@ void RosterHost::check_suspects(double now_s, std::vector<std::string>& events) 
     const Life& l = life_[id];
     if (!alive(id) || writer_.roster().find(id)->incarnation != it->second.inc) {
       it = suspects_.erase(it);
-    } else if (now_s - l.since_s >= kSuspectSilenceS) {
+    } else if (now_s - l.since_s >= suspect_silence_s()) {
       it = suspects_.erase(it);
       declare_dead(id, fmt::format("reported by a peer whose link to it failed, and silent for {:.1f} s", now_s - l.since_s),
                    events);

@@ -18,15 +18,18 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gasloc/comm/elastic_roster.hpp"
+#include "gasloc/comm/heartbeat.hpp"
 
 namespace gasloc::comm {
 
 // Seconds a counter must be still before a peer's suspect report, or a second process claiming
-// the same id, counts the incarnation as gone (three missed beats of one a second).
+// the same id, counts the incarnation as gone (six missed beats; at most half the heartbeat
+// timeout).
 constexpr double kSuspectSilenceS = 3.0;
 
 namespace elastic_keys {
@@ -36,6 +39,7 @@ std::string claim(int id);                    // incarnation counter of one id
 std::string admit(int id, int64_t inc);       // the host's answer to a claim
 std::string founded();                        // set once every id has started
 std::string out(int id);                      // the incarnation that ended
+std::string heartbeat_timeout();              // the job's cluster.heartbeat_timeout_s, set by its first rank
 }  // namespace elastic_keys
 
 // What a process started by hand became.
@@ -59,12 +63,16 @@ void announce_out(c10d::Store& store, int id, int64_t inc) noexcept;
 // The host's side, on its own store (no socket, never blocks on a rank).
 class RosterHost {
  public:
-  // `founders`: ids 0..founders-1 found the job (default: all `world`).
-  RosterHost(c10d::Store& store, int world, double heartbeat_timeout_s, int founders = 0);
+  // `founders`: ids 0..founders-1 found the job (default: all `world`). `heartbeat_timeout_s`:
+  // the host's own (gasloc store --heartbeat-timeout); unset, the job's cluster.heartbeat_timeout_s
+  // as its first rank publishes it (elastic_keys::heartbeat_timeout).
+  RosterHost(c10d::Store& store, int world, std::optional<double> heartbeat_timeout_s, int founders = 0);
   // Answers claims, reads announcements, heartbeats, leaves and suspects at `now_s` (seconds of
   // the host's steady clock). Returns what happened, one line per event, for the host's log.
   std::vector<std::string> tend(double now_s);
   bool founded() const { return founded_; }
+  // The timeout in force (unset until the job's first rank published it, when the host has none).
+  std::optional<double> heartbeat_timeout_s() const { return heartbeat_timeout_s_; }
   const Roster& roster() const { return writer_.roster(); }
 
  private:
@@ -81,12 +89,15 @@ class RosterHost {
   void watch_life(int id, double now_s, std::vector<std::string>& events);
   void check_suspects(double now_s, std::vector<std::string>& events);
   void declare_dead(int id, const std::string& why, std::vector<std::string>& events);
+  void learn_heartbeat_timeout(std::vector<std::string>& events);
+  double suspect_silence_s() const;
   bool alive(int id) const;
 
   c10d::Store& store_;
   int world_, founders_;  // before writer_: founders is checked before the roster is written
   RosterWriter writer_;
-  double heartbeat_timeout_s_;
+  std::optional<double> heartbeat_timeout_s_;
+  HostClock clock_;
   bool founded_ = false;
   std::map<int, Life> life_;
   std::map<int, Suspect> suspects_;

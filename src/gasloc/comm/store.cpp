@@ -618,4 +618,51 @@ void StoreClient::wait(const std::vector<std::string>& keys, const std::chrono::
   }
 }
 
+ReconnectingStore::ReconnectingStore(Open open) : open_(std::move(open)), conn_(open_()) {
+  setTimeout(conn_->getTimeout());
+}
+
+template <class F>
+auto ReconnectingStore::with(F&& f) -> decltype(f(std::declval<c10d::Store&>())) {
+  if (!conn_) {
+    conn_ = open_();
+    ++reconnects_;
+  }
+  try {
+    return f(*conn_);
+  } catch (const CommError&) {
+    conn_.reset();  // the next call opens a new connection
+    throw;
+  }
+}
+
+void ReconnectingStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  with([&](c10d::Store& s) { s.set(key, value); });
+}
+std::vector<uint8_t> ReconnectingStore::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                                   const std::vector<uint8_t>& desired) {
+  return with([&](c10d::Store& s) { return s.compareSet(key, expected, desired); });
+}
+std::vector<uint8_t> ReconnectingStore::get(const std::string& key) {
+  return with([&](c10d::Store& s) { return s.get(key); });
+}
+int64_t ReconnectingStore::add(const std::string& key, int64_t value) {
+  return with([&](c10d::Store& s) { return s.add(key, value); });
+}
+bool ReconnectingStore::deleteKey(const std::string& key) {
+  return with([&](c10d::Store& s) { return s.deleteKey(key); });
+}
+bool ReconnectingStore::check(const std::vector<std::string>& keys) {
+  return with([&](c10d::Store& s) { return s.check(keys); });
+}
+int64_t ReconnectingStore::getNumKeys() {
+  return with([&](c10d::Store& s) { return s.getNumKeys(); });
+}
+void ReconnectingStore::wait(const std::vector<std::string>& keys) {
+  with([&](c10d::Store& s) { s.wait(keys); });
+}
+void ReconnectingStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  with([&](c10d::Store& s) { s.wait(keys, timeout); });
+}
+
 }  // namespace gasloc::comm

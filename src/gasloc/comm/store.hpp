@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,38 @@ class StoreClient final : public c10d::Store {
 
  private:
   std::unique_ptr<Conn> conn_;
+};
+
+// A connection that is opened again after a failure: a StoreClient is unusable once a call on it
+// failed (a host that was paused past the call's timeout, a dropped link), and a thread that must
+// go on talking to the store for the whole job (the heartbeat, the abort watch) would otherwise
+// stay silent for good. The call that failed still throws its CommError; the next call opens a
+// new connection first (and throws if that fails). For idempotent uses: a failed add() may have
+// been applied.
+class ReconnectingStore final : public c10d::Store {
+ public:
+  using Open = std::function<c10::intrusive_ptr<c10d::Store>()>;
+  // Opens the first connection now (throws as `open` does).
+  explicit ReconnectingStore(Open open);
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t value) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t getNumKeys() override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // Connections opened after the first (each after a failure).
+  int64_t reconnects() const { return reconnects_; }
+
+ private:
+  template <class F>
+  auto with(F&& f) -> decltype(f(std::declval<c10d::Store&>()));
+  Open open_;
+  c10::intrusive_ptr<c10d::Store> conn_;
+  int64_t reconnects_ = 0;
 };
 
 // A store value from text and back (c10d stores hold bytes).

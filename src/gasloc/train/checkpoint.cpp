@@ -170,6 +170,22 @@ int64_t RunCheckpoints::resume_step(const std::vector<std::vector<int64_t>>& com
   return step;
 }
 
+void RunCheckpoints::rewind(int rank, int64_t step) const {
+  std::vector<int64_t> steps = committed(rank);
+  std::erase_if(steps, [step](int64_t s) { return s > step; });
+  try {
+    write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", steps}}).dump() + "\n");
+  } catch (const Error& e) {
+    throw CheckpointError("cannot rewind the commit record: " + std::string(e.what()), e.hint());
+  }
+  std::error_code ec;
+  for (const auto& [s, path] : step_dirs(dir_)) {
+    if (s <= step) continue;
+    for (const char* suffix : {".pt", ".pt.tmp"}) fs::remove(path / fmt::format("rank{}{}", rank, suffix), ec);
+    if (fs::is_empty(path, ec)) fs::remove(path, ec);
+  }
+}
+
 void RunCheckpoints::discard_uncommitted(int rank) const {
   const std::vector<int64_t> kept = committed(rank);
   std::error_code ec;
@@ -181,9 +197,18 @@ void RunCheckpoints::discard_uncommitted(int rank) const {
   if (fs::is_empty(dir_, ec)) fs::remove(dir_, ec);
 }
 
-bool RunCheckpoints::any() const {
+bool RunCheckpoints::any(const std::vector<int>* ranks) const {
   std::error_code ec;
-  if (fs::exists(dir_, ec) && !fs::is_empty(dir_, ec)) return true;
+  if (ranks) {
+    for (int r : *ranks) {
+      if (fs::exists(dir_ / fmt::format("rank{}.committed", r), ec)) return true;
+      for (const auto& [s, path] : step_dirs(dir_))
+        for (const char* suffix : {".pt", ".pt.tmp"})
+          if (fs::exists(path / fmt::format("rank{}{}", r, suffix), ec)) return true;
+    }
+  } else if (fs::exists(dir_, ec) && !fs::is_empty(dir_, ec)) {
+    return true;
+  }
   for (const auto& e : fs::directory_iterator(run_dir_, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("checkpoint", 0) == 0 && e.path().extension() == ".pt") return true;

@@ -48,14 +48,20 @@ class RunCheckpoints {
   // Phase 2, after every rank has written `step`: records the commit and removes this rank's
   // files older than its previous committed step.
   void commit(int64_t step, int rank) const;
+  // A run that goes on from `step` although this rank committed later ones: forgets them (the
+  // commit record keeps the steps up to `step`) and removes this rank's files of later steps, so
+  // that neither a prune nor a later resume can take that abandoned branch for the run.
+  void rewind(int rank, int64_t step) const;
   // This rank's committed steps, newest first (at most two); empty if none.
   std::vector<int64_t> committed(int rank) const;
   // The step to resume from given every rank's committed steps: the newest step any rank
   // committed. Throws CheckpointError naming the ranks when one of `local_ranks` (the ranks whose
   // files this process can see) lacks its file for it.
   int64_t resume_step(const std::vector<std::vector<int64_t>>& committed_by_rank, const std::vector<int>& local_ranks) const;
-  // Anything checkpoint-like in the directory (this layout or an older gasloc's checkpoint*.pt).
-  bool any() const;
+  // Anything checkpoint-like in the directory (this layout or an older gasloc's checkpoint*.pt);
+  // with `ranks`, only those ranks' files (and an older gasloc's): an elastic rank that starts
+  // late must not take the files its running peers already wrote for another run's.
+  bool any(const std::vector<int>* ranks = nullptr) const;
   // Removes this rank's files of steps it never committed (a run that died during its first
   // checkpoint), and the step directories that leaves empty.
   void discard_uncommitted(int rank) const;

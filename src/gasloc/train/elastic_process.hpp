@@ -28,12 +28,36 @@ class ElasticProcess {
   // The first rank to arrive publishes the job's shared settings; every later one (a joiner
   // too) compares its own and is refused naming the keys that differ.
   void agree(const nlohmann::json& shared);
-  // The leader's run files are in place (metrics truncated for a fresh run); others wait for it.
+
+  // Resuming (docs/design.md section 10, "Resuming an elastic run"): the ranks committed on their
+  // own, so their newest steps may differ. Each founding rank publishes the committed steps it
+  // can load; once every member of the roster has (or left it), the first to look decides, once
+  // for all in the store: `asked` (--resume-step) if given, else the step the most ranks can
+  // load, the newest on a tie. A rank that holds it loads it; one that does not (`heal`) takes a
+  // donor's state at the first round's merge. Throws CheckpointError when nobody can load it.
+  struct Resume {
+    int64_t step = 0;
+    bool heal = false;
+    std::vector<int> loaders, healers;  // ids, as decided
+    bool newer_dropped = false;         // a loader had committed a later step
+  };
+  Resume agree_resume(const std::vector<int64_t>& loadable, std::optional<int64_t> asked);
+  // The agreed resume step, for a rank that did not take part (a joiner); waits for it.
+  int64_t agreed_resume_step();
+
+  // The run's files (run.json; metrics.jsonl dropped or cut at the resume step) are opened once,
+  // by the first rank to claim them, of any id and incarnation: a claimant that dies before it is
+  // done is replaced by a waiting rank. True for the rank that must open them now (then
+  // files_ready()); false once another has.
+  bool claim_files();
   void files_ready();
-  void wait_files_ready();
-  // A joiner: waits for a round whose view lists it, takes its donor's state at that round's
-  // merge, and becomes a member. Returns the step it continues from; -1 when the job ended first.
+
+  // A joiner, or a founding rank that resumes without a state (Resume::heal): waits for a round
+  // whose view lists it as joining, takes its donor's state at that round's merge, and becomes a
+  // member. Returns the step it continues from; -1 when the job ended first.
   int64_t join(Worker& w);
+  // This rank reached the job's last step: a joiner still waiting then knows the job finished.
+  void finished(int64_t step);
   // True when this rank stops after `step`: an interrupt here proposes a step two rounds ahead,
   // and every rank stops at the first proposal (so all checkpoint at the same step).
   bool should_stop(int64_t step, bool stop_requested);
@@ -45,6 +69,7 @@ class ElasticProcess {
   algo::StoreViews views_;
   int64_t steps_per_round_;
   double timeout_s_;
+  bool heals_ = false;  // a founding rank without a state: listed as joining until healed
   std::optional<int64_t> stop_at_;
   bool proposed_ = false;
 };

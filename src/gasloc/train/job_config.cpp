@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/core/config.hpp"
 
 namespace gasloc::train {
@@ -308,6 +309,9 @@ void JobConfig::validate() const {
   algo.validate(world);
   network.validate(world);
   require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
+  // Over processes it is a real judge of real beats: at least four of them.
+  if (cluster.elastic && cluster.backend != "inproc")
+    comm::check_heartbeat_timeout(cluster.heartbeat_timeout_s, "config key 'cluster.heartbeat_timeout_s':");
   validate_faults_and_elastic(*this);
   // Ids inside the world, no impossible schedule. Faults in seconds become rounds only once the
   // model's size prices a round: checked at the run's start, before any step.

@@ -141,8 +141,8 @@ std::string config_difference(const nlohmann::json& expected_as_given, const nlo
   return "";
 }
 
-void Run::check_fresh(const RunCheckpoints& ckpts) const {
-  if (ckpts.any())
+void Run::check_fresh(const RunCheckpoints& ckpts, const std::vector<int>* ranks) const {
+  if (ckpts.any(ranks))
     throw CheckpointError("run directory '" + dir_.string() + "' already holds checkpoints",
                           "continue it with --resume " + dir_.string() + ", or choose another train.run_dir");
   const fs::path run_json = dir_ / "run.json";

@@ -59,7 +59,7 @@ class Run {
   Checkpoint load(const RunCheckpoints& ckpts, int64_t step, int rank, const std::vector<int64_t>& committed) const;
   // A new run may not land in a directory that holds another one: its checkpoints would be
   // refused at best, its metrics mixed with the new run's at worst. Throws CheckpointError.
-  void check_fresh(const RunCheckpoints& ckpts) const;
+  void check_fresh(const RunCheckpoints& ckpts, const std::vector<int>* ranks = nullptr) const;
   // A resumed run keeps its world: a CheckpointError naming both sizes otherwise (before any
   // rank looks for checkpoints it never had).
   // An elastic run may resume on fewer or more workers than it was saved by: each id left

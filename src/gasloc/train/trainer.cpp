@@ -361,21 +361,23 @@ std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobCo
 // died during its first checkpoint (files written, nothing committed) starts over.
 int64_t prepare_start(const TrainRequest& req, const Run& run, const RunCheckpoints& ckpts, const std::vector<int>& ranks,
                       const std::vector<std::vector<int64_t>>& committed, comm::Communicator* processes,
-                      std::map<int, Checkpoint>& loaded) {
+                      std::map<int, Checkpoint>& loaded, bool elastic) {
   if (!req.resume_dir.empty()) {
     const int64_t step = req.resume_step >= 0 ? req.resume_step : ckpts.resume_step(committed, ranks);
     for (int r : ranks) loaded.emplace(r, run.load(ckpts, step, r, committed[r]));
     return step;
   }
   const bool nothing_committed = std::all_of(committed.begin(), committed.end(), [](const auto& c) { return c.empty(); });
-  if (nothing_committed && ckpts.any()) {
+  // An elastic rank looks at its own files only: peers that started before it may train already.
+  const std::vector<int>* own = elastic ? &ranks : nullptr;
+  if (nothing_committed && ckpts.any(own)) {
     for (int r : ranks) ckpts.discard_uncommitted(r);
     if (processes) processes->barrier();  // every rank's files are gone before anyone looks
     if (ranks.front() == 0 && !req.quiet)
       fmt::print("'{}' holds no committed checkpoint (its run stopped during its first one): starting over\n",
                  run.dir().string());
   }
-  run.check_fresh(ckpts);
+  run.check_fresh(ckpts, own);
   return 0;
 }
 
@@ -448,15 +450,15 @@ std::unique_ptr<ElasticProcess> elastic_process(comm::Cluster& cluster, const Jo
   return std::make_unique<ElasticProcess>(*roster, cluster.world(), steps_per_round, job.cluster.timeout_s);
 }
 
-// The metrics file of an elastic Gloo rank: the job's first rank 0 starts it (for a fresh run,
-// dropping an old one; for a resumed one, the tail after its checkpoint); every other rank, and
-// every rank restarted later, appends once it has.
-std::unique_ptr<MetricsLog> open_elastic_metrics(const Run& run, ElasticProcess& e, bool resumed, int64_t start_step) {
+// The run files of an elastic Gloo rank: the first rank to claim them (any id: rank 0 may have died
+// starting) writes run.json and starts metrics.jsonl (for a fresh run, dropping an old one; for a
+// resumed one, the tail after the agreed step); every other rank, and every rank restarted later,
+// appends once it has.
+std::unique_ptr<MetricsLog> open_elastic_files(const Run& run, const data::Dataset& dataset, ElasticProcess& e,
+                                               bool resumed, int64_t start_step) {
   const fs::path file = run.dir() / "metrics.jsonl";
-  if (!e.leader()) {
-    e.wait_files_ready();
-    return std::make_unique<MetricsLog>(file);
-  }
+  if (!e.claim_files()) return std::make_unique<MetricsLog>(file);
+  run.write_info(dataset);
   if (!resumed) fs::remove(file);
   auto metrics = std::make_unique<MetricsLog>(file, resumed ? start_step : -1);
   e.files_ready();
@@ -515,6 +517,8 @@ struct RunStart {
   int64_t step;
   MetricsLog* metrics;
   const std::vector<data::Batch>& val_batches;
+  bool resumed = false;  // a resumed run (a rank that heals holds no checkpoint of its own, though)
+  bool heals = false;    // an elastic rank that resumes without the agreed step: healed by a donor
 };
 
 // The ranks' loops, from the step this invocation starts at (a joiner's: where it joined) to the end.
@@ -536,16 +540,19 @@ TrainSummary run_rank_loops(const JobSetup& s, const RunStart& start,
   state.summary.run_dir = s.run.dir().string();
   state.summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   if (joined_at < 0) {
-    fmt::print("worker {}: the job ended before it could rejoin\n", ranks.front());
+    fmt::print("worker {}: the job finished before it could rejoin\n", ranks.front());
     state.summary.ended_before_join = true;
     return state.summary;
   }
   std::map<int, int64_t> last_committed;
-  for (int r : ranks) last_committed[r] = start.committed[r].empty() || s.joiner ? -1 : start.committed[r].front();
+  for (int r : ranks)
+    last_committed[r] = start.committed[r].empty() || s.joiner || start.heals ? -1 : start.committed[r].front();
   restore_counters(state, s.cluster, start.loaded, last_committed);
   std::map<int, Worker*> by_rank;
   for (size_t i = 0; i < ranks.size(); ++i) by_rank[ranks[i]] = workers[i].get();
   s.cluster.run([&](int r, comm::Communicator& c) { rank_loop(state, r, *by_rank.at(r), c); });
+  // A rank still waiting to join learns that the job finished (not that it lost every member).
+  if (s.elastic && state.summary.steps_done == end_step && !state.summary.interrupted) s.elastic->finished(end_step);
   if (s.leader && !s.req.quiet) progress.finish();
   return state.summary;
 }
@@ -606,13 +613,45 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
     if (start.loaded.contains(ranks[i])) workers.back()->load_state(start.loaded.at(ranks[i]).tensors);
     else if (start.arrivals.contains(ranks[i])) stand_in_for_arrival(*workers.back(), ranks[i], start, *membership);
   }
-  if (!start.loaded.empty() && s.leader && !s.req.quiet)
-    fmt::print("resumed '{}' at step {}\n", s.run.dir().string(), start.step);
+  if (start.resumed && s.leader && !s.req.quiet) fmt::print("resumed '{}' at step {}\n", s.run.dir().string(), start.step);
   if (s.leader)
-    report_worker_memory(*workers.front(), job, *start.metrics, ranks.front(), start.step, !start.loaded.empty(),
-                         s.req.quiet);
-  const int64_t joined_at = s.joiner ? s.elastic->join(*workers.front()) : start.step;
+    report_worker_memory(*workers.front(), job, *start.metrics, ranks.front(), start.step, start.resumed, s.req.quiet);
+  const int64_t joined_at = s.joiner || start.heals ? s.elastic->join(*workers.front()) : start.step;
   return run_rank_loops(s, start, workers, joined_at);
+}
+
+// An elastic rank's resume: the step agreed in the store (ElasticProcess::agree_resume), loaded
+// when this rank holds it, else `heals` (a donor's state at the first round). A rank whose newest
+// commit is past the agreed step says what it drops, and forgets that branch on disk, so that a
+// later resume cannot pick it up.
+int64_t elastic_resume(const JobSetup& s, const RunCheckpoints& ckpts, const std::vector<int64_t>& mine,
+                       std::map<int, Checkpoint>& loaded, bool& heals) {
+  const int rank = s.ranks.front();
+  std::vector<int64_t> loadable;
+  for (int64_t step : mine)
+    if (fs::exists(ckpts.file(step, rank))) loadable.push_back(step);
+  const auto r = s.elastic->agree_resume(loadable, s.req.resume_step >= 0 ? std::optional(s.req.resume_step) : std::nullopt);
+  if (s.leader && !s.req.quiet && (!r.healers.empty() || r.newer_dropped))
+    fmt::print("elastic resume at step {}{}: rank(s) {} load it{}\n", r.step,
+               s.req.resume_step >= 0 ? " (--resume-step)" : ", the step the most ranks hold",
+               fmt::join(r.loaders, ", "),
+               r.healers.empty() ? "" : fmt::format("; rank(s) {} hold no checkpoint of it and take a donor's state at the "
+                                                    "first round", fmt::join(r.healers, ", ")));
+  heals = r.heal;
+  if (heals) {
+    fmt::print("worker {}: holds no committed checkpoint of step {} (it holds {}): it takes a donor's state at the first "
+               "round\n",
+               rank, r.step, loadable.empty() ? std::string("none") : fmt::format("step(s) {}", fmt::join(loadable, ", ")));
+    return r.step;
+  }
+  loaded.emplace(rank, s.run.load(ckpts, r.step, rank, mine));
+  if (!mine.empty() && mine.front() > r.step) {
+    fmt::print("worker {}: resumes at step {} with the others; its committed step {} is dropped (steps {}..{} are trained "
+               "again)\n",
+               rank, r.step, mine.front(), r.step + 1, mine.front());
+    ckpts.rewind(rank, r.step);
+  }
+  return r.step;
 }
 
 // One job per run directory, for the run's whole life; then the checkpoints, before anything in
@@ -634,19 +673,28 @@ TrainSummary train_in_run_dir(const JobSetup& s) {
                                   "which starts them as joiners, or, by hand, at a gasloc store --elastic -n {} "
                                   "--founders {}",
                                   s.world, saved));
-  const int64_t start_step =
-      s.joiner ? 0 : prepare_start(s.req, s.run, ckpts, with_checkpoint, committed, s.processes, loaded);
+  const bool resumed = !s.req.resume_dir.empty();
+  bool heals = false;
+  int64_t start_step = 0;
+  if (s.elastic && resumed)
+    start_step = s.joiner ? s.elastic->agreed_resume_step()
+                          : elastic_resume(s, ckpts, committed[s.ranks.front()], loaded, heals);
+  else if (!s.joiner)
+    start_step = prepare_start(s.req, s.run, ckpts, with_checkpoint, committed, s.processes, loaded, s.elastic != nullptr);
   algo::Arrivals arrivals;
   for (int r : arriving) arrivals[r] = algo::algorithm(job.algo.name).rounds_in(start_step, job.algo.H);
   if (s.leader) {
-    s.run.write_info(s.dataset);
+    if (!s.elastic) s.run.write_info(s.dataset);
     if (!s.req.quiet) s.run.print();
   }
-  const auto metrics = s.elastic ? open_elastic_metrics(s.run, *s.elastic, !loaded.empty(), start_step)
+  const auto metrics = s.elastic ? open_elastic_files(s.run, s.dataset, *s.elastic, resumed, start_step)
                                  : open_metrics(s.run, s.leader, !loaded.empty(), start_step, s.processes);
   const auto val_batches =
       data::validation_batches(*s.dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
-  return train_workers(s, {ckpts, loaded, arrivals, committed, start_step, metrics.get(), val_batches});
+  RunStart start{ckpts, loaded, arrivals, committed, start_step, metrics.get(), val_batches};
+  start.resumed = resumed && !s.joiner;
+  start.heals = heals;
+  return train_workers(s, start);
 }
 
 }  // namespace
