@@ -8,8 +8,8 @@
 #     a donor at the first round; nothing waits for a timeout (it stalled, then killed ranks);
 #  3. rank 0 killed in its first second: its restart joins a job that starts (every rank waited
 #     for it to open the run's files until the timeout);
-#  4. every rank failing at start-up with a configuration error (exit status 2): no restart, the
-#     launcher exits 2 naming it (it restarted them, then exited 0);
+#  4. every rank failing at start-up with a configuration error, or on a full disk (exit status 2):
+#     no restart, the launcher exits 2 naming it (it restarted them, then exited 0);
 #  5. every rank killed at once: no member is left to heal from, the job stops non-zero with one
 #     line per rank (it exited 0).
 #   tests/gloo_elastic_faults.sh path/to/gasloc
@@ -20,6 +20,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
+  umount "$tmp/full" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -99,7 +100,22 @@ set -e
 [ $rc -eq 2 ] || fail "bad data: status $rc (want 2): $(tail -20 bad.log)"
 grep -q "which a restart would meet again; stopping the job" bad.log || fail "bad data: no reason given: $(grep '^launch' bad.log)"
 ! grep -q "restarts as incarnation" bad.log || fail "bad data: a rank was restarted: $(grep '^launch' bad.log)"
-echo "gloo_elastic_faults (exit status 2): no restart, the launcher exits 2"
+# ... and a full disk (a tmpfs too small for the first checkpoint; root only).
+mkdir full
+if mount -t tmpfs -o size=600k tmpfs full 2>/dev/null; then
+  set +e
+  timeout 60 "$G" launch --elastic -n 2 -- "$G" train "${job[@]}" --set train.steps=40 --set train.checkpoint_every=10 \
+    --set train.run_dir=full/run > full.log 2>&1
+  rc=$?
+  set -e
+  umount full
+  [ $rc -eq 2 ] || fail "full disk: status $rc (want 2): $(tail -20 full.log)"
+  grep -q "No space left on device" full.log || fail "full disk: the error was not shown: $(tail -20 full.log)"
+  ! grep -q "restarts as incarnation" full.log || fail "full disk: a rank was restarted into the same disk"
+else
+  echo "gloo_elastic_faults: no tmpfs (not root): the full-disk case is left out"
+fi
+echo "gloo_elastic_faults (exit status 2): a bad data directory and a full disk are not restarted, the launcher exits 2"
 
 # 5. Every rank killed at once.
 timeout 60 "$G" launch --elastic -n 2 --max-restarts 4 -- "$G" train "${job[@]}" --set train.steps=4000 \

@@ -10,6 +10,7 @@
 #  5. a rank whose WORLD_SIZE differs from the store's -n is refused, and one started with
 #     cluster.join before the job has started is told it is a founder;
 #  6. the run, resumed on 5 ranks at a store with --founders 4, takes rank 4 in as a joiner.
+# The stores have no --heartbeat-timeout: they take the job's cluster.heartbeat_timeout_s (6 s).
 #   tests/gloo_store_elastic.sh path/to/gasloc
 set -euo pipefail
 source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
@@ -29,7 +30,7 @@ for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs
 # start_store LOG ARGS...: a gasloc store in the background; sets store_port to the port it serves.
 start_store() {
   local log=$1; shift
-  "$G" store --elastic --heartbeat-timeout 6 --port 0 "$@" > "$log" 2>&1 &
+  "$G" store --elastic --port 0 "$@" > "$log" 2>&1 &
   pids+=($!)
   store_port=""
   for _ in $(seq 1 200); do
@@ -46,7 +47,7 @@ job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set dat
      --set data.val_batches=2 --set train.threads=1 --set train.blas_threads=1 --set algo.H=5
      --set train.steps=100000 --set train.log_every=20 --set train.eval_every=1000 --set train.checkpoint_every=1000
      --set algo.name=gasloc --set algo.topology=1peer --set cluster.backend=gloo --set cluster.elastic=true
-     --set cluster.timeout_s=60 --set train.run_dir=run)
+     --set cluster.timeout_s=60 --set cluster.heartbeat_timeout_s=6 --set train.run_dir=run)
 # rank ID LOG [WORLD]: one rank started by hand, in the background.
 rank() {
   RANK=$1 WORLD_SIZE=${3:-4} MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$G" train "${job[@]}" --job-id hand \
@@ -96,7 +97,8 @@ echo "gloo_store_elastic: rank 2, SIGKILLed, was declared dead; started again by
 # 4. Rank 1 stopped past the heartbeat timeout: declared dead, it leaves by itself when it
 #    resumes (nobody can kill it from another host), and started again it rejoins.
 kill -STOP "$p1"
-await "rank 1 (incarnation 0) .*declared dead" "the store never declared the stopped rank 1 dead"
+await "rank 1 (incarnation 0) sent no heartbeat for 6 s" "the store never declared the stopped rank 1 dead after the job's 6 s"
+grep -q "heartbeat timeout 6 s, the job's cluster.heartbeat_timeout_s" store.log || fail "the store did not take the job's heartbeat timeout: $(head store.log)"
 kill -CONT "$p1"
 set +e; wait "$p1"; rc=$?; set -e
 [ $rc -ne 0 ] && grep -q "worker 1 (incarnation 0) is not in round" r1.log ||
