@@ -500,9 +500,10 @@ class Supervisor {
     kill_at_ = after_seconds(grace_);
   }
 
-  // How a rank's process ended, in words: the launcher's own reason when it killed it.
+  // How a rank's process ended, in words, with the launcher's own reason when it killed it.
   std::string ending(const Rank& r) const {
-    if (const auto it = killed_why_.find(r.pid); it != killed_why_.end()) return "killed by gasloc launch (" + it->second + ")";
+    if (const auto it = killed_why_.find(r.pid); it != killed_why_.end())
+      return describe_status(r.status) + ", sent by gasloc launch: " + it->second;
     return describe_status(r.status);
   }
 
@@ -523,6 +524,7 @@ class Supervisor {
     elastic_->ended_well[id] = !failed(status);
     auto tell = [&](const std::string& what) { elastic_->story[id].push_back(fmt::format("incarnation {} {}", inc, what)); };
     if (!failed(status)) return tell(interrupted ? "stopped as asked" : "finished");
+    if (interrupted && WIFEXITED(status) && WEXITSTATUS(status) == 130) return tell("stopped as asked, its checkpoint committed");
     if (interrupted || first_failed >= 0) return tell("ended with " + ending(ranks_[k]) + " while the job stopped");
     comm::publish_failure(store_, id, {id, fmt::format("rank {} exited with {} (seen by gasloc launch)", id, describe_status(status))});
     if (WIFEXITED(status) && WEXITSTATUS(status) == kNoRestartStatus) {
