@@ -5,24 +5,30 @@
 # of ranks that were not hit (goal: none), whether the run completed, its final validation loss
 # against the fault-free run's (goal: within 2%), and per failure the seconds until the dead rank
 # left the view and until its next incarnation was back in the mixing.
-#   scripts/soak_elastic.sh [--netns] [--out DIR] MINUTES [STEPS]   (STEPS: default, about MINUTES of training)
-#   scripts/soak_elastic.sh [--netns] [--out DIR] --report          (the report of a finished soak)
+#   scripts/soak_elastic.sh [--netns] [--launcher-faults] [--out DIR] MINUTES [STEPS]   (STEPS: default, about MINUTES of training)
+#   scripts/soak_elastic.sh [--netns] [--launcher-faults] [--out DIR] --report          (the report of a finished soak)
 # DIR: default runs/soak (runs/soak-netns with --netns).
 # --netns (root): 4 ranks, each its own host on shaped links (`gasloc launch --netns`), and the
 # faults take turns in a fixed order every ~20 s: a rank's link set down for 8 s (a dead link,
 # not a dead process), a SIGKILL, a SIGSTOP for 20 s.
+# --launcher-faults: besides the ranks' faults, every ~3 minutes in turn the launcher itself is
+# stopped (SIGSTOP) for 15 s, or killed with the whole job (its ranks die with it), which is then
+# resumed (`gasloc train --resume`) and one of its ranks killed within its first second. Each
+# goes to DIR/launcher_faults.txt; the report counts them, the resumes' agreed steps and whether
+# a rank was killed for the launcher's pause. DIR: default runs/soak-launcher.
 # Every output line is time-stamped on this script's clock (DIR/launch.log), so a kill, the view
 # that first leaves the rank out and its rejoin are measured on one clock (scripts/lib/soak_report.awk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-netns="" out=""
+netns="" out="" lfaults=""
 [ "${1:-}" = "--netns" ] && { netns=--netns; shift; }
+[ "${1:-}" = "--launcher-faults" ] && { lfaults=1; shift; }
 [ "${1:-}" = "--out" ] && { out=${2:?--out needs a directory}; shift 2; }
 minutes=${1:?usage: scripts/soak_elastic.sh [--netns] [--out DIR] MINUTES [STEPS]}
 n=8; [ -n "$netns" ] && n=4
 G=$PWD/build/gasloc
 [ -x "$G" ] || { echo "build gasloc first (scripts/setup.sh)" >&2; exit 2; }
-out=${out:-runs/soak${netns:+-netns}}
+out=${out:-runs/soak${netns:+-netns}${lfaults:+-launcher}}
 job=(--set model.preset=nano --set data.dir="$out/data" --set data.seq_len=64 --set data.batch_size=8
      --set data.val_batches=4 --set train.log_every=50 --set train.eval_every=500 --set train.checkpoint_every=500
      --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc --set algo.topology=1peer
@@ -46,6 +52,12 @@ report() {
   lf=$(final_loss "$out/faults"); lc=$(final_loss "$out/clean")
   echo "final validation loss (mean over the ranks' own models): $lf with faults, $lc without ($(awk -v a="$lf" -v b="$lc" 'BEGIN { printf "%+.2f", 100 * (a - b) / b }')%)"
   awk -f scripts/lib/soak_report.awk "$out/faults.txt" "$out/launch.log"
+  [ -f "$out/launcher_faults.txt" ] || return 0
+  echo "launcher faults: $(grep -c " pause" "$out/launcher_faults.txt" || true) pauses of 15 s, $(grep -c " crash" "$out/launcher_faults.txt" || true) whole-job crashes, each resumed with a start-up kill"
+  echo "ranks killed for a missing heartbeat: $(grep -c "sent no heartbeat" "$out/launch.log" || true) (every one of them a stopped rank: $(grep -c " stop " "$out/faults.txt" || true) stops)"
+  grep -o "elastic resume at step .*" "$out/launch.log" | sed 's/^/  /' || true
+  grep -o "worker [0-9]*: resumes at step [0-9]* with the others; its committed step [0-9]* is dropped" "$out/launch.log" | sed 's/^/  /' || true
+  grep -E "launch: the job|launch: rank [0-9]+: " "$out/launch.log" | tail -$((n + 1)) | sed 's/^/  /'
 }
 [ "$minutes" = "--report" ] && { report; exit 0; }
 rm -rf "$out"; mkdir -p "$out"
@@ -53,11 +65,16 @@ for i in $(seq 1 2000); do printf 'Line %d of a small corpus about foxes and dog
 "$G" prepare --input "$out/corpus.txt" --out "$out/data" --byte-level --val-fraction 0.1 >/dev/null
 
 t0=$(date +%s.%N)
-"$G" launch $netns --elastic -n $n --max-restarts 100000 --min-ranks 2 --heartbeat-timeout 10 -- "$G" train "${job[@]}" \
-  --set train.steps="$steps" --set train.run_dir="$out/faults" 2>&1 | stamp "$t0" > "$out/launch.log" &
-launcher=$!
+start_job() {  # the faulted run, or (with --resume) its continuation after a crash; appends to launch.log
+  "$G" launch $netns --elastic -n $n --max-restarts 100000 --min-ranks 2 --heartbeat-timeout 10 -- "$G" train "$@" \
+    2>&1 | stamp "$t0" >> "$out/launch.log" &
+  launcher=$!
+}
+: > "$out/launch.log"
+start_job "${job[@]}" --set train.steps="$steps" --set train.run_dir="$out/faults"
+launch_pid() { pgrep -f -- "launch $netns *--elastic .*train.run_dir=$out/faults|launch $netns *--elastic .*--resume $out/faults" | head -1; }
 rank_pid() { # the running `gasloc train` process of rank $1 in the faulted run
-  pgrep -f -- "train.run_dir=$out/faults" | while read -r p; do
+  pgrep -f -- "train.run_dir=$out/faults|--resume $out/faults" | while read -r p; do
     tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "RANK=$1" && echo "$p"; done | head -1 || true
 }
 : > "$out/faults.txt"
@@ -83,8 +100,26 @@ if [ -n "$netns" ]; then
     esac
   done
 fi
+next_lfault=90 lkind=0
+[ -n "$lfaults" ] && : > "$out/launcher_faults.txt"
 while kill -0 "$launcher" 2>/dev/null; do
   sleep $(( RANDOM % 10 + 15 ))
+  next_lfault=$(( next_lfault - 20 ))
+  if [ -n "$lfaults" ] && [ $next_lfault -le 0 ]; then
+    next_lfault=$(( RANDOM % 60 + 150 )); lkind=$(( 1 - lkind )); lp=$(launch_pid)
+    if [ -n "$lp" ] && [ $lkind -eq 1 ]; then
+      kill -STOP "$lp" && echo "$(now) pause" >> "$out/launcher_faults.txt"; sleep 15; kill -CONT "$lp"
+    elif [ -n "$lp" ]; then
+      kill -9 "$lp" && echo "$(now) crash" >> "$out/launcher_faults.txt"
+      while pgrep -f -- "train.run_dir=$out/faults|--resume $out/faults" | grep -qv "^$$\$"; do sleep 0.2; done
+      wait "$launcher" 2>/dev/null || true
+      start_job --resume "$out/faults"
+      r=$(( RANDOM % 8 ))
+      for _ in $(seq 1 500); do p=$(rank_pid $r); [ -n "$p" ] && break; sleep 0.01; done
+      [ -n "$p" ] && kill -9 "$p" 2>/dev/null && echo "$(now) kill $r" >> "$out/faults.txt" && echo "$(now) startkill $r" >> "$out/launcher_faults.txt"
+    fi
+    continue
+  fi
   r=$(( RANDOM % 8 )); p=$(rank_pid $r)
   [ -n "$p" ] && kill -9 "$p" 2>/dev/null && echo "$(now) kill $r" >> "$out/faults.txt" && kills=$((kills + 1))
   next_stop=$(( next_stop - 20 ))

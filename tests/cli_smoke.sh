@@ -111,6 +111,18 @@ else
     fail "SentencePiece export has no tokenizer files"
   grep -q '"bos_token_id": 1' sphf/config.json && grep -q '"eos_token_id": 1' sphf/config.json ||
     fail "SentencePiece export ids"
+  # A run carries its tokenizer: moved to another path and read from another directory, it still
+  # exports one (it only warned and wrote none before).
+  mkdir moved elsewhere && mv sprun moved/
+  (cd elsewhere && "$G" export --run ../moved/sprun --out hf >/dev/null 2>err.txt)
+  [ -f elsewhere/hf/tokenizer.model ] || fail "a moved run exported no tokenizer: $(cat elsewhere/err.txt)"
+  # The run's data directory prepared again: refused without --force; with it, eval on that
+  # directory names the change instead of printing a plausible loss, and generate still decodes
+  # with the run's own tokenizer.
+  expect_error "already holds a prepared dataset" "$G" prepare --input corpus.txt --out spdata --vocab-size 290
+  "$G" prepare --input corpus.txt --out spdata --vocab-size 290 --force >/dev/null 2>&1
+  expect_error "holds another dataset now" "$G" eval --run moved/sprun --data spdata
+  "$G" generate --run moved/sprun --prompt "Line" --max-tokens 5 --seed 1 >/dev/null || fail "generate with the run's own tokenizer"
 fi
 
 # report --csv: one tidy table of every train and eval line (2 workers x 2 train lines, 2

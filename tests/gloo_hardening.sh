@@ -100,13 +100,13 @@ rc=$?; set -e
 grep -q "data.fingerprint is" twodata.log || fail "the data difference was not named: $(tail -20 twodata.log)"
 
 # 5. One run directory, one job. The first run trains until interrupted.
-timeout 90 "$G" launch -n 2 --timeout 20 -- "$G" train "${job[@]}" --set train.steps=100000 --set train.eval_every=0 \
+timeout 90 "$G" launch -n 2 --timeout 20 -- "$G" train --verbose "${job[@]}" --set train.steps=100000 --set train.eval_every=0 \
   --set train.checkpoint_every=0 --set train.blas_threads=0 --set train.run_dir=busy > busy1.log 2>&1 &
 first=$!; pids+=("$first")
 trained() { [ -f busy/run.json ] && metric_rows busy train step 2>/dev/null | grep -q .; }
 for _ in $(seq 1 100); do trained && break; sleep 0.2; done
 trained || fail "the first run never trained: $(tail -20 busy1.log)"
-# The thread plan: the launcher's ranks share the host's cores instead of each taking them all.
+# The thread plan (--verbose): the launcher's ranks share the host's cores instead of each taking them all.
 cores=$(nproc); share=$(( cores / 2 > 0 ? cores / 2 : 1 ))
 grep -qF "2 processes of this job on this host (LOCAL_WORLD_SIZE) share its $cores cores: $share BLAS thread(s) per product each (train.blas_threads overrides)" \
   busy1.log || fail "no thread plan for 2 processes on $cores cores: $(head -30 busy1.log)"

@@ -384,8 +384,11 @@ TEST_F(DataTest, PrepareSplitsLargeTrainStreamsIntoShards) {
   expect_data_error([&] { Dataset::open(dir_ / "out"); }, {"no dataset.json", "gasloc prepare"});
   write_text(dir_ / "out" / "dataset.json", meta);
 
-  // Re-preparing into the same directory removes the shards the new dataset no longer uses.
+  // Re-preparing into the same directory is refused without --force, and with it removes the
+  // shards the new dataset no longer uses.
   opt.shard_tokens = 100'000'000;
+  expect_data_error([&] { prepare(opt); }, {"already holds a prepared dataset", "--force"});
+  opt.force = true;
   prepare(opt);
   EXPECT_FALSE(fs::exists(dir_ / "out" / "train_000001.bin"));
   EXPECT_EQ(Dataset::open(dir_ / "out").train->size(), r.train_tokens);
@@ -498,6 +501,7 @@ TEST_F(DataTest, PrepareWarnsWhenValidationIsSmallerThanOneBatch) {
   EXPECT_NE(small.warnings[0].find("fewer than one evaluation batch"), std::string::npos) << small.warnings[0];
   EXPECT_NE(small.warnings[0].find("--val-fraction"), std::string::npos) << small.warnings[0];
   opt.val_fraction = 0.5;
+  opt.force = true;
   const PrepareResult big = prepare(opt);
   ASSERT_GE(big.val_tokens, kDefaultEvalBatchTokens);
   EXPECT_TRUE(big.warnings.empty());

@@ -512,3 +512,20 @@ TEST(ElasticProcess, AWaitForOtherRanksEndsAtAStopRequest) {
   clear_interrupt();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
+
+// A rank killed and restarted before any view saw it gone (issue: report said deaths 0, rejoins
+// 1, and no "left" line was printed): the next view lists it as a newer incarnation, and it left.
+TEST(StoreViews, ARankRestartedBeforeItsDeathWasSeenLeftAndJoins) {
+  Job job;
+  auto r0 = job.rank(0);
+  algo::StoreViews views(4, r0);
+  EXPECT_TRUE(views.view(0).left.empty());
+  job.writer.exited(2, 0);
+  job.writer.started(2, 1, /*member=*/false);
+  job.rank(2, 1).announce_up();
+  job.writer.poll();
+  const auto v = views.view(1);
+  EXPECT_EQ(v.left, std::vector<int>{2});
+  EXPECT_EQ(v.joining, std::vector<int>{2});
+  EXPECT_EQ(v.incarnation.at(2), 1);
+}

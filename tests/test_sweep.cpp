@@ -370,6 +370,25 @@ TEST(RunSummary, EachRanksOwnModelLinesMakeOnePointTheirMean) {
   fs::remove_all(dir);
 }
 
+// Over processes a joiner listed by a view pinned ahead of its heal is healed twice: one death,
+// one restart (a new incarnation), two heals.
+TEST(RunSummary, DeathsRestartsAndHealsAreCountedApart) {
+  const fs::path dir = kRoot / "summary_heals";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json") << R"({"world": 3, "config": {"algo": {"name": "gasloc", "topology": "1peer"},
+    "train": {"steps": 20}, "optim": {"name": "adamw"}}})";
+  std::ofstream(dir / "metrics.jsonl")
+      << R"({"event":"view","step":10,"worker":0,"round":2,"members":[0,1],"died":[2],"joined":[2],"joined_incarnations":[1],"virtual_time_s":1})"
+      << "\n"
+      << R"({"event":"view","step":15,"worker":0,"round":3,"members":[0,1],"died":[],"joined":[2],"joined_incarnations":[1],"virtual_time_s":2})"
+      << "\n";
+  const auto r = study::read_run_summary(dir);
+  EXPECT_EQ(r.deaths, 1);
+  EXPECT_EQ(r.restarts, 1);
+  EXPECT_EQ(r.rejoins, 2);
+  fs::remove_all(dir);
+}
+
 // An elastic run's view changes: counted in the summary and drawn as ticks on loss plots against
 // step or time (red where a worker died, green where one rejoined), never on a bytes plot.
 TEST(RunSummary, ViewChangesAreCountedAndMarkedOnThePlot) {
@@ -387,6 +406,7 @@ TEST(RunSummary, ViewChangesAreCountedAndMarkedOnThePlot) {
   EXPECT_EQ(r.deaths, 1);
   EXPECT_EQ(r.rejoins, 1);
   EXPECT_FALSE(r.own_models);  // an average model's line
+  EXPECT_EQ(r.restarts, 1);  // in-process: every heal is a restart
   ASSERT_EQ(r.views.size(), 2u);
   EXPECT_EQ(r.views[1].step, 15);
   EXPECT_DOUBLE_EQ(r.views[1].virtual_s, 17.25);

@@ -554,3 +554,86 @@ TEST_F(Trainer, ADivergingWorkerStopsTheRunBeforeItSends) {
   EXPECT_FALSE(train::RunCheckpoints(kRoot / "diverge", 1).committed(0).empty());
   EXPECT_THROW(train::run_training(request("inf_lr", {"optim.lr=inf"})), ConfigError);
 }
+
+// A resume from an older step that stops before the newer one (issue: rank0.committed listed 35
+// and 40, step 35's file was gone and step 30 deleted, and every later --resume failed): the
+// record keeps the step just written and the one before, and forgets the abandoned branch.
+TEST_F(Trainer, AResumeFromAnOlderStepKeepsWhatItWroteAndDropsTheAbandonedBranch) {
+  train::run_training(request("branch", {"train.steps=40", "train.checkpoint_every=10"}));
+  const fs::path run = kRoot / "branch";
+  const train::RunCheckpoints c(run, 1);
+  ASSERT_EQ(c.committed(0), (std::vector<int64_t>{40, 30}));
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  r.resume_step = 30;
+  r.overrides = {"train.stop_at=35"};
+  EXPECT_EQ(train::run_training(r).steps_done, 35);
+  EXPECT_EQ(c.committed(0), (std::vector<int64_t>{35, 30}));
+  EXPECT_TRUE(fs::exists(c.file(35, 0)));
+  EXPECT_TRUE(fs::exists(c.file(30, 0)));
+  EXPECT_FALSE(fs::exists(c.file(40, 0)));
+  // The next resume continues from 35, and a step never committed is refused, listing the others.
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = run.string();
+  EXPECT_EQ(train::run_training(again).steps_done, 40);
+  again.resume_step = 20;
+  try {
+    train::run_training(again);
+    ADD_FAILURE() << "an uncommitted --resume-step was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume-step 20 is not a committed checkpoint of this run (committed: rank 0: 40, 35)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A crash at each point of the two-phase commit leaves a run that resumes: files written but not
+// committed (the previous commit stands), and a commit recorded before the old files went (the
+// next commit removes them).
+TEST_F(Trainer, ACrashAtEachPointOfTheCommitLeavesTheRunResumable) {
+  train::run_training(request("crash_points", {"train.steps=20", "train.checkpoint_every=10"}));
+  const fs::path run = kRoot / "crash_points";
+  const train::RunCheckpoints c(run, 1);
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  r.overrides = {"train.steps=40"};
+  // Phase 1 only: step 30's file is there, the record still says 20.
+  fs::create_directories(c.file(30, 0).parent_path());
+  fs::copy_file(c.file(20, 0), c.file(30, 0));
+  EXPECT_EQ(train::run_training(r).steps_done, 40);
+  EXPECT_EQ(c.committed(0), (std::vector<int64_t>{40, 30}));
+  // Phase 2 cut short: the record lists 40, the file of step 10 was never removed.
+  fs::create_directories(c.file(10, 0).parent_path());
+  fs::copy_file(c.file(30, 0), c.file(10, 0));
+  r.overrides = {"train.steps=50"};
+  EXPECT_EQ(train::run_training(r).steps_done, 50);
+  EXPECT_EQ(c.committed(0), (std::vector<int64_t>{50, 40}));
+  EXPECT_FALSE(fs::exists(c.file(10, 0)));
+  EXPECT_FALSE(fs::exists(c.file(30, 0)));
+}
+
+// A damaged run directory: --repair drops what cannot be loaded, naming it, and resumes from the
+// newest step every rank still holds.
+TEST_F(Trainer, RepairDropsWhatIsMissingOrDamagedAndResumes) {
+  auto opts = kCluster;
+  opts.push_back("train.stop_at=20");
+  train::run_training(request("repair", opts));
+  const fs::path run = kRoot / "repair";
+  const train::RunCheckpoints c(run, 3);
+  fs::remove(c.file(20, 1));  // rank 1 lost its newest file
+  train::TrainRequest r;
+  r.quiet = true;
+  r.resume_dir = run.string();
+  EXPECT_THROW(train::run_training(r), CheckpointError);  // mixed steps, as before
+  r.repair = true;
+  testing::internal::CaptureStdout();
+  const auto s = train::run_training(r);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("repair: rank 1: committed step 20 dropped"), std::string::npos) << out;
+  EXPECT_EQ(s.steps_done, 30);
+  EXPECT_EQ(s.train_losses.size(), 20u);  // from step 10, the newest step all three hold
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(c.committed(rank), (std::vector<int64_t>{30, 20})) << rank;
+}

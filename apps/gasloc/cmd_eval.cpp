@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
@@ -12,6 +13,7 @@
 #include "model_source.hpp"
 
 namespace gasloc::app {
+namespace fs = std::filesystem;
 
 Action add_eval(CLI::App& app) {
   struct Opts {
@@ -34,13 +36,25 @@ Action add_eval(CLI::App& app) {
     const int64_t bs = o->batch_size > 0 ? o->batch_size : m.batch_size;
     const int64_t T = o->seq_len > 0 ? o->seq_len : m.seq_len;
     const int64_t nb = o->batches >= 0 ? o->batches : m.val_batches;
+    // The run's own data directory, prepared again since: a plausible loss on other text.
+    std::error_code ec;
+    if (const std::string now = data::Dataset::open(o->data).fingerprint;
+        !m.run_data_fingerprint.empty() && fs::equivalent(o->data, m.run_data_dir, ec) && now != m.run_data_fingerprint)
+      throw DataError(fmt::format("'{}' is the directory {} trained on, but it holds another dataset now (fingerprint {}, "
+                                  "{} when the run started): it was prepared again",
+                                  o->data, m.what, now, m.run_data_fingerprint),
+                      "evaluate on the data the run trained on (restore it, or prepare its corpus again elsewhere with "
+                      "the same options); any dataset prepared with the run's tokenizer also works");
     // Token ids beyond the model's vocabulary are refused when the shards are opened.
     const data::Dataset ds = data::Dataset::open(o->data, m.model->config().vocab_size);
-    // Bytes come from the tokenizer that made the data (a model's own may differ).
+    // Bytes come from the tokenizer that made the data; another than the model's scores ids
+    // that mean other text.
     const std::optional<data::Tokenizer> tok = data::dataset_tokenizer(o->data);
     if (tok && m.tokenizer && tok->serialized_model() != m.tokenizer->serialized_model())
-      fmt::print(stderr, "warning: '{}' was tokenized with another tokenizer than the model's: the loss means little\n",
-                 o->data);
+      throw DataError(fmt::format("'{}' was tokenized with another tokenizer than {}'s: its loss would mean nothing", o->data,
+                                  m.what),
+                      "prepare the text with the model's tokenizer: gasloc prepare --tokenizer RUN/dataset/tokenizer.model "
+                      "(a run's copy) or HF_DIR/tokenizer.model; byte-level models need --byte-level data");
     const auto& stream = o->split == "val" ? *ds.val : *ds.train;
     const train::StreamScore s = train::score_stream(m.model, stream, bs, T, nb, tok ? &*tok : nullptr);
     if (o->json) {

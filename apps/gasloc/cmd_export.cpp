@@ -34,14 +34,16 @@ Action add_export(CLI::App& app) {
       throw ConfigError("--dtype must be float32 or bfloat16, got '" + o->dtype + "'");
     const std::vector<fs::path> dirs(o->runs.begin(), o->runs.end());
     train::RunModel rm = train::load_run_model(dirs, o->worker);
-    const fs::path data_dir = o->data.empty() ? rm.info.data_dir : fs::path(o->data);
+    // The run's own copy of its tokenizer, else its data.dir while unchanged (run_dataset_dir).
+    const fs::path data_dir = o->data.empty() ? train::run_dataset_dir(rm.info) : fs::path(o->data);
+    const fs::path shards_dir = o->data.empty() ? rm.info.data_dir : fs::path(o->data);
 
     // The tokenizer travels with the weights. Documents were separated by BOS alone, so BOS is
     // also what the model predicts where a text ends: it is config.json's eos_token_id too.
     model::HfSpecialTokens special;
     std::optional<data::Tokenizer> tok;
     if (!data_dir.empty() && fs::exists(data_dir / "dataset.json")) tok = data::dataset_tokenizer(data_dir);
-    else if (!data_dir.empty() && fs::is_directory(data_dir))  // llm.c shards: GPT-2's <|endoftext|>
+    else if (!shards_dir.empty() && fs::is_directory(shards_dir) && !fs::exists(shards_dir / "dataset.json"))  // llm.c: GPT-2's <|endoftext|>
       special.bos_token_id = special.eos_token_id = data::kGpt2Eot;
     if (tok) {
       special.bos_token_id = special.eos_token_id = tok->bos_id();
@@ -65,7 +67,7 @@ Action add_export(CLI::App& app) {
     } else if (tok) {
       tokenizer_note = ", no tokenizer files (byte-level: ids 0-255 are UTF-8 bytes, 256 is BOS)";
     } else {
-      std::cerr << "warning: no tokenizer exported: '" << data_dir.string()
+      std::cerr << "warning: no tokenizer exported: '" << shards_dir.string()
                 << "' is not a gasloc dataset (GPT-2 tokens, or moved); pass --data DIR to take it from elsewhere\n";
     }
     fmt::print("exported {} at step {} of '{}' ({:.2f}M parameters, {}{}) to {}\n",

@@ -674,6 +674,16 @@ int report_failure(const std::vector<Rank>& ranks, int first_failed, c10d::Store
   return exit_code(f.status);
 }
 
+// Over processes the world is the number of ranks: a job file written for the in-process cluster
+// with another cluster.workers would silently run another experiment, so the launcher says which wins.
+void say_world(const Opts& o) {
+  const int64_t workers = train_job(o).cluster.workers;
+  if (workers == o.n || workers == train::JobConfig{}.cluster.workers) return;  // the default says nothing
+  write_all(1, fmt::format("launch: {} ranks (-n {}) run this job; its cluster.workers = {} counts the in-process "
+                           "cluster's workers only, so this is a run of {} workers, not {}\n",
+                           o.n, o.n, workers, o.n, workers));
+}
+
 // The heartbeat timeout: --heartbeat-timeout, else an elastic job's cluster.heartbeat_timeout_s
 // (one setting for the in-process reference and the real job), else 30 s.
 double heartbeat_timeout(const Opts& o) {
@@ -744,6 +754,7 @@ int run_launch(const Opts& o) {
 
   if (o.elastic && !(self_cmd && o.cmd[1] == "train"))
     throw Error("launch --elastic runs gasloc train ranks only", "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
+  if (self_cmd && o.cmd[1] == "train") say_world(o);
   const SignalCapture signals;
   std::optional<ElasticPolicy> elastic;
   // A run resumed on more ranks than saved it: those beyond start as joiners, with a donor's state.

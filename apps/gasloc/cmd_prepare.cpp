@@ -31,6 +31,7 @@ Action add_prepare(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.999999));
   app.add_option("--seed", opt->seed, "seed of the train/validation split and tokenizer training")->capture_default_str();
   app.add_option("--threads", opt->threads, "worker threads (0: all cores)")->capture_default_str();
+  app.add_flag("--force", opt->force, "replace a dataset already prepared in --out (runs trained on it no longer match it)");
   return [=]() {
     opt->inputs.assign(inputs->begin(), inputs->end());
     opt->out = *out;

@@ -62,15 +62,16 @@ bool any_own_models(const std::vector<study::RunSummary>& reports) {
 
 void print_table(const std::vector<study::RunSummary>& reports, const std::vector<std::string>& names, double target) {
   const bool with_target = std::isfinite(target);
-  // Elastic runs: the workers that died and rejoined, only where some did.
+  // Elastic runs: deaths, restarts (new incarnations) and heals (state transfers to a joiner; a
+  // joiner listed by a view pinned ahead of its heal is healed again), only where some happened.
   const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
   const bool own = any_own_models(reports);
   if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
   fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | {} | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
              study::val_loss_header(own),
-             std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | rejoins |" : ""));
+             std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | restarts | heals |" : ""));
   fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
-             std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- |" : ""));
+             std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- | --- |" : ""));
   for (size_t i = 0; i < reports.size(); ++i) {
     const auto& r = reports[i];
     std::string cols;
@@ -78,7 +79,7 @@ void print_table(const std::vector<study::RunSummary>& reports, const std::vecto
       const auto hit = study::reach_target(r.curve, target);
       cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
     }
-    if (churn) cols += fmt::format(" {} | {} |", r.deaths, r.rejoins);
+    if (churn) cols += fmt::format(" {} | {} | {} |", r.deaths, r.restarts, r.rejoins);
     const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
     const std::string loss = r.has_val_loss ? fmt::format("{:.4f}{}", r.val_loss, r.own_models ? " own" : "") : "-";
     const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";

@@ -18,6 +18,8 @@ Action add_sweep(CLI::App& app) {
     std::vector<std::string> files;
     std::string doc, runs = "runs/experiments";
     bool quick = false, dry_run = false, print = false, glance = false;
+    std::vector<std::string> sets;
+    int64_t steps = 0;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("file", o->files, "sweep file (experiments/NAME.toml; a relative path missing from the working directory is "
@@ -30,6 +32,13 @@ Action add_sweep(CLI::App& app) {
   app.add_flag("--print", o->print, "print the section instead of writing it (plots still go to RUNS/NAME/results/)")
       ->excludes(doc);
   app.add_option("--runs", o->runs, "directory under which the sweep's runs live")->capture_default_str();
+  auto* sets = app.add_option("--set", o->sets,
+                              "a try, not the study: override a setting of every run, last (e.g. --set train.steps=50); "
+                              "runs go to NAME-try, never into --doc");
+  auto* steps = app.add_option("--steps", o->steps, "a try, not the study: every run takes this many steps (--set train.steps=N)")
+                    ->check(CLI::PositiveNumber);
+  sets->excludes(doc);
+  steps->excludes(doc);
   app.add_flag("--glance", o->glance,
                "run nothing: write \"Claims at a glance\" into --doc from the sections the given studies wrote there "
                "(with --quick: their quick sections)")
@@ -47,14 +56,26 @@ Action add_sweep(CLI::App& app) {
       return 0;
     }
     if (o->files.size() != 1) throw ConfigError("gasloc sweep runs one study file at a time (several only with --glance)");
-    const auto spec = study::load_sweep(find_shipped(o->files.front()));
+    auto spec = study::load_sweep(find_shipped(o->files.front()));
+    // A try is a shortened or changed study: its own directory, and the section says so.
+    std::string tried;
+    if (o->steps > 0) o->sets.push_back(fmt::format("train.steps={}", o->steps));
+    for (const auto& s : o->sets) {
+      if (s.find('=') == std::string::npos) throw ConfigError(fmt::format("sweep --set '{}': expected section.key=value", s));
+      spec.tried.push_back(s);
+      tried += " --set " + s;
+    }
+    if (!tried.empty()) {
+      spec.name += "-try";
+      fmt::print("a try of the study, not the study:{} (runs in {}/{}{})\n", tried, o->runs, spec.name, o->quick ? "-quick" : "");
+    }
     study::SweepOptions opts;
     opts.quick = o->quick;
     opts.dry_run = o->dry_run;
     opts.doc = o->doc;
     opts.print_only = o->print;
     opts.runs_root = o->runs;
-    opts.command = fmt::format("gasloc sweep {}{}", o->files.front(), o->quick ? " --quick" : "");
+    opts.command = fmt::format("gasloc sweep {}{}{}", o->files.front(), o->quick ? " --quick" : "", tried);
     std::error_code ec;
     opts.gasloc = std::filesystem::read_symlink("/proc/self/exe", ec);  // launched variants run this very build
     study::run_sweep(spec, opts);

@@ -23,6 +23,10 @@ Action add_train(CLI::App& app) {
                  "is looked up in the installed share/gasloc (e.g. configs/research.toml)");
   app.add_option("--set,-s", o->req.overrides, "override a setting: section.key=value (repeatable)");
   app.add_option("--resume", o->req.resume_dir, "continue the run in this directory from its newest committed checkpoint");
+  app.add_flag("--verbose", o->req.verbose, "print the full resolved configuration and the thread plan at start");
+  app.add_flag("--repair", o->req.repair,
+               "with --resume: drop committed checkpoints whose files are missing or damaged (and files of no "
+               "committed step), naming each, then resume from the newest step every rank holds");
   app.add_option("--resume-step", o->req.resume_step,
                  "with --resume: continue from this committed step instead (the previous one is kept, e.g. when the "
                  "newest is damaged)");

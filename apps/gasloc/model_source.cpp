@@ -32,8 +32,9 @@ LoadedModel load_model(const ModelChoice& c) {
     m.batch_size = rm.info.job.data.batch_size;
     m.seq_len = rm.info.job.data.seq_len;
     m.val_batches = rm.info.job.data.val_batches;
-    if (!rm.info.data_dir.empty() && fs::exists(rm.info.data_dir / "dataset.json"))
-      m.tokenizer = data::dataset_tokenizer(rm.info.data_dir);
+    m.run_data_dir = rm.info.data_dir;
+    m.run_data_fingerprint = rm.info.data_fingerprint;
+    if (const fs::path d = train::run_dataset_dir(rm.info); !d.empty()) m.tokenizer = data::dataset_tokenizer(d);
   } else {
     const fs::path dir = c.model;
     m.model = model::Llama(model::read_hf_config(dir / "config.json"));

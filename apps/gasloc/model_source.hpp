@@ -30,6 +30,9 @@ struct LoadedModel {
   std::optional<data::Tokenizer> tokenizer;  // the one it was trained with, where it is known
   // The run's evaluation settings (--run), defaults otherwise.
   int64_t batch_size = 16, seq_len = 128, val_batches = 0;
+  // --run: the dataset it trained on, as recorded, and that dataset's fingerprint then.
+  std::filesystem::path run_data_dir;
+  std::string run_data_fingerprint;
 };
 
 // Throws gasloc errors for a bad choice or unreadable files. A missing tokenizer is not an

@@ -59,8 +59,11 @@ struct View {
   std::vector<int> dying;    // members that die at this round's merge: their edges and all-reduce fail
   std::vector<int> joining;  // healed from a donor at this round's merge; not in the mix
   // Process runs, where a death is seen after the fact: members of the previous round's view
-  // that are not in this one (they died in between).
+  // that are not in this one, or are in it as a newer incarnation (they died in between, and
+  // were restarted before the death was seen).
   std::vector<int> left;
+  // Process runs: the incarnation of every id listed (empty in-process).
+  std::map<int, int64_t> incarnation;
 
   bool is_member(int id) const;
   bool is_dying(int id) const;

@@ -16,6 +16,7 @@ View from_pinned(const comm::PinnedView& p) {
   v.round = p.round;
   v.members = p.members;
   v.joining = p.joining;
+  v.incarnation = p.incarnation;
   return v;
 }
 }  // namespace
@@ -34,7 +35,8 @@ View StoreViews::view(int64_t round) const {
                     "rejoins when started again");
   if (const auto prev = cache_.find(round - 1); prev != cache_.end())
     for (int id : prev->second.members)
-      if (!v.is_member(id) && !v.is_joining(id)) v.left.push_back(id);
+      if ((!v.is_member(id) && !v.is_joining(id)) || v.incarnation.at(id) != prev->second.incarnation.at(id))
+        v.left.push_back(id);
   cache_[round] = v;
   while (cache_.size() > 4) cache_.erase(cache_.begin());
   return v;

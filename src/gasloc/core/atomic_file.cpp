@@ -37,7 +37,18 @@ struct TmpFile {
 }
 }  // namespace
 
-void write_file_atomic(const fs::path& path, std::string_view bytes) {
+namespace {
+void write_through(const fs::path& path, std::string_view bytes, const std::string& tmp_suffix);
+}  // namespace
+
+void write_file_atomic(const fs::path& path, std::string_view bytes) { write_through(path, bytes, ".tmp"); }
+
+void write_file_atomic_shared(const fs::path& path, std::string_view bytes) {
+  write_through(path, bytes, ".tmp." + std::to_string(::getpid()));
+}
+
+namespace {
+void write_through(const fs::path& path, std::string_view bytes, const std::string& tmp_suffix) {
   if (path.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(path.parent_path(), ec);
@@ -45,7 +56,7 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) {
   }
   TmpFile tmp;
   tmp.path = path;
-  tmp.path += ".tmp";
+  tmp.path += tmp_suffix;
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (tmp.fd < 0) fail("cannot create", tmp.path, errno);
   const char* p = bytes.data();
@@ -68,6 +79,7 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) {
   if (::rename(tmp.path.c_str(), path.c_str()) != 0) fail("cannot rename onto", path, errno);
   tmp.keep = true;
 }
+}  // namespace
 
 std::string read_file(const fs::path& path) {
   std::error_code ec;

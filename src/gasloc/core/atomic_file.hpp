@@ -10,6 +10,9 @@ namespace gasloc {
 // Writes `bytes` to `path` atomically. Throws gasloc::Error (with errno text) if any write,
 // fsync or rename fails; the temporary file is removed and any previous `path` survives.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+// The same for a file that several processes may write at once (the same bytes: a run's
+// run.json on one host): each writes through a temporary file of its own.
+void write_file_atomic_shared(const std::filesystem::path& path, std::string_view bytes);
 
 // Reads a whole file. Throws gasloc::Error naming the path if it cannot be opened or read, or is
 // a directory.

@@ -61,14 +61,10 @@ void assign(const std::string& key, const json& j, T& out) {
     if (!j.is_boolean()) bad("true or false");
     out = j.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
-    if (j.is_number_integer()) {
-      out = static_cast<T>(j.get<int64_t>());
-    } else if (j.is_number_float() && std::floor(j.get<double>()) == j.get<double>() &&
-               std::abs(j.get<double>()) < 9e15) {
-      out = static_cast<T>(j.get<double>());
-    } else {
-      bad("an integer");
-    }
+    // A float is refused even when whole (1e3): an integer key written as a float is more often a
+    // typo for another key than a count, and TOML writes integers without a point.
+    if (!j.is_number_integer()) bad("an integer (write it without a decimal point or exponent, e.g. 1000)");
+    out = static_cast<T>(j.get<int64_t>());
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!j.is_number()) bad("a number");
     out = j.get<T>();

@@ -274,6 +274,12 @@ void write_dataset(const PrepareOptions& opt, const Tokenizer& tok, const std::v
 PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const std::string&)>& progress) {
   auto say = [&](const std::string& s) { if (progress) progress(s); };
   validate(opt);
+  // Runs trained on a dataset read it back (eval, generate, export): replacing it silently made
+  // them score a plausible, wrong loss.
+  if (!opt.force && fs::exists(opt.out / "dataset.json"))
+    throw DataError("'" + opt.out.string() + "' already holds a prepared dataset: preparing into it would replace the data "
+                        "that runs trained on",
+                    "choose another --out, or pass --force to replace it");
   const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   std::vector<std::string> docs;

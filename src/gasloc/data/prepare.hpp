@@ -32,6 +32,7 @@ struct PrepareOptions {
   uint64_t seed = 1337;
   int threads = 0;                        // 0: all hardware threads
   int64_t shard_tokens = 100'000'000;     // most tokens per shard file
+  bool force = false;                     // replace a dataset already prepared in `out`
 };
 
 // The smallest validation split that a job with the default data.batch_size (16) and

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <cerrno>
 #include <cmath>
 #include <fstream>
@@ -60,6 +61,10 @@ class MetricsFold {
     } else if (const auto* v = std::get_if<train::ViewEvent>(&event)) {
       r_.deaths += static_cast<int64_t>(v->died.size());
       r_.rejoins += static_cast<int64_t>(v->joined.size());
+      // A joiner listed again by a view pinned ahead of its heal is healed again, not restarted.
+      for (size_t k = 0; k < v->joined.size(); ++k)
+        if (k >= v->joined_incarnations.size() || restarted_.insert({v->joined[k], v->joined_incarnations[k]}).second)
+          ++r_.restarts;
       r_.views.push_back({v->step, v->virtual_time_s, static_cast<int64_t>(v->died.size()),
                           static_cast<int64_t>(v->joined.size())});
     } else if (const auto* e = std::get_if<train::EvalEvent>(&event)) {
@@ -89,6 +94,7 @@ class MetricsFold {
   }
 
  private:
+  std::set<std::pair<int64_t, int64_t>> restarted_;  // (id, incarnation) seen healed
   struct Last {
     int64_t step = -1, bytes = 0, local_steps = -1;
     double idle_s = 0, virtual_s = 0;

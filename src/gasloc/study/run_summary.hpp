@@ -42,6 +42,7 @@ struct RunSummary {
   int64_t last_train_step = 0;   // ... and its step: train_wall_s / last_train_step is a measured step time
   double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
   int64_t deaths = 0, rejoins = 0;  // elastic runs: workers that died, and that rejoined healed (view lines)
+  int64_t restarts = 0;             // elastic runs: new incarnations among the healed (in-process: every heal)
   std::vector<EvalPoint> curve;
   std::vector<ViewMark> views;  // elastic runs, in the file's order
   // Evaluated at train.steps: the run is complete.

@@ -257,6 +257,7 @@ struct SweepSpec {
   std::vector<std::string> project;  // PRESET:DTYPE models whose communication the section projects
   double equal_time = 0.0;  // faster by time: how far below target_from's virtual time a run may end (0 = unchecked)
   std::vector<std::string> settings, quick;
+  std::vector<std::string> tried;  // gasloc sweep --set/--steps: applied last to every run (a try, not the study)
   Axes grid, quick_grid;
   bool tuned = false;  // a [tuning] table: seeds below, not a grid axis
   TuningSection tuning;

@@ -49,8 +49,8 @@ bool has_checkpoint(const fs::path& dir) {
 }
 
 // A run's trainer arguments: the study's settings, its scenario's, the variant's, the grid
-// point's, its tuning point and seed, then --quick's (the study's, then the variant's), and last
-// its directory.
+// point's, its tuning point and seed, then --quick's (the study's, then the variant's), then a
+// try's (--set, --steps), and last its directory.
 SweepRun make_run(const SweepSpec& spec, const SweepVariant& var, const Point& group, const Point& tune, int64_t seed,
                   bool tuning, bool quick, fs::path dir) {
   SweepRun r;
@@ -70,6 +70,7 @@ SweepRun make_run(const SweepSpec& spec, const SweepVariant& var, const Point& g
     r.overrides.insert(r.overrides.end(), spec.quick.begin(), spec.quick.end());
     r.overrides.insert(r.overrides.end(), var.quick_settings.begin(), var.quick_settings.end());
   }
+  r.overrides.insert(r.overrides.end(), spec.tried.begin(), spec.tried.end());
   r.overrides.push_back("train.run_dir=" + r.dir.string());
   return r;
 }

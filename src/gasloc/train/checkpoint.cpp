@@ -127,9 +127,15 @@ std::vector<int64_t> RunCheckpoints::committed(int rank) const {
 }
 
 void RunCheckpoints::commit(int64_t step, int rank) const {
-  std::vector<int64_t> steps = committed(rank);
-  if (steps.empty() || steps.front() != step) steps.insert(steps.begin(), step);
-  if (steps.size() > 2) steps.resize(2);
+  // The step just written and the newest committed one before it (the fallback). A committed step
+  // after `step` belongs to a branch this run abandoned (it resumed from an earlier step): it is
+  // forgotten, and its files go with the others below.
+  std::vector<int64_t> steps{step};
+  for (int64_t s : committed(rank))
+    if (s < step) {
+      steps.push_back(s);
+      break;
+    }
   try {
     write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", steps}}).dump() + "\n");
   } catch (const Error& e) {
@@ -140,7 +146,7 @@ void RunCheckpoints::commit(int64_t step, int rank) const {
   for (const auto& [s, path] : step_dirs(dir_)) {
     // A write that a kill interrupted leaves its temporary file behind.
     fs::remove(path / fmt::format("rank{}.pt.tmp", rank), ec);
-    if (s >= steps.back()) continue;
+    if (s >= steps.back() && s <= step) continue;
     fs::remove(path / fmt::format("rank{}.pt", rank), ec);
     if (fs::is_empty(path, ec)) fs::remove(path, ec);
   }
@@ -166,8 +172,40 @@ int64_t RunCheckpoints::resume_step(const std::vector<std::vector<int64_t>>& com
     throw CheckpointError(fmt::format("the checkpoints in '{}' are from mixed steps: step {} is committed, but {} {} no "
                                       "file for it",
                                       run_dir_.string(), step, missing, missing.find(',') == std::string::npos ? "has" : "have"),
-                          "restore the missing files, or resume an earlier step with --resume-step");
+                          "restore the missing files, or resume an earlier step with --resume-step, or let --repair drop "
+                          "what is missing (it names what it drops)");
   return step;
+}
+
+std::vector<std::string> RunCheckpoints::repair(int rank) const {
+  std::vector<std::string> dropped;
+  std::vector<int64_t> kept;
+  for (int64_t s : committed(rank)) {
+    try {
+      load_checkpoint(file(s, rank));
+      kept.push_back(s);
+    } catch (const CheckpointError& e) {
+      dropped.push_back(fmt::format("rank {}: committed step {} dropped: {}", rank, s, e.what()));
+    }
+  }
+  if (!dropped.empty()) {
+    try {
+      write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", kept}}).dump() + "\n");
+    } catch (const Error& e) {
+      throw CheckpointError("cannot repair the commit record: " + std::string(e.what()), e.hint());
+    }
+  }
+  std::error_code ec;
+  for (const auto& [s, path] : step_dirs(dir_)) {
+    if (std::find(kept.begin(), kept.end(), s) != kept.end()) continue;
+    for (const char* suffix : {".pt", ".pt.tmp"}) {
+      const fs::path f = path / fmt::format("rank{}{}", rank, suffix);
+      if (fs::exists(f, ec) && fs::remove(f, ec))
+        dropped.push_back(fmt::format("rank {}: removed '{}', a file of no committed step", rank, f.string()));
+    }
+    if (fs::is_empty(path, ec)) fs::remove(path, ec);
+  }
+  return dropped;
 }
 
 void RunCheckpoints::rewind(int rank, int64_t step) const {

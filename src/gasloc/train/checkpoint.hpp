@@ -45,9 +45,13 @@ class RunCheckpoints {
   std::filesystem::path file(int64_t step, int rank) const;
   // Phase 1: this rank's state at `step`.
   void write(int64_t step, int rank, const Checkpoint& ckpt) const;
-  // Phase 2, after every rank has written `step`: records the commit and removes this rank's
-  // files older than its previous committed step.
+  // Phase 2, after every rank has written `step`: records the commit (with the newest committed
+  // step before it) and removes this rank's files of every other step; a committed step after
+  // `step` is a branch the run abandoned by resuming an earlier step, and is dropped.
   void commit(int64_t step, int rank) const;
+  // A damaged record: keeps the committed steps whose files load (checksums verified), removes
+  // this rank's files of other steps, and returns one line for each thing it dropped.
+  std::vector<std::string> repair(int rank) const;
   // A run that goes on from `step` although this rank committed later ones: forgets them (the
   // commit record keeps the steps up to `step`) and removes this rank's files of later steps, so
   // that neither a prune nor a later resume can take that abandoned branch for the run.

@@ -59,8 +59,10 @@ json of(const EvalEvent& e) {
   return j;
 }
 json of(const ViewEvent& e) {
-  return {{"event", "view"}, {"step", e.step}, {"worker", e.worker}, {"round", e.round}, {"members", e.members},
-          {"died", e.died}, {"joined", e.joined}, {"virtual_time_s", e.virtual_time_s}};
+  json j = {{"event", "view"}, {"step", e.step}, {"worker", e.worker}, {"round", e.round}, {"members", e.members},
+            {"died", e.died}, {"joined", e.joined}, {"virtual_time_s", e.virtual_time_s}};
+  if (!e.joined_incarnations.empty()) j["joined_incarnations"] = e.joined_incarnations;
+  return j;
 }
 json of(const MemoryEvent& e) {
   return {{"event", "memory"}, {"step", e.step}, {"worker", e.worker}, {"optim", e.optim}, {"algo", e.algo},
@@ -151,7 +153,7 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                      field(j, "eval_time_s", 0.0)};
   if (event == "view")
     return ViewEvent{step, worker, field<int64_t>(j, "round", 0), ids(j, "members"), ids(j, "died"), ids(j, "joined"),
-                     field(j, "virtual_time_s", 0.0)};
+                     field(j, "virtual_time_s", 0.0), ids(j, "joined_incarnations")};
   if (event == "memory")
     return MemoryEvent{step,
                        worker,

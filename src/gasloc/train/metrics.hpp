@@ -60,6 +60,9 @@ struct ViewEvent {
   int64_t round = 0;
   std::vector<int64_t> members, died, joined;  // ids ascending
   double virtual_time_s = 0;                   // the writer's clock after the round
+  // Process runs: the incarnation of each id in `joined`, in its order (a restart is a new
+  // incarnation; the same one listed again is another heal, not another restart). Empty in-process.
+  std::vector<int64_t> joined_incarnations;
 };
 
 // What one worker holds besides its model ("memory"), once per run.

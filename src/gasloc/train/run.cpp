@@ -10,6 +10,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -19,6 +20,7 @@ namespace fs = std::filesystem;
 JobConfig resolve_job(const TrainRequest& req) {
   if (req.resume_dir.empty()) {
     if (req.resume_step >= 0) throw ConfigError("--resume-step needs --resume RUN");
+    if (req.repair) throw ConfigError("--repair needs --resume RUN", "gasloc train --resume RUN --repair");
     return load_job(req.config_path, req.overrides);
   }
   if (!req.config_path.empty())
@@ -213,7 +215,17 @@ void Run::write_info(const data::Dataset& dataset) const {
                                       {"train_tokens", dataset.train->size()}, {"val_tokens", dataset.val->size()},
                                       {"fingerprint", dataset.fingerprint}}},
                          {"versions", {{"gasloc", "0.1.0"}, {"torch", TORCH_VERSION}}}};
-  write_file_atomic(dir_ / "run.json", info.dump(2) + "\n");
+  // The run carries what reading it back needs (its tokenizer and the dataset's description), so
+  // that it can move to another path or machine, and a dataset prepared again in data.dir
+  // cannot change what it decodes.
+  if (fs::exists(dataset.dir / "dataset.json")) {
+    const fs::path copy = dir_ / kRunDatasetDir;
+    fs::create_directories(copy);
+    for (const char* name : {"dataset.json", "tokenizer.model"})
+      if (fs::exists(dataset.dir / name)) write_file_atomic_shared(copy / name, read_file(dataset.dir / name));
+    info["dataset"]["copy"] = kRunDatasetDir;
+  }
+  write_file_atomic_shared(dir_ / "run.json", info.dump(2) + "\n");
 }
 
 void Run::print() const {
@@ -234,6 +246,20 @@ void Run::print() const {
   fmt::print("  model: dim {} layers {} heads {}/{} ffn {} vocab {} max_seq_len {} -> {:.2f}M parameters\n", mc.dim,
              mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.ffn_hidden(), mc.vocab_size, mc.max_seq_len,
              static_cast<double>(mc.num_params()) / 1e6);
+  std::fflush(stdout);
+}
+
+void Run::print_summary() const {
+  const auto& algo = job_.algo;
+  const auto& entry = algo::algorithm(algo.name.str());
+  std::string method = algo.name.str();
+  if (entry.needs_topology) method += "-" + algo.topology.str();
+  if (entry.has_rounds) method += fmt::format(" H={}", algo.H);
+  fmt::print("gasloc train: {} ({:.2f}M parameters), {} with {}, {} worker{} ({}), {} steps, data '{}', run '{}' "
+             "(full configuration: {}/run.json, or --verbose)\n",
+             job_.model.preset, static_cast<double>(mc_.num_params()) / 1e6, method, job_.optim.name.str(), world_,
+             world_ == 1 ? "" : "s", job_.cluster.backend.str(), job_.train.steps, job_.data.dir, dir_.string(),
+             dir_.string());
   std::fflush(stdout);
 }
 

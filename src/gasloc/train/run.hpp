@@ -72,6 +72,11 @@ class Run {
   void write_info(const data::Dataset& dataset) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.
   void print() const;
+  // Where a run keeps its copy of the dataset's dataset.json and tokenizer (write_info).
+  static constexpr const char* kRunDatasetDir = "dataset";
+  // One line: model, algorithm, workers, steps, data and run directory (the full configuration
+  // is in run.json, and print() with --verbose).
+  void print_summary() const;
 
  private:
   bool world_may_change() const;  // check_resume_world's rule, which load() follows

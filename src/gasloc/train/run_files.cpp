@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/data/dataset.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/checkpoint.hpp"
 
@@ -78,11 +79,29 @@ RunInfo read_run_info(const std::vector<fs::path>& dirs) {
     info.job = job_from_json(info.doc["config"], {});
     info.model = info.job.model.resolve(info.doc.value("model", nlohmann::json::object()).value("vocab_size", int64_t{0}));
     info.world = info.doc.value("world", 1);
-    info.data_dir = info.doc.value("dataset", nlohmann::json::object()).value("dir", std::string());
+    const auto dataset = info.doc.value("dataset", nlohmann::json::object());
+    info.data_dir = dataset.value("dir", std::string());
+    info.data_fingerprint = dataset.value("fingerprint", std::string());
     return info;
   }
   throw CheckpointError("no run.json in " + dir_list(dirs),
                         "pass a directory written by `gasloc train` (under Gloo, rank 0's host holds run.json)");
+}
+
+fs::path run_dataset_dir(const RunInfo& info) {
+  const fs::path copy = info.dir / "dataset";
+  if (fs::exists(copy / "dataset.json")) return copy;
+  if (info.data_dir.empty() || !fs::exists(info.data_dir / "dataset.json")) return {};
+  if (!info.data_fingerprint.empty()) {
+    const std::string now = data::Dataset::open(info.data_dir).fingerprint;
+    if (now != info.data_fingerprint)
+      throw DataError(fmt::format("'{}' no longer holds the dataset run '{}' trained on: its fingerprint is {} now, {} "
+                                  "in the run's run.json (it was prepared again)",
+                                  info.data_dir.string(), info.dir.string(), now, info.data_fingerprint),
+                      "prepare the run's corpus again into another directory with the same options, or restore the "
+                      "old one; runs since this version carry their own copy of the tokenizer");
+  }
+  return info.data_dir;
 }
 
 std::string describe_worker(int worker, int world) {

@@ -2,8 +2,8 @@
 // the model to evaluate, export or sample from (one worker's own, or the average of all).
 //
 // Each rank writes RUN/checkpoints/step-S/rank{r}.pt and commits it (checkpoint.hpp). Under Gloo
-// over several hosts every rank writes into its own host's run_dir and only rank 0's host has
-// run.json, so a run may be spread over several directories.
+// over several hosts every rank writes into its own host's run_dir (each with run.json and the
+// dataset's copy), so a run may be spread over several directories.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -32,7 +32,14 @@ struct RunInfo {
   model::LlamaConfig model;
   int world = 1;
   std::filesystem::path data_dir;  // the dataset it trained on, as recorded (may be relative)
+  std::string data_fingerprint;    // that dataset's fingerprint when the run started
 };
+
+// Where a run's dataset description and tokenizer are: its own copy (RUN/dataset, since runs
+// carry one), else data_dir while it still holds the dataset the run trained on; "" when there
+// is neither (llm.c shards: no tokenizer; a dataset moved away). Throws DataError naming both
+// fingerprints when data_dir holds another dataset now (prepared again into the same directory).
+std::filesystem::path run_dataset_dir(const RunInfo& info);
 
 // Reads run.json from the first of `dirs` that has one. CheckpointError if none does.
 RunInfo read_run_info(const std::vector<std::filesystem::path>& dirs);

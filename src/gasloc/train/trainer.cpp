@@ -234,13 +234,17 @@ void report_view(RunState& s, int rank, const std::optional<algo::View>& v, comm
   auto ids = [](const std::vector<int>& x) { return std::vector<int64_t>(x.begin(), x.end()); };
   std::vector<int> died = v->dying;  // at this round's merge (in-process), or since the last round (processes)
   died.insert(died.end(), v->left.begin(), v->left.end());
+  std::vector<int64_t> joined_incarnations;
+  if (!v->incarnation.empty())
+    for (int j : v->joining) joined_incarnations.push_back(v->incarnation.at(j));
   s.metrics->write(ViewEvent{.step = step,
                              .worker = rank,
                              .round = v->round,
                              .members = ids(v->members),
                              .died = ids(died),
                              .joined = ids(v->joining),
-                             .virtual_time_s = c.now() - s.clock0.at(rank) + s.base.at(rank).virtual_time_s});
+                             .virtual_time_s = c.now() - s.clock0.at(rank) + s.base.at(rank).virtual_time_s,
+                             .joined_incarnations = joined_incarnations});
   if (s.quiet) return;
   std::string line = fmt::format("step {:>6} | round {}: {} workers in the view", step, v->round, v->members.size());
   if (!v->dying.empty()) line += fmt::format(", worker(s) {} died (their partners mixed without them)", fmt::join(v->dying, ", "));
@@ -357,14 +361,51 @@ std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobCo
   return comm::make_cluster(o);
 }
 
+// Every rank's committed steps as one list for a message: "rank 0: 40, 30; rank 1: 30".
+std::string committed_text(const std::vector<std::vector<int64_t>>& committed) {
+  std::string out;
+  for (size_t r = 0; r < committed.size(); ++r)
+    out += fmt::format("{}rank {}: {}", r ? "; " : "", r,
+                       committed[r].empty() ? std::string("none") : fmt::format("{}", fmt::join(committed[r], ", ")));
+  return out;
+}
+
+// --resume-step: a step some rank committed (its commit proves that every rank wrote it).
+int64_t checked_resume_step(int64_t step, const std::vector<std::vector<int64_t>>& committed) {
+  for (const auto& c : committed)
+    if (std::find(c.begin(), c.end(), step) != c.end()) return step;
+  throw CheckpointError(fmt::format("--resume-step {} is not a committed checkpoint of this run (committed: {})", step,
+                                    committed_text(committed)),
+                        "give one of the committed steps");
+}
+
+// --repair: the newest step every rank still holds once the damaged ones are dropped.
+int64_t common_step(const std::vector<std::vector<int64_t>>& committed, const Run& run) {
+  for (int64_t s : committed.front())
+    if (std::all_of(committed.begin(), committed.end(), [s](const auto& c) { return std::find(c.begin(), c.end(), s) != c.end(); }))
+      return s;
+  throw CheckpointError(fmt::format("no step of '{}' is held by every rank after the repair (committed: {})",
+                                    run.dir().string(), committed_text(committed)),
+                        "the run cannot continue as it was; start it again in a new train.run_dir");
+}
+
 // Where a new run starts, or a resumed one continues, and what it loads. A directory whose run
 // died during its first checkpoint (files written, nothing committed) starts over.
 int64_t prepare_start(const TrainRequest& req, const Run& run, const RunCheckpoints& ckpts, const std::vector<int>& ranks,
                       const std::vector<std::vector<int64_t>>& committed, comm::Communicator* processes,
                       std::map<int, Checkpoint>& loaded, bool elastic) {
   if (!req.resume_dir.empty()) {
-    const int64_t step = req.resume_step >= 0 ? req.resume_step : ckpts.resume_step(committed, ranks);
+    const int64_t step = req.resume_step >= 0 ? checked_resume_step(req.resume_step, committed)
+                         : req.repair         ? common_step(committed, run)
+                                              : ckpts.resume_step(committed, ranks);
     for (int r : ranks) loaded.emplace(r, run.load(ckpts, step, r, committed[r]));
+    int64_t newest = -1;
+    for (const auto& c : committed)
+      if (!c.empty()) newest = std::max(newest, c.front());
+    if (newest > step && ranks.front() == 0 && !req.quiet)
+      fmt::print("resuming '{}' at step {}: its committed step {} is dropped at this run's first checkpoint (steps {}..{} "
+                 "are trained again)\n",
+                 run.dir().string(), step, newest, step + 1, newest);
     return step;
   }
   const bool nothing_committed = std::all_of(committed.begin(), committed.end(), [](const auto& c) { return c.empty(); });
@@ -457,7 +498,10 @@ std::unique_ptr<ElasticProcess> elastic_process(comm::Cluster& cluster, const Jo
 std::unique_ptr<MetricsLog> open_elastic_files(const Run& run, const data::Dataset& dataset, ElasticProcess& e,
                                                bool resumed, int64_t start_step) {
   const fs::path file = run.dir() / "metrics.jsonl";
-  if (!e.claim_files()) return std::make_unique<MetricsLog>(file);
+  if (!e.claim_files()) {
+    run.write_info(dataset);  // every host's run directory can be read back and resumed on its own
+    return std::make_unique<MetricsLog>(file);
+  }
   run.write_info(dataset);
   if (!resumed) fs::remove(file);
   auto metrics = std::make_unique<MetricsLog>(file, resumed ? start_step : -1);
@@ -599,7 +643,7 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   const JobConfig& job = s.job;
   const std::vector<int>& ranks = s.ranks;
   const BlasThreads blas(planned_blas_threads(job, static_cast<int>(ranks.size()), s.cluster.host_processes()));
-  if (blas.active() && !s.req.quiet)
+  if (blas.active() && s.req.verbose)
     print_thread_plan(job, static_cast<int>(ranks.size()), s.cluster.host_processes(), s.auto_streams);
   if (s.leader && !s.req.quiet && job.train.device == "cpu" && job.train.threads > 1 && !blas.active())
     warn_two_pools(job);
@@ -620,6 +664,16 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   return run_rank_loops(s, start, workers, joined_at);
 }
 
+// --repair: each local rank's checkpoints checked (files present, checksums right), and every
+// thing dropped named.
+void repair_checkpoints(const JobSetup& s, const RunCheckpoints& ckpts) {
+  for (int r : s.ranks) {
+    const auto dropped = ckpts.repair(r);
+    for (const auto& line : dropped) fmt::print("repair: {}\n", line);
+    if (dropped.empty() && !s.req.quiet) fmt::print("repair: rank {}: its committed checkpoints load; nothing dropped\n", r);
+  }
+}
+
 // An elastic rank's resume: the step agreed in the store (ElasticProcess::agree_resume), loaded
 // when this rank holds it, else `heals` (a donor's state at the first round). A rank whose newest
 // commit is past the agreed step says what it drops, and forgets that branch on disk, so that a
@@ -631,7 +685,8 @@ int64_t elastic_resume(const JobSetup& s, const RunCheckpoints& ckpts, const std
   for (int64_t step : mine)
     if (fs::exists(ckpts.file(step, rank))) loadable.push_back(step);
   const auto r = s.elastic->agree_resume(loadable, s.req.resume_step >= 0 ? std::optional(s.req.resume_step) : std::nullopt);
-  if (s.leader && !s.req.quiet && (!r.healers.empty() || r.newer_dropped))
+  // Said once, by the lowest rank that loads it (rank 0 may be a restart that joins).
+  if (rank == r.loaders.front() && !s.req.quiet && (!r.healers.empty() || r.newer_dropped))
     fmt::print("elastic resume at step {}{}: rank(s) {} load it{}\n", r.step,
                s.req.resume_step >= 0 ? " (--resume-step)" : ", the step the most ranks hold",
                fmt::join(r.loaders, ", "),
@@ -663,6 +718,7 @@ TrainSummary train_in_run_dir(const JobSetup& s) {
   const int saved = !s.req.resume_dir.empty() && !s.joiner ? s.run.check_resume_world(s.ranks.front() == 0) : s.world;
   RunCheckpoints ckpts(s.run.dir(), s.world);
   std::map<int, Checkpoint> loaded;
+  if (s.req.repair && !s.joiner) repair_checkpoints(s, ckpts);
   const auto committed = committed_by_rank(ckpts, s.world, s.ranks, s.processes);
   std::vector<int> with_checkpoint, arriving;
   for (int r : s.ranks) (r < saved ? with_checkpoint : arriving).push_back(r);
@@ -683,9 +739,12 @@ TrainSummary train_in_run_dir(const JobSetup& s) {
     start_step = prepare_start(s.req, s.run, ckpts, with_checkpoint, committed, s.processes, loaded, s.elastic != nullptr);
   algo::Arrivals arrivals;
   for (int r : arriving) arrivals[r] = algo::algorithm(job.algo.name).rounds_in(start_step, job.algo.H);
+  // Every process writes run.json (the same bytes): under Gloo each host's run directory can then
+  // be read back and resumed on its own.
+  if (!s.elastic && (s.leader || s.processes)) s.run.write_info(s.dataset);
   if (s.leader) {
-    if (!s.elastic) s.run.write_info(s.dataset);
-    if (!s.req.quiet) s.run.print();
+    if (s.req.verbose) s.run.print();
+    else if (!s.req.quiet) s.run.print_summary();
   }
   const auto metrics = s.elastic ? open_elastic_files(s.run, s.dataset, *s.elastic, resumed, start_step)
                                  : open_metrics(s.run, s.leader, !loaded.empty(), start_step, s.processes);

@@ -14,7 +14,9 @@ struct TrainRequest {
   std::vector<std::string> overrides;  // section.key=value
   std::string resume_dir;              // continue this run from its checkpoint
   int64_t resume_step = -1;            // with resume_dir: this committed step (-1 = the newest)
+  bool repair = false;                 // with resume_dir: drop damaged or missing checkpoints, naming them, then resume
   bool quiet = false;                  // no progress lines (tests)
+  bool verbose = false;                // the full resolved configuration and thread plan at start
   std::string job_id;                  // process backends: the job token gasloc launch hands its ranks
   int64_t incarnation = -1;            // elastic Gloo: which start of this rank this is (gasloc launch --elastic; -1: ask gasloc store --elastic)
 };
