@@ -79,17 +79,22 @@ expect_error "rank(s) 1 have no checkpoint" "$G" export --run "it's 2w" --out hf
 cmp hf2/model.safetensors hf3/model.safetensors || fail "the average from two directories differs"
 mv "host2/checkpoints/$step/rank1.pt" "it's 2w/checkpoints/$step/"
 
-# A real Gloo run as two hosts leave it: each rank writes into its own run_dir (only rank 0's has
-# run.json); the average from both directories scores what the run itself reported.
+# A real Gloo run as two hosts leave it: each rank writes into its own run_dir, each with run.json
+# (so each host's part resumes and reads back on its own); the average from both directories
+# scores what the run itself reported.
 "$G" launch -n 2 -- bash -c 'exec "$0" train "$@" --set train.run_dir=gloo$RANK' "$G" "${common[@]}" \
   --set cluster.backend=gloo --set cluster.timeout_s=60 --set algo.name=diloco --set algo.H=4 --set train.steps=10 \
   --set train.eval_every=5 > log7.txt 2>&1 || fail "2-rank Gloo run failed: $(tail -5 log7.txt)"
-[ -f gloo0/checkpoints/rank0.committed ] && [ -f gloo1/checkpoints/rank1.committed ] && [ ! -f gloo1/run.json ] ||
+[ -f gloo0/checkpoints/rank0.committed ] && [ -f gloo1/checkpoints/rank1.committed ] && [ -f gloo1/run.json ] ||
   fail "Gloo ranks' files"
 expect_error "rank(s) 1 have no checkpoint" "$G" eval --run gloo0 --data data
 e_gloo=$(loss_of "$("$G" eval --run gloo0 --run gloo1 --data data)")
 final=$(metric_rows gloo0 eval val_loss | tail -1)
 awk -v a="$e_gloo" -v b="$final" 'BEGIN { exit !(a - b < 1e-5 && b - a < 1e-5) }' || fail "Gloo average $e_gloo is not the run's $final"
+# ... and each host resumes from its own directory (rank 1's had no run.json before).
+"$G" launch -n 2 -- bash -c 'exec "$0" train --resume gloo$RANK --set train.steps=14' "$G" > log7b.txt 2>&1 ||
+  fail "resume from each host's directory: $(tail -5 log7b.txt)"
+[ "$(metric_rows gloo0 train step | tail -1)" = 14 ] || fail "the two-host resume did not reach step 14"
 
 # Generation: the same seed gives the same text; --max-tokens bounds it.
 g1=$("$G" generate --run "it's 2w" --prompt "Line 3" --max-tokens 7 --seed 5 --no-stop 2> gen_err.txt)

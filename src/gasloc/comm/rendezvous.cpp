@@ -48,9 +48,9 @@ bool parse_double(const std::string& text, double& out) {
 
 long long require_int(const std::function<const char*(const char*)>& lookup, const char* name) {
   const char* v = lookup(name);
-  if (v == nullptr) throw CommError(fmt::format("{} is not set", name), kLaunchHint);
+  if (v == nullptr) throw ConfigError(fmt::format("{} is not set", name), kLaunchHint);
   long long x = 0;
-  if (!parse_int(v, x)) throw CommError(fmt::format("{}='{}' is not an integer", name, v), kLaunchHint);
+  if (!parse_int(v, x)) throw ConfigError(fmt::format("{}='{}' is not an integer", name, v), kLaunchHint);
   return x;
 }
 
@@ -123,6 +123,8 @@ void validate(const GlooOptions& o, bool check_rank) {
     throw CommError(fmt::format("the bandwidth limit must be >= 0 bytes/s (0 = unlimited), not {}", o.bandwidth_limit_Bps));
 }
 
+// The launcher's variables are the rank's configuration: an error here is ConfigError (exit
+// status 2: a restart would meet it again), not a peer's failure.
 GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>& lookup) {
   GlooOptions o;
   // Check presence of all four first, so that a bare run names every missing variable at once.
@@ -130,30 +132,30 @@ GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>&
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
     if (lookup(name) == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(name);
   if (!missing.empty())
-    throw CommError(fmt::format("{} {} not set: this command must run as one rank of a process group", missing,
+    throw ConfigError(fmt::format("{} {} not set: this command must run as one rank of a process group", missing,
                                 missing.find(',') == std::string::npos ? "is" : "are"),
                     kLaunchHint);
   const long long world = require_int(lookup, "WORLD_SIZE");
   const long long rank = require_int(lookup, "RANK");
   const long long port = require_int(lookup, "MASTER_PORT");
-  if (world < 1) throw CommError(fmt::format("WORLD_SIZE={} must be at least 1", world), kLaunchHint);
-  if (world > (1 << 20)) throw CommError(fmt::format("WORLD_SIZE={} is above {}", world, 1 << 20), kLaunchHint);
+  if (world < 1) throw ConfigError(fmt::format("WORLD_SIZE={} must be at least 1", world), kLaunchHint);
+  if (world > (1 << 20)) throw ConfigError(fmt::format("WORLD_SIZE={} is above {}", world, 1 << 20), kLaunchHint);
   // RANK >= WORLD_SIZE is checked at the store (join_store), where every rank hears of it.
-  if (rank < 0) throw CommError(fmt::format("RANK={} must not be negative", rank), kLaunchHint);
-  if (port < 1 || port > 65535) throw CommError(fmt::format("MASTER_PORT={} is outside 1..65535", port), kLaunchHint);
+  if (rank < 0) throw ConfigError(fmt::format("RANK={} must not be negative", rank), kLaunchHint);
+  if (port < 1 || port > 65535) throw ConfigError(fmt::format("MASTER_PORT={} is outside 1..65535", port), kLaunchHint);
   o.world = static_cast<int>(world);
   o.rank = static_cast<int>(rank);
   o.master_port = static_cast<int>(port);
   o.master_addr = trim(lookup("MASTER_ADDR"));
   if (const char* v = lookup("LOCAL_RANK")) {
     long long lr = 0;
-    if (!parse_int(v, lr) || lr < 0) throw CommError(fmt::format("LOCAL_RANK='{}' is not a non-negative integer", v));
+    if (!parse_int(v, lr) || lr < 0) throw ConfigError(fmt::format("LOCAL_RANK='{}' is not a non-negative integer", v));
     o.local_rank = static_cast<int>(lr);
   }
   if (const char* v = lookup("LOCAL_WORLD_SIZE")) {
     long long lw = 0;
     if (!parse_int(v, lw) || lw < 1 || lw > (1 << 20))
-      throw CommError(fmt::format("LOCAL_WORLD_SIZE='{}' is not a positive integer", v), kLaunchHint);
+      throw ConfigError(fmt::format("LOCAL_WORLD_SIZE='{}' is not a positive integer", v), kLaunchHint);
     o.local_world = static_cast<int>(lw);
   }
   if (const char* v = lookup("GLOO_SOCKET_IFNAME")) o.interface = trim(v);

@@ -49,7 +49,7 @@ std::string store_host_name(const GlooOptions& o);
 // Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required),
 // LOCAL_RANK, LOCAL_WORLD_SIZE, GLOO_SOCKET_IFNAME and TORCHELASTIC_USE_AGENT_STORE. Everything else (timeout,
 // bandwidth limit) comes from the job's configuration or the command line, never from gasloc's
-// own variables. Throws CommError naming the variable and saying how to launch.
+// own variables. Throws ConfigError naming the variable and saying how to launch.
 GlooOptions gloo_options_from_env();
 // The same, reading variables through `lookup` (returns nullptr for an unset variable): tests.
 GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>& lookup);

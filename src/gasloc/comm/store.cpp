@@ -414,9 +414,13 @@ struct StoreClient::Conn {
   }
   std::string where() const { return fmt::format("{}:{}", addr, port); }
 
-  [[noreturn]] void fail(const std::string& what, const std::string& hint) {
+  // The connection is unusable from now on.
+  void close(const std::string& what) {
     broken = what;
     if (fd >= 0) ::close(fd), fd = -1;
+  }
+  [[noreturn]] void fail(const std::string& what, const std::string& hint) {
+    close(what);
     throw CommError(what, hint);
   }
 
@@ -539,10 +543,14 @@ StoreClient::StoreClient(const std::string& addr, int port, std::chrono::millise
   conn_->port = port;
   conn_->connect(timeout);
   const Reply r = conn_->request(StoreOp::kHello, {job.token, job.label}, "the greeting", timeout);
-  if (r.status != StoreStatus::kOk)
-    conn_->fail(fmt::format("refused by the rendezvous store at {}: {}", where(), r.fields.empty() ? "" : r.fields[0]),
-                "two jobs meet on one port: give each its own MASTER_PORT (gasloc launch picks a free one), or start "
-                "every rank of a job with the same configuration and train.run_dir");
+  // Another job's store: the rank's configuration (its port or job) is wrong, not a peer.
+  if (r.status != StoreStatus::kOk) {
+    const std::string what =
+        fmt::format("refused by the rendezvous store at {}: {}", where(), r.fields.empty() ? "" : r.fields[0]);
+    conn_->close(what);
+    throw ConfigError(what, "two jobs meet on one port: give each its own MASTER_PORT (gasloc launch picks a free one), or "
+                            "start every rank of a job with the same configuration and train.run_dir");
+  }
 }
 
 StoreClient::~StoreClient() = default;
