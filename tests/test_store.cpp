@@ -163,7 +163,7 @@ TEST(Store, TheFirstTokenPinsTheJobWhenTheHostGaveNone) {
   StoreServer server({"127.0.0.1", 0, false, {}});
   StoreClient first("127.0.0.1", server.port(), 5s, {"t1", "first"});
   EXPECT_EQ(server.job().token, "t1");
-  EXPECT_THROW(StoreClient("127.0.0.1", server.port(), 5s, {"t2", "second"}), CommError);
+  EXPECT_THROW(StoreClient("127.0.0.1", server.port(), 5s, {"t2", "second"}), ConfigError);
 }
 
 TEST(Store, GarbageClosesThatClientOnlyAndRequestsNeedAGreeting) {
