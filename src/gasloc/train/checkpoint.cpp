@@ -126,6 +126,14 @@ std::vector<int64_t> RunCheckpoints::committed(int rank) const {
   return j["steps"].get<std::vector<int64_t>>();
 }
 
+void RunCheckpoints::record(int rank, const std::vector<int64_t>& steps, const std::string& what) const {
+  try {
+    write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", steps}}).dump() + "\n");
+  } catch (const Error& e) {
+    throw CheckpointError(what + ": " + e.what(), e.hint());
+  }
+}
+
 void RunCheckpoints::commit(int64_t step, int rank) const {
   // The step just written and the newest committed one before it (the fallback). A committed step
   // after `step` belongs to a branch this run abandoned (it resumed from an earlier step): it is
@@ -136,11 +144,7 @@ void RunCheckpoints::commit(int64_t step, int rank) const {
       steps.push_back(s);
       break;
     }
-  try {
-    write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", steps}}).dump() + "\n");
-  } catch (const Error& e) {
-    throw CheckpointError("checkpoint not committed: " + std::string(e.what()), e.hint());
-  }
+  record(rank, steps, "checkpoint not committed");
   // This rank's files of steps it no longer keeps; a step directory goes with its last file.
   std::error_code ec;
   for (const auto& [s, path] : step_dirs(dir_)) {
@@ -188,13 +192,7 @@ std::vector<std::string> RunCheckpoints::repair(int rank) const {
       dropped.push_back(fmt::format("rank {}: committed step {} dropped: {}", rank, s, e.what()));
     }
   }
-  if (!dropped.empty()) {
-    try {
-      write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", kept}}).dump() + "\n");
-    } catch (const Error& e) {
-      throw CheckpointError("cannot repair the commit record: " + std::string(e.what()), e.hint());
-    }
-  }
+  if (!dropped.empty()) record(rank, kept, "cannot repair the commit record");
   std::error_code ec;
   for (const auto& [s, path] : step_dirs(dir_)) {
     if (std::find(kept.begin(), kept.end(), s) != kept.end()) continue;
@@ -211,11 +209,7 @@ std::vector<std::string> RunCheckpoints::repair(int rank) const {
 void RunCheckpoints::rewind(int rank, int64_t step) const {
   std::vector<int64_t> steps = committed(rank);
   std::erase_if(steps, [step](int64_t s) { return s > step; });
-  try {
-    write_file_atomic(dir_ / fmt::format("rank{}.committed", rank), nlohmann::json({{"steps", steps}}).dump() + "\n");
-  } catch (const Error& e) {
-    throw CheckpointError("cannot rewind the commit record: " + std::string(e.what()), e.hint());
-  }
+  record(rank, steps, "cannot rewind the commit record");
   std::error_code ec;
   for (const auto& [s, path] : step_dirs(dir_)) {
     if (s <= step) continue;

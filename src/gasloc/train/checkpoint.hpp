@@ -76,6 +76,8 @@ class RunCheckpoints {
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
+  // Writes this rank's commit record; `what` names the operation in the error.
+  void record(int rank, const std::vector<int64_t>& steps, const std::string& what) const;
   std::filesystem::path run_dir_, dir_;
   int world_;
 };
