@@ -573,6 +573,14 @@ TEST_F(Trainer, AResumeFromAnOlderStepKeepsWhatItWroteAndDropsTheAbandonedBranch
   EXPECT_TRUE(fs::exists(c.file(35, 0)));
   EXPECT_TRUE(fs::exists(c.file(30, 0)));
   EXPECT_FALSE(fs::exists(c.file(40, 0)));
+  // Its evaluation at the step it stopped at is in the metrics (it was printed only).
+  bool eval_at_35 = false;
+  std::ifstream metrics(run / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    eval_at_35 = eval_at_35 || (j["event"] == "eval" && j["step"] == 35);
+  }
+  EXPECT_TRUE(eval_at_35);
   // The next resume continues from 35, and a step never committed is refused, listing the others.
   train::TrainRequest again;
   again.quiet = true;

@@ -179,7 +179,17 @@ class Evaluator {
   }
   void run(int64_t step, EvalPoint& at) {
     at.enter();
-    const EvalResult e = evaluate(step);
+    write(step, evaluate(step));
+  }
+  // A run stopped by train.stop_at between evaluations still evaluates and reports its model at
+  // that step (in metrics.jsonl too: a resumed run keeps the line, as history).
+  void finish(int64_t step) {
+    optim::EvalScope at_x(&w_.optimizer());
+    write(step, evaluate(step));
+  }
+
+ private:
+  void write(int64_t step, const EvalResult& e) {
     if (!e.reports) return;
     const Counters c = s_.counters(rank_, c_, w_.compute_wall_s());
     // The average model exists at the latest worker clock.
@@ -200,13 +210,6 @@ class Evaluator {
                                         : fmt::format("step {:>6} | val_loss {:.4f} (average model) | consensus {:.3e}",
                                                       step, e.val_loss, e.consensus_distance));
   }
-  // A run stopped by train.stop_at between evaluations still reports its model's val_loss.
-  void finish(int64_t step) {
-    optim::EvalScope at_x(&w_.optimizer());
-    evaluate(step);
-  }
-
- private:
   EvalResult evaluate(int64_t step) {
     if (s_.elastic) {  // an elastic Gloo rank: its own model, no collective
       const EvalResult e = s_.elastic->evaluate(w_, *s_.val);
