@@ -15,6 +15,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox                                # plots
   iproute2 procps                            # ss, ip, pgrep: the process and network-namespace tests
+  chromium                                   # headless: the dashboard test draws its page (tests/dashboard_page.sh)
 )
 # `npm pack` fetches the default corpus; some machines ship npm with their own Node.js build.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
@@ -47,6 +48,24 @@ if [ ! -f "$CORPUS_DIR/.complete" ]; then
     echo "setup: WARNING: npm could not fetch nlp-corpus@$CORPUS_VERSION (is the npm registry reachable?)." >&2
     echo "setup: the demo needs it; any corpus works with: build/gasloc prepare --input FILES --out data/default" >&2
   fi
+fi
+
+# The dashboard's chart library (gasloc dashboard, report --html): the npm package uplot (MIT),
+# embedded into the program at build time (cmake/embed_uplot.cmake); nothing is fetched at run time.
+UPLOT_VERSION=1.6.32
+UPLOT_DIR=third_party/uplot
+if [ ! -f "$UPLOT_DIR/.complete" ] || [ "$(cat "$UPLOT_DIR/.complete")" != "$UPLOT_VERSION" ]; then
+  echo "setup: fetching the dashboard's chart library (npm package uplot@$UPLOT_VERSION)"
+  tmp_uplot=$(mktemp -d)
+  if (cd "$tmp_uplot" && npm pack --silent "uplot@$UPLOT_VERSION" >/dev/null 2>&1) && tar -xzf "$tmp_uplot"/uplot-*.tgz -C "$tmp_uplot"; then
+    rm -rf "$UPLOT_DIR" && mkdir -p "$(dirname "$UPLOT_DIR")"
+    mv "$tmp_uplot/package" "$UPLOT_DIR"
+    echo "$UPLOT_VERSION" > "$UPLOT_DIR/.complete"
+  else
+    echo "setup: WARNING: npm could not fetch uplot@$UPLOT_VERSION: gasloc builds without it, but" \
+         "gasloc dashboard and report --html need it (run scripts/setup.sh again when npm works)" >&2
+  fi
+  rm -rf "$tmp_uplot"
 fi
 
 if [ -z "${GASLOC_SKIP_BUILD:-}" ]; then

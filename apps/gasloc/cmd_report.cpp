@@ -2,8 +2,10 @@
 // baseline, consensus distance, bytes sent per worker, virtual time, idle fraction, fewest local
 // steps of any worker, state kept per parameter, and optionally the step and virtual time at
 // which each first reaches a target loss), a validation-loss plot through gnuplot, and every
-// metric line as one CSV. Reading runs is study/run_summary.hpp.
+// metric line as one CSV, and (--html) the dashboard page with the runs inside, as one file. Reading
+// runs is study/run_summary.hpp; the page is study/dashboard.hpp.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -13,6 +15,7 @@
 #include "commands.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/study/dashboard.hpp"
 #include "gasloc/study/plot.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/runs_csv.hpp"
@@ -24,7 +27,7 @@ namespace {
 
 struct ReportOptions {
   std::vector<std::string> runs;
-  std::string plot, target_from, plot_x = "step", csv, title;
+  std::string plot, target_from, plot_x = "step", csv, title, html;
   double target = NAN;
 };
 
@@ -38,6 +41,9 @@ void add_report_options(CLI::App& app, ReportOptions& o) {
   app.add_option("--csv", o.csv,
                  "write every run's train and eval lines to this CSV file (run, event, worker, step, metrics); '-': print "
                  "only the CSV, on stdout (how scripts read metrics)");
+  app.add_option("--html", o.html,
+                 "write the dashboard page of these runs (the charts of `gasloc dashboard`) as one self-contained HTML "
+                 "file: data and chart code inside, opens from disk");
   auto* t = app.add_option("--target", o.target, "add the step and virtual time at which each run first reaches this validation loss");
   app.add_option("--target-from", o.target_from, "like --target, with the final validation loss of this run directory")
       ->excludes(t);
@@ -112,12 +118,25 @@ study::PlotStyle plot_style(const ReportOptions& o, const std::vector<study::Run
   return style;
 }
 
+// The dashboard's page with the runs' data inside (study/dashboard.hpp).
+void write_html(const std::vector<std::string>& dirs, const std::vector<std::string>& names, const std::string& file) {
+  std::vector<study::RunWatch> runs;
+  for (size_t i = 0; i < dirs.size(); ++i) runs.emplace_back(dirs[i], names[i]);
+  study::DashboardPage page;
+  page.title = "gasloc report: " + fmt::format("{}", fmt::join(names, ", "));
+  page.embedded = study::dashboard_json(runs);
+  write_file_atomic(file, study::dashboard_html(page));
+  fmt::print("html: {}\n", fs::absolute(file).string());
+}
+
 int run_report(const ReportOptions& o) {
   if (o.csv == "-") {  // the CSV alone, for a pipe
-    if (!o.plot.empty()) throw Error("report --csv - prints only the CSV", "run --plot as a separate command");
+    if (!o.plot.empty() || !o.html.empty())
+      throw Error("report --csv - prints only the CSV", "run --plot or --html as a separate command");
     fmt::print("{}", study::runs_csv(o.runs, study::run_labels(o.runs)));
     return 0;
   }
+  if (!o.html.empty()) study::require_dashboard_assets();  // before any work
   std::vector<study::RunSummary> reports;
   for (const auto& d : o.runs) reports.push_back(study::read_run_summary(d));
   const std::vector<std::string> names = study::run_labels(o.runs);
@@ -126,6 +145,7 @@ int run_report(const ReportOptions& o) {
     write_file_atomic(o.csv, study::runs_csv(o.runs, names));
     fmt::print("csv: {}\n", fs::absolute(o.csv).string());
   }
+  if (!o.html.empty()) write_html(o.runs, names, o.html);
   if (o.plot.empty()) return 0;
   study::plot_runs(reports, names, o.plot, o.plot_x, plot_style(o, reports));
   fmt::print("plot: {}\n", fs::absolute(o.plot).string());

@@ -17,6 +17,7 @@ Action add_export(CLI::App& app);
 Action add_eval(CLI::App& app);
 Action add_generate(CLI::App& app);
 Action add_report(CLI::App& app);
+Action add_dashboard(CLI::App& app);
 Action add_launch(CLI::App& app);
 Action add_comm_check(CLI::App& app);
 Action add_store(CLI::App& app);

@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   add("train", "train a model from a TOML job file", gasloc::app::add_train);
   add("model-info", "print a preset's shapes, parameter count and FLOPs per token", gasloc::app::add_model_info);
   add("report", "compare finished runs: a table and a validation-loss plot", gasloc::app::add_report);
+  add("dashboard", "follow runs live in a browser: losses, consensus, bytes sent, utilization, failures",
+      gasloc::app::add_dashboard);
   add("export", "export a run's model (average of its workers, or one) as Hugging Face safetensors + tokenizer",
       gasloc::app::add_export);
   add("eval", "loss, perplexity and bits per byte of a run's model or an export on a prepared dataset",
