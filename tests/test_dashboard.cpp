@@ -109,6 +109,24 @@ TEST(Dashboard, SeriesPerWorkerAndEvaluations) {
   EXPECT_TRUE(j["views"].empty());
 }
 
+// A dead worker (or one its local-step budget skipped) still logs lines, repeating its last
+// loss: the chart shows a gap there, not a flat stretch of training.
+TEST(Dashboard, StepsNotComputedAreGapsInTheTrainingLoss) {
+  const fs::path dir = make_run("skipped", 1, 30);
+  append(dir, line_of(train_line(10, 0, 4.0)));
+  train::TrainEvent dead = train_line(20, 0, 4.0);
+  dead.computed = false;
+  append(dir, line_of(dead));
+  append(dir, line_of(train_line(30, 0, 3.5)));
+  const json j = json::parse(watch_once(dir).dump());  // as the page receives it
+  const json& loss = j["workers"]["0"]["train_loss"];
+  ASSERT_EQ(loss.size(), 3u);
+  EXPECT_EQ(loss[0], 4.0);
+  EXPECT_TRUE(loss[1].is_null());
+  EXPECT_EQ(loss[2], 3.5);
+  EXPECT_EQ(doubles(j["workers"]["0"]["mb_sent"]), (std::vector<double>{10, 20, 30}));  // still counted
+}
+
 TEST(Dashboard, ViewChangesAndElasticMembers) {
   const fs::path dir = make_run("elastic", 3, 40);
   append(dir, line_of(train_line(10, 0, 4.0)));

@@ -160,7 +160,9 @@ void RunWatch::add(const train::MetricsEvent& event) {
     WorkerSeries& w = workers_[t->worker];
     w.step.push_back(static_cast<double>(t->step));
     w.time.push_back(t->virtual_time_s);
-    w.train_loss.push_back(t->train_loss);
+    // A line of a step this worker did not compute (dead, or skipped by its local-step budget)
+    // repeats its last loss: a gap, not a flat stretch that looks like training.
+    w.train_loss.push_back(t->computed ? t->train_loss : std::numeric_limits<double>::quiet_NaN());
     w.mb_sent.push_back(static_cast<double>(t->bytes_sent) / 1e6);
     w.utilization.push_back(t->utilization.value_or(std::numeric_limits<double>::quiet_NaN()));
     last_step_ = std::max(last_step_, t->step);

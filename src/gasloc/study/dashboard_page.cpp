@@ -104,7 +104,9 @@ function yTicks(u, splits) {
 function alignedData(spec) {
   const curves = spec.curves.filter(c => c.x.length > 0 && c.y.some(v => v !== null));
   if (curves.length === 0) return null;
-  const data = uPlot.join(curves.map(c => [c.x, c.y]));
+  // A curve's own nulls (a step its worker did not compute) are kept as gaps; the holes join
+  // leaves where only another curve has a point are undefined, which uPlot draws across.
+  const data = uPlot.join(curves.map(c => [c.x, c.y]), curves.map(c => [1]));
   if (typeof spec.baseline === "number") data.push(data[0].map(() => spec.baseline));
   return { curves, data };
 }
@@ -112,7 +114,7 @@ function alignedData(spec) {
 function plotOptions(spec, curves, width, views) {
   const series = [{ label: xMode === "step" ? "step" : "time (s)" }];
   for (const c of curves)
-    series.push({ label: c.label, stroke: c.color, width: c.width, dash: c.dash, spanGaps: true, points: { show: false } });
+    series.push({ label: c.label, stroke: c.color, width: c.width, dash: c.dash, spanGaps: false, points: { show: false } });
   if (typeof spec.baseline === "number")
     series.push({ label: "unigram baseline", stroke: "#888", width: 1.5, dash: [8, 4], points: { show: false } });
   return {
