@@ -197,14 +197,11 @@ std::unique_ptr<Cluster> make_cluster(const ClusterOptions& o) {
   po.job = o.job;
   po.store_all_interfaces = o.store_all_interfaces;
   if (o.handed_in) po.agent_store = false;  // gasloc launch hosts gasloc's store, not torchrun's
+  if (o.throttle) po.bandwidth_limit_Bps = o.network(po.world).bandwidth(po.rank);
   if (o.elastic) {
-    if (o.throttle)
-      throw ConfigError("network.throttle_gloo: elastic Gloo runs do not throttle their links yet",
-                        "leave network.throttle_gloo = false, or shape real links (gasloc launch --netns)");
     po.connect_only = true;  // gasloc launch hosts the store and its roster
     return std::make_unique<ElasticProcessCluster>(std::make_unique<ElasticGlooComm>(po, o.incarnation, o.join, o.heartbeat_timeout_s), po.local_world);
   }
-  if (o.throttle) po.bandwidth_limit_Bps = o.network(po.world).bandwidth(po.rank);
   return process_cluster(make_process_group(o.backend, po));
 }
 

@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <csignal>
 #include <mutex>
 #include <map>
@@ -12,6 +11,7 @@
 
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/heartbeat.hpp"
+#include "gasloc/comm/pair_transfer.hpp"
 #include "gasloc/comm/roster_host.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -21,12 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-
-constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc", as the fixed-world exchange's headers
-constexpr int kHeader = 0, kPayload = 1;
-constexpr const char* kSentNothing = "sent nothing";
 constexpr double kConnectTimeoutS = 10.0;
-int make_tag(uint32_t n, int kind) { return static_cast<int>(((n & 0x0FFFFFFFu) << 2) | kind); }
 
 // The keys of one pair group, under a prefix naming both incarnations; a wait for the peer's keys
 // ends early, with an error, once the roster says the peer is gone (a group is never made with a
@@ -83,15 +78,7 @@ class PairStore final : public c10d::Store {
 struct PairGroup {
   c10::intrusive_ptr<C10dBackend> pg;
   int64_t peer_inc = 0;
-  uint32_t transfers = 0;  // both ends count the transfers they did together
-};
-
-// One posted send and receive with a peer.
-struct Transfer {
-  int peer = -1;
-  PairGroup* group = nullptr;
-  c10::intrusive_ptr<c10d::Work> send, recv;
-  std::string failed;  // empty while it is fine
+  uint32_t calls = 0;  // both ends count the calls they made together (pair_transfer.hpp)
 };
 
 }  // namespace
@@ -109,6 +96,7 @@ struct ElasticGlooComm::Impl {
   // on its way out of the views (the store host declares it dead, or kills it as a suspect).
   std::map<int, int64_t> broken;
   CommStats stats;
+  std::unique_ptr<LinkLimit> limit;  // network.throttle_gloo
   Clock::time_point t0 = Clock::now();
   std::unique_ptr<Heartbeat> heartbeat;  // last: stops first
 
@@ -133,176 +121,79 @@ struct ElasticGlooComm::Impl {
       PairGroup g{gloo_group(o, ps, o.rank == lo ? 0 : 1, 2, std::min(o.timeout_s, kConnectTimeoutS)), peer_inc, 0};
       return &groups.emplace(peer, std::move(g)).first->second;
     } catch (const std::exception& e) {
-      why = first_line(e.what());
+      why = backend_error(e);
       return nullptr;
     }
   }
 
-  // A transfer with `peer` failed; swap() drops its group once the transfers are released (a
-  // Gloo group is unusable after a failed wait) and reports the peer if it still looks alive.
-  static void failed(Transfer& t, const std::string& why) {
-    if (t.failed.empty()) t.failed = why.empty() ? "failed" : why;
-  }
-
   // After a round's transfers: a peer whose link failed while the roster still lists it alive a
   // moment later is reported, and the launcher fences it (kills it; it restarts and rejoins).
-  void report(const Transfer& t) {
+  void report(int peer, const std::string& why) {
     // A rank declared dead itself (stopped past the heartbeat timeout) sees its links fail because
     // its peers left it: it is out of the next view, and must not blame them.
     if (roster->gone(o.rank, inc)) return;
-    const int64_t peer_inc = roster->incarnation_of(t.peer);
+    const int64_t peer_inc = roster->incarnation_of(peer);
     for (int n = 0; n < 20; ++n) {
-      if (roster->gone(t.peer, peer_inc)) return;
+      if (roster->gone(peer, peer_inc)) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    spdlog::warn("rank {}: the link to rank {} failed ({}) while rank {} is alive; reporting it", o.rank, t.peer, t.failed, t.peer);
-    roster->suspect(t.peer, peer_inc);
+    spdlog::warn("rank {}: the link to rank {} failed ({}) while rank {} is alive; reporting it", o.rank, peer, why, peer);
+    roster->suspect(peer, peer_inc);
   }
-
-  void wait(Transfer& t, c10::intrusive_ptr<c10d::Work>& w, Clock::time_point deadline) {
-    if (!t.failed.empty() || !w) return;
-    const auto left = std::max(std::chrono::milliseconds(1),
-                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-    std::string why;
-    try {
-      if (w->wait(left)) return;
-      why = "aborted";
-    } catch (const std::exception& e) {
-      why = first_line(e.what());
-    }
-    failed(t, why);
-  }
-
-  // Posts one send of `out` and one receive into in[k] per transfer, then waits for them all.
-  void round_trip(std::vector<Transfer>& ts, const torch::Tensor& out, std::vector<torch::Tensor>& in, int kind) {
-    for (size_t k = 0; k < ts.size(); ++k) {
-      auto& t = ts[k];
-      if (!t.failed.empty()) continue;
-      const int other = o.rank < t.peer ? 1 : 0;
-      const int tag = make_tag(t.group->transfers++, kind);
-      try {
-        std::vector<at::Tensor> r{in[k]}, s{out};
-        t.recv = t.group->pg->recv(r, other, tag);
-        t.send = t.group->pg->send(s, other, tag);
-      } catch (const std::exception& e) {
-        failed(t, first_line(e.what()));
-      }
-    }
-    const auto deadline = Clock::now() + timeout;
-    const AbortWatch watch(*this, ts);
-    for (auto& t : ts) wait(t, t.recv, deadline);
-    for (auto& t : ts) wait(t, t.send, deadline);
-  }
-
-  // While a round's transfers wait, a thread reads the roster (over a connection of its own) and
-  // aborts the waits on a peer it lists as gone: a peer cut off by a dead link sends no reset,
-  // and its partners would otherwise wait for the whole timeout after the launcher killed it. A
-  // Gloo wait cannot be cut short by a timeout without closing its group, so it is aborted.
-  class AbortWatch {
-   public:
-    AbortWatch(Impl& I, const std::vector<Transfer>& ts) {
-      for (const auto& t : ts)
-        if (t.failed.empty()) watched_.push_back({t.peer, I.roster->incarnation_of(t.peer), t.send, t.recv});
-      if (watched_.empty() || !I.watch_roster) return;
-      thread_ = std::thread([this, &I] { run(*I.watch_roster); });
-    }
-    ~AbortWatch() {
-      {
-        std::lock_guard lk(mu_);
-        done_ = true;
-      }
-      cv_.notify_all();
-      if (thread_.joinable()) thread_.join();
-    }
-    AbortWatch(const AbortWatch&) = delete;
-    AbortWatch& operator=(const AbortWatch&) = delete;
-
-   private:
-    struct Watched {
-      int peer;
-      int64_t inc;
-      c10::intrusive_ptr<c10d::Work> send, recv;  // held here too: aborted only while alive
-    };
-    void run(ElasticRoster& roster) {
-      std::unique_lock lk(mu_);
-      while (!cv_.wait_for(lk, std::chrono::milliseconds(250), [this] { return done_; })) {
-        lk.unlock();
-        for (auto& w : watched_) {
-          bool gone = false;
-          try {
-            gone = roster.gone(w.peer, w.inc);
-          } catch (const std::exception&) {
-            // The store does not answer now: the wait's own timeout still bounds it.
-          }
-          if (!gone) continue;
-          if (w.recv) w.recv->abort();
-          if (w.send) w.send->abort();
-        }
-        lk.lock();
-      }
-    }
-    std::vector<Watched> watched_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool done_ = false;
-    std::thread thread_;
-  };
 
   // Sends `send` to every peer and receives theirs; a failed peer's entry stays undefined.
   std::vector<torch::Tensor> swap(const std::vector<int>& peers, const torch::Tensor& send);
 };
 
 std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& peers, const torch::Tensor& send) {
-  std::vector<Transfer> ts(peers.size());
+  std::vector<PeerResult> results(peers.size());
   // Groups form in ascending pair order: with one order for every rank no cycle of waits forms.
   std::vector<size_t> order(peers.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
+  std::vector<size_t> linked;  // peers[linked[i]] is links[i]
+  std::vector<PairLink> links;
   for (size_t k : order) {
-    ts[k].peer = peers[k];
     std::string why;
-    ts[k].group = group(peers[k], why);
-    if (!ts[k].group) failed(ts[k], why);  // never arrived: reported too, unless it is gone
-  }
-  const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
-  const torch::Tensor header = torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, i64);
-  std::vector<torch::Tensor> headers(peers.size());
-  for (auto& h : headers) h = torch::zeros({3}, i64);
-  round_trip(ts, header, headers, kHeader);
-  for (size_t k = 0; k < ts.size(); ++k) {
-    if (!ts[k].failed.empty()) continue;
-    const auto h = headers[k].accessor<int64_t, 1>();
-    // A rank that sends nothing stands by (it does not mix this round): an edge that carries nothing.
-    if (h[0] == kMagic && (h[1] == 0 || send.numel() == 0)) {
-      ts[k].failed = kSentNothing;
+    PairGroup* g = group(peers[k], why);
+    if (!g) {
+      results[k] = {PeerOutcome::failed, false, why};  // never arrived: reported too, unless it is gone
       continue;
     }
-    if (h[0] != kMagic || h[1] != send.numel() || h[2] != static_cast<int64_t>(send.scalar_type()))
-      throw CommError(fmt::format("rank {}: exchange with rank {}: rank {} sends {} elements of dtype #{} but this rank {}",
-                                  o.rank, peers[k], peers[k], h[1], h[2], send.numel()),
-                      "both ends of a link must run the same job (model, algorithm and wire dtype)");
+    linked.push_back(k);
+    links.push_back({peers[k], g->pg.get(), o.rank < peers[k] ? 1 : 0, &g->calls});
   }
-  std::vector<torch::Tensor> got(peers.size());
-  for (auto& g : got) g = torch::empty_like(send, torch::MemoryFormat::Contiguous);
-  if (send.numel() > 0) round_trip(ts, send, got, kPayload);
-  const auto nbytes = static_cast<int64_t>(send.numel() * send.element_size());
-  for (size_t k = 0; k < ts.size(); ++k) {
-    auto& t = ts[k];
-    if (t.failed.empty()) {
-      stats.bytes_sent += nbytes;
-      stats.bytes_received += nbytes;
-      continue;
+  std::vector<torch::Tensor> got(peers.size()), into(links.size());
+  for (auto& t : into) t = torch::empty_like(send, torch::MemoryFormat::Contiguous);
+  PairTransferOptions po;
+  po.rank = o.rank;
+  po.timeout = timeout;
+  po.stand_by_on_empty = true;
+  po.limit = limit.get();
+  // A peer cut off by a dead link sends no reset: its waits end once the roster lists it gone
+  // (read over the abort watch's own connection), not at the timeout.
+  if (watch_roster)
+    po.gone = [this](int peer) { return watch_roster->gone(peer, roster->incarnation_of(peer)); };
+  int64_t moved = 0;
+  const std::vector<PeerResult> linked_results = transfer_pairs(links, send, into, po, &moved);
+  for (size_t i = 0; i < links.size(); ++i) {
+    results[linked[i]] = linked_results[i];
+    if (linked_results[i].outcome == PeerOutcome::received) got[linked[i]] = into[i];
+  }
+  stats.bytes_sent += moved;
+  stats.bytes_received += moved;
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const PeerResult& r = results[k];
+    if (r.outcome == PeerOutcome::mismatch)
+      throw CommError(r.why, "both ends of a link must run the same job (model, algorithm and wire dtype)");
+    if (r.outcome != PeerOutcome::failed) continue;
+    // A Gloo group is unusable after a failed wait: dropped, and never formed again with this
+    // incarnation (the works that referred to its buffers are released already).
+    if (const auto g = groups.find(peers[k]); g != groups.end()) {
+      broken[peers[k]] = g->second.peer_inc;
+      groups.erase(g);
     }
-    got[k] = torch::Tensor();
-    if (t.failed == kSentNothing) continue;  // the peer stands by: its link is fine
-    // The works refer to the group's buffers: released before the group.
-    t.send.reset();
-    t.recv.reset();
-    if (t.group) {
-      broken[t.peer] = t.group->peer_inc;
-      groups.erase(t.peer);
-    }
-    report(t);
+    report(peers[k], r.why);
   }
   return got;
 }
@@ -314,6 +205,7 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool
   I.o = o;
   I.inc = incarnation;
   I.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  I.limit = std::make_unique<LinkLimit>(o.bandwidth_limit_Bps);
   if (o.agent_store)
     throw CommError("cluster.elastic over Gloo needs gasloc's store: start the ranks with `gasloc launch --elastic`",
                     "torchrun's agent store has no roster of incarnations");

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gasloc/comm/network_model.hpp"
+#include "gasloc/comm/pair_transfer.hpp"
 #include "gasloc/comm/token_bucket.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -34,15 +35,6 @@ std::string dtype_name(c10::ScalarType t) {
 }
 
 std::string secs(double s) { return fmt::format("{:g} s", s); }
-
-// Tags keep exchange rounds apart: each pair of ranks counts the exchanges it did together (both
-// ends count the same), and the tag carries that count and the message kind. Gloo's collectives
-// use slots with a non-zero prefix, so these small tags never collide with them; NCCL ignores
-// tags and matches a pair's transfers in order, which the count follows too.
-constexpr int kHeader = 0, kPayload = 1;
-int make_tag(uint32_t pair_round, int kind) { return static_cast<int>(((pair_round & 0x0FFFFFFFu) << 2) | kind); }
-
-constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc": a header that is not ours is a bug, not data
 
 // How a wait ended badly.
 struct WaitFailure {
@@ -80,9 +72,10 @@ struct ProcessGroupComm::Impl {
   // Declared before backend so that it is destroyed after it: rank 0's store must outlive the group.
   c10::intrusive_ptr<c10d::Store> store;
   BuiltBackend built;
-  std::vector<uint32_t> pair_round;  // exchanges done with each peer
-  TokenBucket send_bucket, recv_bucket;
-  std::mutex bucket_mu;  // an overlapped exchange's thread takes from them beside the control channel
+  // Exchanges done with each peer (pair_transfer.hpp's tags; Gloo's collectives use slots with a
+  // non-zero prefix, so these small tags never collide with them).
+  std::vector<uint32_t> pair_calls;
+  std::unique_ptr<LinkLimit> limit;  // network.throttle_gloo: shared with an overlapped exchange's thread
   CommStats stats;
   std::string broken;  // the first error; the group is unusable after it
   mutable std::mutex broken_mu;  // an overlapped exchange's thread may fail beside the worker
@@ -260,31 +253,6 @@ struct ProcessGroupComm::Impl {
     }
   }
 
-  // The headers received from `peers` must be ours and announce the buffer this rank sends: both
-  // ends of a link exchange the same size and dtype, or both fail naming both ranks.
-  void check_headers(const std::vector<int>& peers, const std::vector<torch::Tensor>& headers, const torch::Tensor& send) {
-    const int me = o.rank;
-    for (size_t k = 0; k < peers.size(); ++k) {
-      const auto h = headers[k].cpu();
-      const auto hv = h.accessor<int64_t, 1>();
-      const auto dt = static_cast<c10::ScalarType>(hv[2]);
-      if (hv[0] != kMagic)
-        fail(fmt::format("rank {}: exchange with rank {}: received a malformed header (is rank {} running another "
-                         "program or version?)",
-                         me, peers[k], peers[k]),
-             peers[k]);
-      if (hv[1] == send.numel() && dt == send.scalar_type()) continue;
-      // Lower rank first, so both ends print the same sentence.
-      std::string a = fmt::format("rank {} sends {} {} elements", me, send.numel(), dtype_name(send.scalar_type()));
-      std::string b = fmt::format("rank {} sends {} {} elements", peers[k], hv[1], dtype_name(dt));
-      if (peers[k] < me) std::swap(a, b);
-      fail(fmt::format("rank {}: exchange with rank {}: {} but {}; both ends of a link must exchange buffers of the same "
-                       "size and dtype",
-                       me, peers[k], a, b),
-           peers[k]);
-    }
-  }
-
   // Where a payload from a peer lands: the caller's tensor when it fits and nothing else refers
   // to it or its storage (the in-process backend hands out fresh tensors, and a caller keeping
   // last round's must not see them overwritten), else a fresh one.
@@ -293,17 +261,6 @@ struct ProcessGroupComm::Impl {
                           r.is_contiguous() && r.device() == send.device() && r.use_count() == 1 &&
                           r.storage().use_count() == 1 && r.storage_offset() == 0;
     return reusable ? r : torch::empty_like(send, torch::MemoryFormat::Contiguous);
-  }
-
-  // Seconds until the limited link has carried these bytes (0 without a limit).
-  double take_bandwidth(double send_bytes, double recv_bytes) {
-    std::lock_guard lock(bucket_mu);
-    return std::max(send_bucket.take(send_bytes), recv_bucket.take(recv_bytes));
-  }
-
-  void sleep_for_bandwidth(double send_bytes, double recv_bytes) {
-    const double d = take_bandwidth(send_bytes, recv_bytes);
-    if (d > 0) std::this_thread::sleep_for(std::chrono::duration<double>(d));
   }
 
   // Every rank must reduce or broadcast the same numel and dtype: gather (numel, dtype) from all
@@ -350,9 +307,8 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
   auto& I = *impl_;
   I.o = o;
   I.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  I.pair_round.assign(o.world, 0);
-  I.send_bucket = TokenBucket(o.bandwidth_limit_Bps);
-  I.recv_bucket = TokenBucket(o.bandwidth_limit_Bps);
+  I.pair_calls.assign(o.world, 0);
+  I.limit = std::make_unique<LinkLimit>(o.bandwidth_limit_Bps);
   I.store = join_store(o);
   I.arrivals = Arrivals(I.store, o.rank, o.world);
   I.built = build(o, I.store);
@@ -388,102 +344,44 @@ void ProcessGroupComm::record_own_failure(const std::string& what) {
 CommStats ProcessGroupComm::stats() const { return impl_->stats; }
 double ProcessGroupComm::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
 
-namespace {
-
-// One exchange's transfers with its peers. Each phase posts one send and one receive per peer in
-// the order the backend needs (BuiltBackend::pairs_in_order), then waits for every receive and
-// every send; the first wait that fails names the peer the failure is blamed on.
-class PairTransfers {
- public:
-  PairTransfers(ProcessGroupComm::Impl& I, const std::vector<int>& peers, std::vector<int> tags)
-      : I_(I), peers_(peers), tags_(std::move(tags)), order_(peers.size()), recv_w_(peers.size()), send_w_(peers.size()) {
-    std::iota(order_.begin(), order_.end(), size_t{0});
-    if (I.built.pairs_in_order)
-      std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return peers[a] < peers[b]; });
-  }
-
-  void run(const torch::Tensor& out, std::vector<torch::Tensor>& in, int kind) {
-    const int me = I_.o.rank;
-    if (I_.built.pairs_in_order) {
-      for (size_t k : order_) {
-        if (me < peers_[k]) post_send(k, out, kind), post_recv(k, in, kind);
-        else post_recv(k, in, kind), post_send(k, out, kind);
-      }
-    } else {
-      for (size_t k : order_) post_recv(k, in, kind);
-      for (size_t k : order_) post_send(k, out, kind);
-    }
-    const auto deadline = Clock::now() + I_.timeout;
-    for (size_t k : order_) I_.wait(recv_w_[k], deadline, describe_for(peers_[k]), peers_[k]);
-    for (size_t k : order_) I_.wait(send_w_[k], deadline, describe_for(peers_[k]), peers_[k]);
-  }
-
- private:
-  std::string failed(int p, const std::string& detail) const {
-    return fmt::format("rank {}: exchange with rank {} failed: {} (rank {} may have died)", I_.o.rank, p, detail, p);
-  }
-  std::function<std::string(bool, const std::string&)> describe_for(int p) const {
-    return [this, p](bool timed_out, const std::string& detail) {
-      return timed_out ? fmt::format("rank {}: exchange with rank {} timed out after {} (rank {} may have died, be stuck, "
-                                     "or not list rank {} among its peers)",
-                                     I_.o.rank, p, secs(I_.o.timeout_s), p, I_.o.rank)
-                       : failed(p, detail);
-    };
-  }
-  void post_send(size_t k, const torch::Tensor& out, int kind) {
-    std::vector<at::Tensor> s{out};
-    send_w_[k] = I_.post([&] { return I_.pg().send(s, peers_[k], tags_[k] | kind); },
-                         [&](const std::string& d) { return failed(peers_[k], d); }, peers_[k]);
-  }
-  void post_recv(size_t k, std::vector<torch::Tensor>& in, int kind) {
-    std::vector<at::Tensor> r{in[k]};
-    recv_w_[k] = I_.post([&] { return I_.pg().recv(r, peers_[k], tags_[k] | kind); },
-                         [&](const std::string& d) { return failed(peers_[k], d); }, peers_[k]);
-  }
-
-  ProcessGroupComm::Impl& I_;
-  const std::vector<int>& peers_;
-  const std::vector<int> tags_;
-  std::vector<size_t> order_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> recv_w_, send_w_;
-};
-
-}  // namespace
-
 int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const torch::Tensor& send_in,
                                          std::vector<torch::Tensor>& recv, bool into) {
   OnDevice on(dev());
   Idle idle{*this};
   const torch::Tensor send = staged(send_in, send_in.scalar_type());
   const bool on_other_device = send_in.device() != dev();
-  std::vector<int> tags(peers.size());
-  for (size_t k = 0; k < peers.size(); ++k) tags[k] = make_tag(pair_round[peers[k]]++, 0);
-  PairTransfers transfers(*this, peers, std::move(tags));
-
-  // 1. Headers. Each side learns the other's size.
-  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev());
-  const torch::Tensor my_header =
-      torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, torch::kInt64).to(dev());
-  std::vector<torch::Tensor> headers(peers.size());
-  for (auto& h : headers) h = torch::zeros({3}, i64);
-  transfers.run(my_header, headers, kHeader);
-  check_headers(peers, headers, send);
-
-  // 2. Payload. A rank with a bandwidth limit starts it late, as its slow link would finish late.
-  const auto n = static_cast<int64_t>(peers.size());
-  const double nbytes = static_cast<double>(send.numel() * send.element_size());
-  sleep_for_bandwidth(n * nbytes, n * nbytes);
+  std::vector<PairLink> links;
+  for (int p : peers) links.push_back({p, built.backend.get(), p, &pair_calls[p]});
   std::vector<torch::Tensor> got(peers.size());
   for (size_t k = 0; k < peers.size(); ++k)
     got[k] = on_other_device ? torch::empty_like(send, torch::MemoryFormat::Contiguous)
                              : (into ? recv[k] : receive_buffer(recv[k], send));
-  if (send.numel() > 0) transfers.run(send, got, kPayload);
+  PairTransferOptions po;
+  po.rank = o.rank;
+  po.timeout = timeout;
+  po.pairs_in_order = built.pairs_in_order;
+  po.fail_fast = true;  // a fixed world fails whole: the first failure is the one to name
+  po.device = dev();
+  po.limit = limit.get();
+  int64_t moved = 0;
+  const std::vector<PeerResult> results = transfer_pairs(links, send, got, po, &moved);
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const PeerResult& r = results[k];
+    const int p = peers[k];
+    if (r.outcome == PeerOutcome::mismatch) fail(r.why, p);
+    if (r.outcome != PeerOutcome::failed) continue;
+    fail(r.timed_out ? fmt::format("rank {}: exchange with rank {} timed out after {} (rank {} may have died, be stuck, "
+                                   "or not list rank {} among its peers)",
+                                   o.rank, p, secs(o.timeout_s), p, o.rank)
+                     : fmt::format("rank {}: exchange with rank {} failed: {} (rank {} may have died)", o.rank, p, r.why, p),
+         p, r.timed_out);
+  }
   // A staged send gets its tensors back where it was (fresh ones, like the in-process backend).
   for (size_t k = 0; k < peers.size(); ++k) {
     if (into && on_other_device) recv[k].copy_(got[k]);
     else if (!into) recv[k] = on_other_device ? got[k].to(send_in.device()) : got[k];
   }
-  return n * static_cast<int64_t>(nbytes);
+  return moved;
 }
 
 void ProcessGroupComm::Impl::check_reduce_input(const torch::Tensor& t) const {
@@ -505,9 +403,9 @@ ProcessGroupComm::Impl::PostedReduce ProcessGroupComm::Impl::post_all_reduce(con
   const auto wire = static_cast<double>(p.wire);
   if (overlapped)
     p.ready = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                                 take_bandwidth(wire, wire)));
+                                 limit->take(wire, wire)));
   else
-    sleep_for_bandwidth(wire, wire);
+    limit->pay(wire, wire);
   // Half-precision buffers are summed in fp32: fewer rounding steps than the backend's fp16 sum.
   const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
   p.buf = staged(t, upcast ? torch::kFloat : t.scalar_type());
@@ -632,7 +530,7 @@ void ProcessGroupComm::broadcast(torch::Tensor& t, int root) {
   const double nbytes = static_cast<double>(t.numel() * t.element_size());
   const int pos = (me - root + I.o.world) % I.o.world;
   const double sent = pos < I.o.world - 1 ? nbytes : 0.0, received = pos > 0 ? nbytes : 0.0;
-  I.sleep_for_bandwidth(sent, received);
+  I.limit->pay(sent, received);
   torch::Tensor buf = I.staged(t, t.scalar_type());
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions bo;

@@ -1,6 +1,7 @@
 #include "gasloc/comm/token_bucket.hpp"
 
 #include <algorithm>
+#include <thread>
 
 namespace gasloc::comm {
 
@@ -21,6 +22,16 @@ double TokenBucket::take(double bytes) {
   tokens_ -= bytes;
   // A negative balance is repaid by the refill while the caller waits.
   return tokens_ < 0 ? -tokens_ / rate_ : 0.0;
+}
+
+double LinkLimit::take(double send_bytes, double recv_bytes) {
+  std::lock_guard lock(mu_);
+  return std::max(send_.take(send_bytes), recv_.take(recv_bytes));
+}
+
+void LinkLimit::pay(double send_bytes, double recv_bytes) {
+  const double d = take(send_bytes, recv_bytes);
+  if (d > 0) std::this_thread::sleep_for(std::chrono::duration<double>(d));
 }
 
 }  // namespace gasloc::comm

@@ -5,6 +5,7 @@
 // average throughput never exceeds the rate. rate 0 = unlimited.
 #pragma once
 #include <chrono>
+#include <mutex>
 
 namespace gasloc::comm {
 
@@ -18,6 +19,21 @@ class TokenBucket {
  private:
   double rate_, burst_, tokens_;
   std::chrono::steady_clock::time_point last_;
+};
+
+// A rank's link: one bucket for what it sends, one for what it receives, shared by the worker's
+// thread and an overlapped transfer's (hence the lock).
+class LinkLimit {
+ public:
+  explicit LinkLimit(double rate_Bps = 0) : send_(rate_Bps), recv_(rate_Bps) {}
+  // Seconds until the link has carried these bytes (0 without a limit).
+  double take(double send_bytes, double recv_bytes);
+  // take(), then sleeps that long.
+  void pay(double send_bytes, double recv_bytes);
+
+ private:
+  std::mutex mu_;
+  TokenBucket send_, recv_;
 };
 
 }  // namespace gasloc::comm
