@@ -2,7 +2,7 @@
 # Elastic Gloo runs under `gasloc launch --elastic` (docs/training.md, "Elastic runs over Gloo"):
 #  1. without a failure, 4 elastic Gloo ranks train exactly as the in-process reference: the same
 #     training losses bit for bit for GASLoC-2peer (pair groups), DiLoCo (its all-reduce over pair
-#     groups sums in id order, as the reference does) and DAdam (a round every step);
+#     groups sums in id order, as the reference does) and DAdam (a round every step); and with network.throttle_gloo, held to its links' limit;
 #  2. GASLoC-1peer with a rank SIGKILLed mid-run: the others never stop (none is restarted), the rank leaves the
 #     view, restarts, takes a donor's state and finishes; every rank ends at the last step with
 #     its final checkpoint committed;
@@ -47,6 +47,19 @@ same_bits() {
 same_bits gasloc2 --set algo.name=gasloc --set algo.topology=2peer
 same_bits diloco --set algo.name=diloco
 same_bits dadam --set algo.name=dadam --set algo.topology=2peer --set algo.H=1
+# network.throttle_gloo holds each rank's pair links to network.bandwidth_gbit: the same bits, and
+# at least the time the limit asks for. 4 rounds of a payload to 2 peers each way at 1.25 MB/s;
+# the token bucket makes a rank wait at least that long in all (a lower bound, never flaky).
+same_bits throttled --set algo.name=gasloc --set algo.topology=2peer --set network.throttle_gloo=true \
+  --set network.bandwidth_gbit=0.01
+payload=$(metric_rows throttled-gloo train worker step bytes_sent | awk '$1 == 0 && $2 == 5 { print $3 }')
+[ -n "$payload" ] && [ "$payload" -gt 0 ] || fail "throttled: no bytes sent by worker 0 after its first round"
+while read -r worker idle sent; do
+  # bytes_sent counts what this rank sent; its peers sent it as much, and both directions pay.
+  awk -v i="$idle" -v b="$sent" 'BEGIN { exit !(i >= 0.9 * b / 1.25e6) }' ||
+    fail "throttled: worker $worker sent $sent bytes in $idle s of waiting, under the 1.25 MB/s limit's $(awk -v b="$sent" 'BEGIN { print b / 1.25e6 }') s"
+done < <(metric_rows throttled-gloo train worker step idle_s bytes_sent | awk '$2 == 20 { print $1, $3, $4 }')
+echo "gloo_elastic (throttled): the same bits, every rank held to the link's limit ($payload bytes a round to its peers)"
 
 # Ctrl+C to the launcher: every rank stops at the step agreed in the store, and --resume continues
 # each from its own checkpoint, bit for bit as the uninterrupted run.
