@@ -372,6 +372,42 @@ TEST(GlooThreads, OverlappedExchangeFailureSurfacesAtWait) {
   EXPECT_NE(errors[0].find("already failed"), std::string::npos) << errors[0];
 }
 
+// completed() turns true once the transfer has landed, without wait(); abort() of an exchange
+// whose peer never comes ends its wait within a moment (not at the 20 s timeout), and wait()
+// says it was aborted.
+TEST(GlooThreads, OverlappedExchangeCompletesOrIsAbortedAtOnce) {
+  std::atomic<bool> aborted{false};
+  expect_no_errors(run_gloo(
+      2,
+      [&](int r, Communicator& c) {
+        std::vector<torch::Tensor> recv;
+        auto pending = c.start_exchange({1 - r}, message(r, 0, 1000), recv);
+        const auto t0 = Clock::now();
+        while (!pending->completed() && since(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_TRUE(pending->completed());
+        pending->wait();
+        EXPECT_TRUE(torch::equal(recv[0], message(1 - r, 0, 1000)));
+        if (r == 1) {  // never takes part in the next exchange
+          while (!aborted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return;
+        }
+        auto lonely = c.start_exchange({1}, message(0, 1, 1000), recv);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        EXPECT_FALSE(lonely->completed());
+        const auto t1 = Clock::now();
+        lonely->abort();
+        try {
+          lonely->wait();
+          ADD_FAILURE() << "an aborted exchange's wait() succeeded";
+        } catch (const CommError& e) {
+          EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+        }
+        EXPECT_LT(since(t1), 5.0);  // the timeout is 20 s: ended by the abort
+        aborted = true;
+      },
+      20));
+}
+
 // A process rank's control channel (evaluation, metrics) is the same group, but what it sends
 // and waits is not in comm(r).stats(): both backends report the algorithm's traffic alone.
 TEST(GlooThreads, ControlChannelIsNotCounted) {

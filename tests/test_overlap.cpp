@@ -295,6 +295,34 @@ TEST(OverlapClock, AHiddenTransferCostsNothingALongerOneItsExcess) {
   EXPECT_NEAR(blocking.clock(0), 1.7, 1e-12);
 }
 
+// Pending::completed() on the virtual clock: not before the link's end (C = 1 s), then yes; an
+// abort before that makes wait() throw and charges nothing, an abort after it changes nothing.
+TEST(OverlapClock, CompletedFollowsTheLinksEndAndAbortDropsOnlyAnUnfinishedOne) {
+  comm::NetworkModel net;
+  net.step_time_s = 0.1;
+  net.latency_s = 0.0;
+  net.bandwidth_Bps = 4000.0;  // 1000 floats: C = 1 s
+  comm::InProcCluster cluster(2, net);
+  cluster.run([&](int r, comm::Communicator& c) {
+    std::vector<torch::Tensor> recv;
+    auto pending = c.start_exchange({1 - r}, torch::full({1000}, static_cast<float>(r)), recv);
+    c.compute(9);  // 0.9 s
+    EXPECT_FALSE(pending->completed());
+    if (r == 0) {
+      pending->abort();
+      EXPECT_THROW(pending->wait(), CommError);
+      return;
+    }
+    c.compute(1);  // 1.0 s: landed
+    EXPECT_TRUE(pending->completed());
+    pending->abort();  // too late: nothing to stop
+    pending->wait();
+    EXPECT_EQ(recv.at(0)[0].item<float>(), 0.0f);
+  });
+  EXPECT_NEAR(cluster.stats(0).idle_s, 0.0, 1e-12);
+  EXPECT_NEAR(cluster.clock(1), 1.0, 1e-12);
+}
+
 TEST(OverlapClock, AnAllReduceOverlapsTheSameWay) {
   comm::NetworkModel net;
   net.step_time_s = 0.1;

@@ -24,6 +24,8 @@ class Completed final : public Pending {
   void wait() override {
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
+  bool completed() const override { return true; }
+  void abort() override {}  // done already: nothing to stop
 
  private:
   std::exception_ptr failure_;

@@ -46,10 +46,21 @@ struct CommStats {
 // operation surfaces at wait() as the CommError the blocking form would have thrown. Call wait()
 // once, on the worker's thread; a worker's clock pays the part of the transfer its compute did not
 // hide at wait() (the in-process backend's virtual clock).
+//
+// completed(): whether wait() would return now without blocking (the transfer has landed or
+// failed; on a virtual clock: the link's end is not after the worker's clock). Never blocks.
+// abort(): the caller gives up the operation (a quorum moved on, a peer is known dead). A transfer
+// still travelling stops and wait() throws a CommError saying it was aborted; the peers see a
+// failed link, and the communicator is unusable afterwards, as after any CommError (the elastic
+// communicator only drops those links). An operation that had completed is not undone: wait()
+// reports how it ended. A collective the backend cannot cut short (Gloo's all-reduce) is left to
+// end or time out on the backend's threads, and wait() throws at once.
 class Pending {
  public:
   virtual ~Pending() = default;
   virtual void wait() = 0;
+  virtual bool completed() const = 0;
+  virtual void abort() = 0;
 };
 
 class Communicator {

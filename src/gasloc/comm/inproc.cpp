@@ -142,15 +142,28 @@ class InProcComm final : public Communicator {
       std::lock_guard lk(c_.s_.mu);
       auto& me = c_.s_.ranks[c_.rank_];
       me.in_flight = false;
+      if (aborted_) throw CommError(fmt::format("rank {}: the overlapped operation was aborted before it completed", c_.rank_));
       if (me.link_done > me.clock) {
         me.stats.idle_s += me.link_done - me.clock;
         me.clock = me.link_done;
       }
     }
+    // The data moved at the start (the reference): complete once the worker's clock has passed
+    // the link's end, as a real transfer would have landed by then.
+    bool completed() const override {
+      std::lock_guard lk(c_.s_.mu);
+      const auto& me = c_.s_.ranks[c_.rank_];
+      return waited_ || me.link_done <= me.clock;
+    }
+    // Aborted before it landed on the virtual clock: this worker's outputs do not count (wait()
+    // throws); its peers, which the reference served at the start, are not touched.
+    void abort() override {
+      if (!completed()) aborted_ = true;
+    }
 
    private:
     InProcComm& c_;
-    bool waited_ = false;
+    bool waited_ = false, aborted_ = false;
   };
 
   void all_reduce_as(torch::Tensor& t, bool overlapped) {

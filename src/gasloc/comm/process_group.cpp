@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -51,8 +52,11 @@ thread_local bool on_flight_thread = false;
 struct Flight {
   std::thread thread;             // an exchange: its transfers run here while the worker computes
   std::function<void()> finish;   // run when it lands, on the worker's thread (an all-reduce's wait)
+  c10::intrusive_ptr<c10d::Work> work;  // an all-reduce's, for completed()
   int64_t bytes = 0;              // what the thread moved each way, counted when it lands
   std::exception_ptr failure;     // kept for wait()
+  std::atomic<bool> done{false};  // the exchange's thread has finished
+  std::atomic<bool> aborted{false};  // Pending::abort: the exchange's waits end at once
 };
 
 }  // namespace
@@ -90,7 +94,9 @@ struct ProcessGroupComm::Impl {
 
   // Moves `send` to `peers` and theirs into recv (chosen or reused buffers; `into`: the tensors
   // already there, an overlapped exchange's); returns the bytes moved each way.
-  int64_t exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv, bool into);
+  // `abort`: set by an overlapped exchange's Pending::abort.
+  int64_t exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv, bool into,
+                   const std::atomic<bool>* abort = nullptr);
   // An all-reduce posted to the backend, landed by finish_all_reduce.
   struct PostedReduce {
     c10::intrusive_ptr<c10d::Work> work;
@@ -345,7 +351,7 @@ CommStats ProcessGroupComm::stats() const { return impl_->stats; }
 double ProcessGroupComm::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
 
 int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const torch::Tensor& send_in,
-                                         std::vector<torch::Tensor>& recv, bool into) {
+                                         std::vector<torch::Tensor>& recv, bool into, const std::atomic<bool>* abort) {
   OnDevice on(dev());
   Idle idle{*this};
   const torch::Tensor send = staged(send_in, send_in.scalar_type());
@@ -363,6 +369,7 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   po.fail_fast = true;  // a fixed world fails whole: the first failure is the one to name
   po.device = dev();
   po.limit = limit.get();
+  po.abort = abort;
   int64_t moved = 0;
   const std::vector<PeerResult> results = transfer_pairs(links, send, got, po, &moved);
   for (size_t k = 0; k < peers.size(); ++k) {
@@ -455,11 +462,29 @@ class ProcessGroupComm::InFlight final : public Pending {
   void wait() override {
     if (waited_) throw CommError("wait: called twice on one operation");
     waited_ = true;
-    if (I_.flight == f_) {
+    const bool cut_short = f_->aborted && !f_->thread.joinable();  // an aborted all-reduce: not waited for
+    if (I_.flight == f_ && cut_short) {
+      I_.flight.reset();
+    } else if (I_.flight == f_) {
       Impl::Idle idle{I_};
       I_.land();
     }
     if (f_->failure) std::rethrow_exception(f_->failure);
+  }
+  bool completed() const override {
+    return waited_ || (f_->thread.joinable() ? f_->done.load() : !f_->work || f_->work->isCompleted());
+  }
+  void abort() override {
+    if (waited_ || completed()) return;
+    f_->aborted = true;  // an exchange: its thread's waits end within 50 ms (pair_transfer.hpp)
+    if (f_->thread.joinable()) return;
+    // An all-reduce cannot be cut short: the backend ends it or times it out; this rank is done.
+    const std::string what = fmt::format("rank {}: the overlapped all_reduce_mean was aborted before it completed", I_.o.rank);
+    {
+      std::lock_guard lock(I_.broken_mu);
+      if (I_.broken.empty()) I_.broken = what;
+    }
+    f_->failure = std::make_exception_ptr(CommError(what, "a process group cannot continue after an abort; restart the ranks"));
   }
 
  private:
@@ -483,10 +508,11 @@ std::unique_ptr<Pending> ProcessGroupComm::start_exchange(const std::vector<int>
   f->thread = std::thread([&I, flight = f.get(), peers, send, into = recv]() mutable {
     on_flight_thread = true;
     try {
-      flight->bytes = I.exchange(peers, send, into, /*into=*/true);
+      flight->bytes = I.exchange(peers, send, into, /*into=*/true, &flight->aborted);
     } catch (...) {
       flight->failure = std::current_exception();
     }
+    flight->done = true;
   });
   I.flight = f;
   return std::make_unique<InFlight>(I, std::move(f));
@@ -506,6 +532,7 @@ std::unique_ptr<Pending> ProcessGroupComm::start_all_reduce_mean(torch::Tensor& 
     posted = std::make_shared<Impl::PostedReduce>(I.post_all_reduce(t, /*overlapped=*/true));
   }
   auto f = std::make_shared<Flight>();
+  f->work = posted->work;
   f->finish = [&I, posted, out = t]() mutable {
     OnDevice on(I.dev());
     I.finish_all_reduce(*posted, out);
