@@ -496,6 +496,10 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "faults.kill=[{id=1,round=2}]"}); },
                       "over Gloo, failures are real");
   load({"cluster.elastic=true", "cluster.backend=gloo"});  // an elastic Gloo job is a valid job
+  // time_budget prices the fixed graph, not the view's: refused until it follows the view.
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.h_policy=time_budget"}); },
+                      "algo.h_policy = \"fixed\"");
+  load({"cluster.workers=4", "algo.h_policy=time_budget"});  // without elastic: valid
   load({"cluster.elastic=true", "cluster.backend=gloo", "cluster.join=true"});
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "cluster.join=true"}); }, "cluster.join");
   expect_config_error([&] { load({"cluster.backend=gloo", "cluster.join=true"}); }, "cluster.join");

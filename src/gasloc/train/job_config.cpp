@@ -256,6 +256,12 @@ void validate_faults_and_elastic(const JobConfig& job) {
   require(algo.overlap_steps == 0 || (!cluster.elastic && !faults.any() && !faults.restart_all), "algo.overlap_steps",
           "overlapped rounds are built for a fixed membership without [faults]: set algo.overlap_steps = 0, or "
           "cluster.elastic = false and remove [faults]");
+  // H_i is priced over the fixed graph of every worker (algo/local_steps.hpp), while an elastic
+  // round mixes over its view's members: a dead partner would be priced as a live one.
+  require(algo.h_policy != "time_budget" || (!cluster.elastic && !faults.any()), "algo.h_policy",
+          "time_budget prices each worker's exchanges over the fixed graph of every worker; an elastic run's rounds "
+          "follow its view, which that pricing does not see yet: set algo.h_policy = \"fixed\", or cluster.elastic = "
+          "false and remove [faults]");
   require(!cluster.join || (cluster.elastic && cluster.backend == "gloo"), "cluster.join",
           "joins a rank to a running elastic Gloo job: set cluster.elastic = true and cluster.backend = \"gloo\" (an "
           "in-process run adds workers by resuming on more, cluster.workers)");
