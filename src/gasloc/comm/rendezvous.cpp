@@ -1,6 +1,7 @@
 #include "gasloc/comm/rendezvous.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
@@ -346,8 +347,11 @@ int64_t Arrivals::arrive(const std::string& op) noexcept {
   if (off_ || !store_ || world_ == 1) return seq_;
   try {
     store_->set(key("at", rank_), to_bytes(fmt::format("{} {}", seq_, op)));
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     off_ = true;
+    spdlog::warn("rank {}: the rendezvous store did not take this rank's arrival at {} ({}); a timeout will not name "
+                 "the ranks that never arrived",
+                 rank_, op, e.what());
   }
   return seq_;
 }
@@ -405,14 +409,18 @@ void publish_failure(c10d::Store& store, int rank, const FailureRecord& rec) noe
     // compareSet answers, so the record is in the store before this rank closes a connection.
     store.compareSet(key("failed", rank), {}, to_bytes(fmt::format("{}\n{}", rec.root, rec.what)));
     store.add("failures", 1);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    spdlog::warn("rank {}: could not record its failure in the rendezvous store ({}): the other ranks will not see "
+                 "what it was",
+                 rank, e.what());
   }
 }
 
 void publish_abort(c10d::Store& store, const std::string& why) noexcept {
   try {
     store.compareSet("abort", {}, to_bytes(why));
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    spdlog::warn("could not tell the other ranks to stop through the rendezvous store ({}): they stop at their timeout", e.what());
   }
 }
 

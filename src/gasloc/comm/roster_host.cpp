@@ -1,6 +1,7 @@
 #include "gasloc/comm/roster_host.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -108,7 +109,10 @@ bool founds_the_job(c10d::Store& store, int id) {
 void announce_out(c10d::Store& store, int id, int64_t inc) noexcept {
   try {
     store.set(elastic_keys::out(id), to_bytes(std::to_string(inc)));
-  } catch (...) {
+  } catch (const std::exception& e) {
+    spdlog::warn("rank {}: could not say in the job's store that incarnation {} ended ({}): the store's host sees it "
+                 "leave at the heartbeat timeout instead",
+                 id, inc, e.what());
   }
 }
 
