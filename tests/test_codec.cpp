@@ -324,6 +324,22 @@ TEST(Codec, MatchesTheNaiveReferenceOnRandomData) {
   }
 }
 
+TEST(Codec, TopkMatchesTheReferenceUnderHeavyTies) {
+  // Values from {-2, -1, 0, 1, 2} (and chunks of one value): the k-th largest |x| is shared by
+  // many, so which of them are sent is decided by the lower-index rule alone.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> level(-2, 2);
+  for (size_t chunk : {7, 64, 4096}) {
+    for (double density : {1.0 / 64, 0.1, 0.5, 0.9}) {
+      std::vector<float> x(3 * chunk + 1);
+      for (auto& v : x) v = static_cast<float>(level(rng));
+      std::fill(x.begin(), x.begin() + static_cast<long>(chunk), 1.5f);  // one chunk all equal
+      const Codec c = Codec::topk(density, chunk);
+      EXPECT_EQ(encode(c, x), reference_encode(c, x)) << c.name();
+    }
+  }
+}
+
 TEST(Codec, RoundingMatchesNearbyintOnEveryHalfAndQuarter) {
   // x = k / 4 for k in [-508, 508] under s = 1 (the 127 sets the scale): every tie of the grid.
   std::vector<float> x;

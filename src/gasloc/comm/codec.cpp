@@ -340,9 +340,22 @@ void topk_encode(const Codec& c, size_t j, size_t begin, const float* x, size_t 
   uint32_t threshold = 0;
   size_t take_equal = k;
   if (k < len) {
+    // Only the |x| >= g can be among the k largest, where g is the least of the maxima of k
+    // groups: each group has one value >= g, so T >= g. For spread values that leaves a few
+    // times k candidates for nth_element instead of the whole chunk.
+    uint32_t g = UINT32_MAX;
+    for (size_t grp = 0; grp < k; ++grp) {
+      uint32_t gm = 0;
+      for (size_t i = grp * len / k, end = (grp + 1) * len / k; i < end; ++i) gm = a[i] > gm ? a[i] : gm;
+      g = gm < g ? gm : g;
+    }
     uint32_t* s = t.sorted.data();
-    std::copy(a, a + len, s);
-    std::nth_element(s, s + (k - 1), s + len, std::greater<uint32_t>());
+    size_t candidates = 0;
+    for (size_t i = 0; i < len; ++i) {
+      s[candidates] = a[i];
+      candidates += a[i] >= g;
+    }
+    std::nth_element(s, s + (k - 1), s + candidates, std::greater<uint32_t>());
     threshold = s[k - 1];
     take_equal = k - static_cast<size_t>(std::count_if(s, s + (k - 1), [&](uint32_t v) { return v > threshold; }));
   }
