@@ -307,6 +307,21 @@ TEST(Codec, DecodeRefusesBytesNoEncoderWrites) {
   refused(Codec::fp32(), f);
 }
 
+TEST(Codec, GarbageLeavesTheOutputAsItWas) {
+  // Three good chunks then a bad one: nothing of the good ones may reach out either.
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) - 8.0f;
+  for (const Codec& c : {Codec::int8(256), Codec::int4(256), Codec::topk(0.25, 256)}) {
+    Bytes p = encode(c, x);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(p.data() + 3 * payload_bytes(c, 256), &nan, 4);  // the last chunk's scale
+    std::vector<float> out(1000, 2.5f);
+    EXPECT_THROW(decode(c, p, out), BadPayload) << c.name();
+    EXPECT_THROW(decode_add(c, p, 1.0f, out), BadPayload) << c.name();
+    EXPECT_EQ(out, std::vector<float>(1000, 2.5f)) << c.name();
+  }
+}
+
 // ---- properties over many shapes ----
 
 TEST(Codec, MatchesTheNaiveReferenceOnRandomData) {

@@ -189,6 +189,8 @@ struct Into {
   bool add = false;
   float w = 1.0f;
 };
+// A decode checks every chunk before it writes any, so that garbage leaves `out` as it was.
+enum class Phase { check, write };
 
 GASLOC_CODEC_KERNEL
 void dequantize(const int8_t* __restrict q, size_t len, float s, float* __restrict out, Into into) {
@@ -205,9 +207,13 @@ void fp32_encode(const Codec& c, size_t j, size_t begin, const float* x, size_t 
   std::memcpy(out, x, 4 * len);
 }
 
-void fp32_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* __restrict out, Into into, float* x) {
+void fp32_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* __restrict out, Into into, Phase phase,
+                 float* x) {
   std::memcpy(x, p, 4 * len);
-  if (max_abs_bits(x, len) >= kNonFiniteBits) bad(c, j, "a non-finite value");
+  if (phase == Phase::check) {
+    if (max_abs_bits(x, len) >= kNonFiniteBits) bad(c, j, "a non-finite value");
+    return;
+  }
   if (into.add)
     for (size_t i = 0; i < len; ++i) out[i] += into.w * x[i];
   else
@@ -228,11 +234,14 @@ void int8_encode(const Codec& c, size_t j, size_t begin, const float* x, size_t 
     quantize(x, len, s, kInt8Levels, q);
 }
 
-void int8_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* out, Into into) {
+void int8_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* out, Into into, Phase phase) {
   const float s = get_scale(p);
-  check_scale(c, j, s);
   const int8_t* q = reinterpret_cast<const int8_t*>(p + 4);
-  check_codes(c, j, s, q, len, 127);
+  if (phase == Phase::check) {
+    check_scale(c, j, s);
+    check_codes(c, j, s, q, len, 127);
+    return;
+  }
   dequantize(q, len, s, out, into);
 }
 
@@ -253,9 +262,8 @@ void int4_encode(const Codec& c, size_t j, size_t begin, const float* x, size_t 
   if (len % 2) b[pairs] = static_cast<uint8_t>(q[len - 1] & 0x0f);
 }
 
-void int4_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* out, Into into, int8_t* q) {
+void int4_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* out, Into into, Phase phase, int8_t* q) {
   const float s = get_scale(p);
-  check_scale(c, j, s);
   const uint8_t* b = p + 4;
   // Sign-extends each nibble: shift it to the top of an int8, then arithmetic-shift back.
   const size_t pairs = len / 2;
@@ -263,21 +271,21 @@ void int4_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* 
     q[2 * i] = static_cast<int8_t>(static_cast<int8_t>(b[i] << 4) >> 4);
     q[2 * i + 1] = static_cast<int8_t>(static_cast<int8_t>(b[i]) >> 4);
   }
-  if (len % 2) {
-    if (b[pairs] >> 4) bad(c, j, "the padding nibble of an odd chunk is not 0");
-    q[len - 1] = static_cast<int8_t>(static_cast<int8_t>(b[pairs] << 4) >> 4);
+  if (len % 2) q[len - 1] = static_cast<int8_t>(static_cast<int8_t>(b[pairs] << 4) >> 4);
+  if (phase == Phase::check) {
+    check_scale(c, j, s);
+    if (len % 2 && (b[pairs] >> 4)) bad(c, j, "the padding nibble of an odd chunk is not 0");
+    check_codes(c, j, s, q, len, 7);
+    return;
   }
-  check_codes(c, j, s, q, len, 7);
   dequantize(q, len, s, out, into);
 }
 
 // ---- topk ----
 
 struct TopkScratch {
-  std::vector<uint32_t> abs, sorted;
-  std::vector<uint32_t> idx;
+  std::vector<uint32_t> abs, sorted, idx;
   std::vector<float> val;
-  std::vector<int8_t> q;
 };
 
 void put_indices(uint8_t* p, const uint32_t* idx, size_t k, size_t chunk) {
@@ -380,16 +388,19 @@ void topk_encode(const Codec& c, size_t j, size_t begin, const float* x, size_t 
     quantize(val, k, s, kInt8Levels, q);
 }
 
-void topk_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* out, Into into, uint32_t* idx) {
+void topk_decode(const Codec& c, size_t j, const uint8_t* p, size_t len, float* out, Into into, Phase phase, uint32_t* idx) {
   const size_t k = topk_count(c.density, len);
   const float s = get_scale(p);
-  check_scale(c, j, s);
   get_indices(c, j, p + 4, k, idx);
-  for (size_t i = 0; i < k; ++i)
-    if (idx[i] >= len || (i > 0 && idx[i] <= idx[i - 1]))
-      bad(c, j, fmt::format("index {} of {} is {}: indices must ascend below the chunk's length {}", i, k, idx[i], len));
   const int8_t* q = reinterpret_cast<const int8_t*>(p + 4 + index_bytes(c.chunk, k));
-  check_codes(c, j, s, q, k, 127);
+  if (phase == Phase::check) {
+    check_scale(c, j, s);
+    for (size_t i = 0; i < k; ++i)
+      if (idx[i] >= len || (i > 0 && idx[i] <= idx[i - 1]))
+        bad(c, j, fmt::format("index {} of {} is {}: indices must ascend below the chunk's length {}", i, k, idx[i], len));
+    check_codes(c, j, s, q, k, 127);
+    return;
+  }
   if (into.add) {
     for (size_t i = 0; i < k; ++i) out[idx[i]] += into.w * (static_cast<float>(q[i]) * s);
   } else {
@@ -439,16 +450,18 @@ void decode_all(const Codec& c, std::span<const uint8_t> payload, std::span<floa
   std::vector<float> x(c.kind == CodecKind::fp32 ? scratch : 0);
   std::vector<int8_t> q(c.kind == CodecKind::int4 ? scratch : 0);
   std::vector<uint32_t> idx(c.kind == CodecKind::topk && n > 0 ? topk_count(c.density, scratch) : 0);
-  for_each_chunk(c, n, [&](size_t j, size_t begin, size_t len, size_t offset) {
-    const uint8_t* p = payload.data() + offset;
-    float* o = out.data() + begin;
-    switch (c.kind) {
-      case CodecKind::fp32: fp32_decode(c, j, p, len, o, into, x.data()); break;
-      case CodecKind::int8: int8_decode(c, j, p, len, o, into); break;
-      case CodecKind::int4: int4_decode(c, j, p, len, o, into, q.data()); break;
-      case CodecKind::topk: topk_decode(c, j, p, len, o, into, idx.data()); break;
-    }
-  });
+  for (Phase phase : {Phase::check, Phase::write}) {
+    for_each_chunk(c, n, [&](size_t j, size_t begin, size_t len, size_t offset) {
+      const uint8_t* p = payload.data() + offset;
+      float* o = out.data() + begin;
+      switch (c.kind) {
+        case CodecKind::fp32: fp32_decode(c, j, p, len, o, into, phase, x.data()); break;
+        case CodecKind::int8: int8_decode(c, j, p, len, o, into, phase); break;
+        case CodecKind::int4: int4_decode(c, j, p, len, o, into, phase, q.data()); break;
+        case CodecKind::topk: topk_decode(c, j, p, len, o, into, phase, idx.data()); break;
+      }
+    });
+  }
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ std::vector<uint8_t> encode(const Codec& codec, std::span<const float> x);
 void encode_into(const Codec& codec, std::span<const float> x, std::span<uint8_t> out);
 
 // out (n = out.size() elements) = x^. Throws BadPayload if `payload` is not
-// payload_bytes(codec, n) long or is not something encode produces.
+// payload_bytes(codec, n) long or is not something encode produces; every chunk is checked
+// before any is written, so after a throw `out` is as it was (decode_add too).
 void decode(const Codec& codec, std::span<const uint8_t> payload, std::span<float> out);
 // out[i] += w * x^[i] in fp32 (w * x^ rounded, then added): with w = 1 it is bit for bit
 // out + decode(...). topk touches only the coordinates it carries, so there a -0.0 in out stays
