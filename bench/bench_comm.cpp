@@ -11,6 +11,11 @@
 //
 //   build/bench_comm --overlap [--sizes-mb 25] [--reps 5]
 //
+// --codec: the codecs of compressed exchanges (comm/codec.hpp) on one thread, in GB/s of fp32
+// input beside memcpy of the same buffer (bench/codec_bench.hpp); no ranks.
+//
+//   build/bench_comm --codec [--elements-m 1,100] [--reps 3]
+//
 // The binary launches its own ranks: it hosts a rendezvous store on a free port and re-executes
 // itself once per rank with RANK/WORLD_SIZE/MASTER_* set (as gasloc launch would).
 #include <arpa/inet.h>
@@ -34,6 +39,7 @@
 #include <sstream>
 #include <thread>
 
+#include "codec_bench.hpp"
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/blas_threads.hpp"
@@ -52,6 +58,8 @@ struct Args {
   std::vector<double> sizes_mb = {25, 100};
   int reps = 3;
   bool overlap = false;    // the overlap bench instead of the tables
+  bool codec = false;      // the codec bench instead of the tables
+  std::vector<double> elements_m = {1, 100};  // --codec: buffer sizes in millions of elements
   double limit_gbit = 0;   // --overlap: each rank's link limited to this rate (gasloc launch --bandwidth-limit); 0 = none
   std::string worker_out;  // set in a rank process
 };
@@ -65,6 +73,11 @@ int parse(int argc, char** argv, Args& a) {
   app.add_flag("--overlap", a.overlap, "two ranks: a training step while an exchange travels, against each alone");
   app.add_option("--limit-gbit", a.limit_gbit, "with --overlap: each rank's link limited to this rate (Gbit/s; 0 = loopback's own)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--codec", a.codec, "the codecs' encode and decode speed on one thread, against memcpy");
+  app.add_option("--elements-m", a.elements_m, "with --codec: buffer sizes in millions of fp32 elements, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--worker-out", a.worker_out, "internal: set in the rank processes bench_comm launches")->group("");
   try {
@@ -399,6 +412,10 @@ int main(int argc, char** argv) {
   try {
     Args a;
     if (const int rc = parse(argc, argv, a); rc >= 0) return rc;
+    if (a.codec) {
+      bench::run_codec_bench(a.elements_m, a.reps);
+      return 0;
+    }
     if (!a.worker_out.empty()) return a.overlap ? overlap_worker(a) : worker(a);
     torch::set_num_threads(1);
     if (a.overlap) {
