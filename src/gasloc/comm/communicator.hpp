@@ -100,6 +100,9 @@ class Communicator {
   virtual std::unique_ptr<Pending> start_all_reduce_mean(torch::Tensor& t);
   // Seconds on this worker's clock: virtual in simulation, wall time since start otherwise.
   virtual double now() const = 0;
+  // Whether now() is a virtual clock (the in-process cluster's), which prices compute and links,
+  // rather than the wall clock, in which real time already passed.
+  virtual bool virtual_clock() const { return false; }
   // Accounts `inner_steps` inner steps of local compute on this worker's clock: the virtual
   // clock advances by inner_steps * (its per-step compute time); a real clock ignores it
   // because real time already passed.

@@ -213,6 +213,7 @@ class InProcComm final : public Communicator {
     std::lock_guard lk(s_.mu);
     return s_.ranks[rank_].clock;
   }
+  bool virtual_clock() const override { return true; }
 
   void compute(int64_t inner_steps) override {
     if (inner_steps < 0) throw CommError(fmt::format("compute: rank {} got a negative step count {}", rank_, inner_steps));

@@ -90,13 +90,12 @@ struct RunState {
   Counters counters(int rank, const comm::Communicator& comm, double compute_wall_s) const {
     const auto st = comm.stats();
     const Counters& b = base.at(rank);
-    const bool virtual_clock = job.cluster.backend == "inproc";
     return {b.bytes_sent + st.bytes_sent - stats0.at(rank).bytes_sent,
             b.virtual_time_s + comm.now() - clock0.at(rank),
             b.wall_time_s + seconds_since(t0),
             b.idle_s + st.idle_s - stats0.at(rank).idle_s,
             b.eval_time_s + eval_time.at(rank),
-            b.compute_s + (virtual_clock ? st.compute_s - stats0.at(rank).compute_s : compute_wall_s)};
+            b.compute_s + (comm.virtual_clock() ? st.compute_s - stats0.at(rank).compute_s : compute_wall_s)};
   }
   std::string last_checkpoint(int rank) const {
     const int64_t s = committed.at(rank);
@@ -139,7 +138,7 @@ class Logger {
     const double tps = tokens_per_step * static_cast<double>(computed_) / std::max(dt, 1e-9);
     const double eta = dt / static_cast<double>(steps_) * static_cast<double>(s_.end_step - step);
     const Counters c = s_.counters(rank_, c_, w_.compute_wall_s());
-    const double clock = s_.job.cluster.backend == "inproc" ? c.virtual_time_s : c.wall_time_s;
+    const double clock = c_.virtual_clock() ? c.virtual_time_s : c.wall_time_s;
     s_.metrics->write(TrainEvent{.step = step,
                                  .worker = rank_,
                                  .train_loss = r.loss,
