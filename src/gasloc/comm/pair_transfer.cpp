@@ -21,22 +21,6 @@ constexpr int kHeader = 0, kPayload = 1;
 constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc": a header that is not ours is a bug, not data
 int make_tag(uint32_t call, int phase) { return static_cast<int>(((call & 0x0FFFFFFFu) << 2) | phase); }
 
-std::string dtype_name(int64_t t) {
-  switch (static_cast<c10::ScalarType>(t)) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Char: return "int8";
-    default: return t >= 0 && t < static_cast<int64_t>(c10::ScalarType::NumOptions)
-                        ? c10::toString(static_cast<c10::ScalarType>(t))
-                        : fmt::format("dtype #{}", t);
-  }
-}
-
 // While a phase waits: aborts the works of a peer `gone` names, or of every peer once `abort` is
 // set. A Gloo wait cannot be cut short by a timeout without breaking its group, so it is aborted.
 class AbortWatch {
@@ -224,6 +208,22 @@ void check_header(const PairTransferOptions& o, const PairLink& l, const torch::
 }
 
 }  // namespace
+
+std::string dtype_name(int64_t t) {
+  switch (static_cast<c10::ScalarType>(t)) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Char: return "int8";
+    default: return t >= 0 && t < static_cast<int64_t>(c10::ScalarType::NumOptions)
+                        ? c10::toString(static_cast<c10::ScalarType>(t))
+                        : fmt::format("dtype #{}", t);
+  }
+}
 
 std::string backend_error(const std::exception& e) {
   const auto* c10e = dynamic_cast<const c10::Error*>(&e);

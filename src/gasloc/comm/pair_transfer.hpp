@@ -74,6 +74,10 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
                                        std::vector<torch::Tensor>& into, const PairTransferOptions& o,
                                        int64_t* bytes_moved = nullptr);
 
+// A dtype as messages name it ("float32"), from its c10::ScalarType number as headers carry it;
+// a number that is none says so.
+std::string dtype_name(int64_t scalar_type);
+
 // A backend's error as a reason: its whole message (every line), without the backtrace c10 adds
 // or Gloo's "[file.cc:123] " source prefixes.
 std::string backend_error(const std::exception& e);

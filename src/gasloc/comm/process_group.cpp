@@ -23,18 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Int: return "int32";
-    default: return c10::toString(t);
-  }
-}
-
 std::string secs(double s) { return fmt::format("{:g} s", s); }
 
 // How a wait ended badly.
@@ -293,7 +281,7 @@ struct ProcessGroupComm::Impl {
       if (n != t.numel() || dt != t.scalar_type())
         fail(fmt::format("rank {}: {} on buffers that differ between ranks: rank {} has {} {} elements, rank {} has {} "
                          "{} elements",
-                         o.rank, op, o.rank, t.numel(), dtype_name(t.scalar_type()), r, n, dtype_name(dt)));
+                         o.rank, op, o.rank, t.numel(), dtype_name(static_cast<int64_t>(t.scalar_type())), r, n, dtype_name(static_cast<int64_t>(dt))));
     }
   }
 };
@@ -395,7 +383,7 @@ void ProcessGroupComm::Impl::check_reduce_input(const torch::Tensor& t) const {
   ensure_usable("all_reduce_mean");
   if (!t.is_floating_point())
     throw CommError(fmt::format("rank {}: all_reduce_mean needs a floating-point tensor, got {}", o.rank,
-                                dtype_name(t.scalar_type())));
+                                dtype_name(static_cast<int64_t>(t.scalar_type()))));
   check_device("all_reduce_mean", t);
 }
 
