@@ -1,6 +1,7 @@
-// The synchronizers of docs/design.md section 3, one small class each. All run unchanged on any
-// Communicator backend. Notation: phi_i live parameters (the flat buffer), theta_i the outer
-// anchor, b_i the outer momentum, H local steps per round, W_t the round's mixing matrix.
+// The synchronizers of docs/design.md section 3, one small class each (those that communicate
+// every step are in step_sync.hpp). All run unchanged on any Communicator backend. Notation:
+// phi_i live parameters (the flat buffer), theta_i the outer anchor, b_i the outer momentum, H
+// local steps per round, W_t the round's mixing matrix.
 #pragma once
 #include <memory>
 
@@ -8,47 +9,11 @@
 #include "gasloc/algo/elastic.hpp"
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
+#include "gasloc/algo/step_sync.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
-
-// What the algorithms that communicate at every step share (All-Reduce AdamW, DAdam): step k is
-// round k - 1, taken part in from after_backward; a step a worker does not compute (dead or
-// joining, in an elastic run) stands by in its round from after_step.
-class StepSync : public ViewSync {
- public:
-  using ViewSync::ViewSync;
-  bool wants_compute(int64_t step, comm::Communicator& comm) override { return mixer_.computes(comm.rank(), step - 1); }
-  StateDict state() const override;
-  void load_state(const StateDict& s) override { load_restart_clock(s); }
-
- protected:
-  int64_t current_round() const override { return steps_; }
-  // after_backward's round: true when this worker stood by in it instead of mixing.
-  bool enter_round(int64_t step, FlatParams& params, comm::Communicator& comm);
-  // after_step: stands by if the step was not computed, and ends its round.
-  void end_step(int64_t step, FlatParams& params, comm::Communicator& comm);
-
- private:
-  int64_t steps_ = 0;     // steps done: the round of the next step
-  int64_t handled_ = -1;  // the last round this worker took part in
-};
-
-// All-Reduce AdamW (DDP): gradients are averaged every step, so every worker takes the same
-// AdamW step; equals one worker with n times the batch.
-// In an elastic run each step is a round: the gradients are averaged over its members, retried
-// over the survivors when one dies there, and a joiner takes a donor's state after the step.
-class AllReduceSync final : public StepSync {
- public:
-  explicit AllReduceSync(int world = 1, const Membership* membership = nullptr);
-  std::string name() const override { return "allreduce"; }
-  void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
-  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override {
-    end_step(step, params, comm);
-    return false;
-  }
-};
 
 // Counts inner steps into rounds of H steps and keeps the round number for checkpoints. Of each
 // round's H steps, the first H_i (from the local-step policy) are computed and the rest skipped.
@@ -232,25 +197,6 @@ class LocalDAdamSync final : public RoundSync {
   // theta' = m: nothing to propose, so E_i = phi_sent and both variants are one.
   Sent prepare(const torch::Tensor& phi_sent) override { return {phi_sent, phi_sent, {}}; }
   torch::Tensor land(const torch::Tensor& mixed, const Sent&) override { return mixed; }
-};
-
-// DAdam, combine-then-adapt: every step x_i <- sum_j W_ij x_j - lr * d_i, with d_i computed
-// from the gradient at the pre-mixing x_i. The mixing happens between backward and the AdamW
-// step; Adam state is never exchanged.
-// In an elastic run each step is a round over its view (round t = step - 1).
-class DAdamSync final : public StepSync {
- public:
-  explicit DAdamSync(topology::Topology topo, torch::ScalarType wire = torch::kFloat, const Membership* membership = nullptr)
-      : StepSync(RoundMixer(std::move(topo), membership)), wire_(wire) {}
-  std::string name() const override { return "dadam"; }
-  void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
-  bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override {
-    end_step(step, params, comm);
-    return true;
-  }
-
- private:
-  torch::ScalarType wire_;
 };
 
 // m = sum_j W_t[rank, j] phi_j over the row (self included), in the row's order (j ascending)
