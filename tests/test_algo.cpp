@@ -531,11 +531,12 @@ TEST_F(Algo, AcceleratedRoundsMatchTheDefinitionAndNesterovWithoutMixing) {
   }
 }
 
-// Each GASLoC form is written twice: on tensors in GossipSync, on doubles in the consensus
-// simulation (algo/consensus.hpp, which `gasloc topo --consensus` and docs/topology.md measure).
+// Each GASLoC form is written once (algo/round_forms.hpp) and run by GossipSync on one worker's
+// float32 parameters and by the consensus simulation (algo/consensus.hpp, which `gasloc topo
+// --consensus` and docs/topology.md measure) on every worker's doubles at once, beside its own mix.
 // With parameters no training moves (phi_i = theta_i), a GossipSync round is a simulation round:
 // both start from the simulation's start vectors and must agree on the consensus distance round by
-// round. float32 against doubles: relative 1e-4 (a form written differently is off by far more).
+// round. float32 against doubles: relative 1e-4 (a form run differently is off by far more).
 TEST_F(Algo, GossipSyncWithFrozenParametersIsTheConsensusSimulation) {
   const int n = 6;
   const int64_t dim = 8, rounds = 8;
@@ -632,6 +633,77 @@ TEST_F(Algo, FormSettingsAreChecked) {
   expect(form("anchor", 0.7, 0.9, "2peer", 0.5), "algo.gossip_step");  // alpha is the accelerated form's
   expect_bad_choice("wire_dtype", "fp8", "bf16");
   for (const char* f : {"anchor", "mix_after", "accelerated"}) EXPECT_NO_THROW(form(f, 0.7, 0.9).validate(4)) << f;
+}
+
+namespace {
+torch::Tensor vec(std::vector<double> v) { return torch::tensor(v, torch::kFloat64); }
+void expect_values(const torch::Tensor& got, std::vector<double> want, const char* what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(got[k].item<double>(), want[k], 1e-12) << what << " entry " << k;
+}
+// The form's state, copied: send() and provisional() must leave it as it was.
+algo::StateDict copy_of(const algo::StateDict& s) {
+  algo::StateDict c;
+  for (const auto& [k, t] : s) c[k] = t.clone();
+  return c;
+}
+void expect_unchanged(const algo::StateDict& before, const algo::StateDict& now) {
+  ASSERT_EQ(before.size(), now.size());
+  for (const auto& [k, t] : before) EXPECT_TRUE(torch::equal(t, now.at(k))) << k;
+}
+}  // namespace
+
+// Each form's two halves (algo/round_forms.hpp) on one round of float64 vectors, against the
+// values of its definition computed by hand: theta = (1, -2), phi = (1.5, -1), m = (1.2, -1.4),
+// eta = mu = gamma = alpha = 0.5, b and u^prev at rest. 1e-12.
+TEST(RoundForms, EachFormSendsAndLandsAsItsDefinition) {
+  const auto theta0 = vec({1.0, -2.0}), phi = vec({1.5, -1.0}), m = vec({1.2, -1.4});
+  const auto step = [](algo::Form f) { return algo::OuterStep{0.5, 0.5, f, f == algo::Form::accelerated ? 0.5 : 1.0}; };
+  {
+    SCOPED_TRACE("anchor: s = phi; Delta = theta - m = (-0.2, -0.6), b = Delta, theta' = theta - eta (Delta + mu b)");
+    auto form = algo::make_round_form(step(algo::Form::anchor), theta0);
+    const auto before = copy_of(form->state());
+    const auto sent = form->send(phi);
+    EXPECT_TRUE(sent.x.is_same(phi));
+    // E: the step towards phi itself, Delta = (-0.5, -1): theta - 0.5 * 1.5 Delta.
+    expect_values(form->provisional(phi, sent), {1.375, -1.25}, "E");
+    expect_unchanged(before, form->state());
+    expect_values(form->land(m, sent), {1.15, -1.55}, "theta'");
+    expect_values(form->state().at("theta"), {1.15, -1.55}, "theta");
+    expect_values(form->state().at("momentum"), {-0.2, -0.6}, "b");
+  }
+  {
+    SCOPED_TRACE("mix_after: s = v = theta - eta (Delta + mu b'), Delta = theta - phi; theta' = m, b = b'");
+    auto form = algo::make_round_form(step(algo::Form::mix_after), theta0);
+    const auto before = copy_of(form->state());
+    const auto sent = form->send(phi);
+    expect_values(sent.x, {1.375, -1.25}, "v");
+    expect_values(form->provisional(phi, sent), {1.375, -1.25}, "E");
+    expect_unchanged(before, form->state());
+    expect_values(form->land(m, sent), {1.2, -1.4}, "theta'");
+    expect_values(form->state().at("momentum"), {-0.5, -1.0}, "b");
+  }
+  {
+    SCOPED_TRACE("accelerated: s = u = theta + eta (phi - theta); theta' = u - alpha (u - m) + gamma (u - u^prev)");
+    auto form = algo::make_round_form(step(algo::Form::accelerated), theta0);
+    const auto before = copy_of(form->state());
+    const auto sent = form->send(phi);
+    expect_values(sent.x, {1.25, -1.5}, "u");
+    expect_values(form->provisional(phi, sent), {1.375, -1.25}, "E = u + gamma (u - u^prev)");
+    expect_unchanged(before, form->state());
+    expect_values(form->land(m, sent), {1.35, -1.2}, "theta'");
+    expect_values(form->state().at("u_prev"), {1.25, -1.5}, "u^prev");
+    EXPECT_EQ(form->state().count("momentum"), 0u);
+  }
+  {
+    SCOPED_TRACE("mix only (Local-DAdam): s = phi; theta' = m exactly");
+    auto form = algo::make_mix_only_form();
+    const auto sent = form->send(phi);
+    EXPECT_TRUE(sent.x.is_same(phi));
+    EXPECT_TRUE(form->provisional(phi, sent).is_same(phi));
+    EXPECT_TRUE(torch::equal(form->land(m, sent), m));
+    EXPECT_TRUE(form->state().empty());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,17 +18,6 @@ namespace gasloc::algo {
 using topology::Row;
 using topology::Topology;
 
-const config::Choices& form_choices() {
-  static const config::Choices c("GASLoC form", {{"anchor", "mix phi, outer step on theta"},
-                                                 {"mix_after", "outer step, then mix"},
-                                                 {"accelerated", "mix u, momentum on iterates"}});
-  return c;
-}
-
-Form parse_form(const std::string& name) { return static_cast<Form>(form_choices().index(name)); }
-
-std::string to_string(Form form) { return form_choices().options().at(static_cast<size_t>(form)).name; }
-
 namespace {
 
 void check_step(const OuterStep& o) {
@@ -36,8 +26,15 @@ void check_step(const OuterStep& o) {
   if (!(o.gossip_step >= 0 && o.gossip_step <= 1)) throw ConfigError("the gossip step alpha must be in [0, 1]");
 }
 
+// The entries of a contiguous float64 tensor, which the loops below walk.
+double* entries(const torch::Tensor& t) {
+  if (t.scalar_type() != torch::kFloat64 || !t.is_contiguous())
+    throw Error("consensus simulation: the state must be contiguous float64");
+  return t.data_ptr<double>();
+}
+
 // Mean over workers of ||x_i - xbar||^2, for n vectors of dim doubles (row-major).
-double mean_distance(const std::vector<double>& x, int n, int64_t dim) {
+double mean_distance(const double* x, int n, int64_t dim) {
   double d = 0.0;
   for (int64_t k = 0; k < dim; ++k) {
     double mean = 0.0;
@@ -48,7 +45,7 @@ double mean_distance(const std::vector<double>& x, int n, int64_t dim) {
   return d / n;
 }
 
-void center(std::vector<double>& v, int n, int64_t dim) {
+void center(double* v, int n, int64_t dim) {
   for (int64_t k = 0; k < dim; ++k) {
     double mean = 0.0;
     for (int i = 0; i < n; ++i) mean += v[i * dim + k];
@@ -58,97 +55,82 @@ void center(std::vector<double>& v, int n, int64_t dim) {
 }
 
 // n independent standard normal vectors of dim entries from `gen` (which continues), their
-// mean removed.
-std::vector<double> draw_centered(at::Generator& gen, int n, int64_t dim) {
+// mean removed: one float64 tensor of n * dim entries, row-major.
+torch::Tensor draw_centered(at::Generator& gen, int n, int64_t dim) {
   torch::NoGradGuard no_grad;
-  const auto x0 = torch::randn({n, dim}, gen, torch::kFloat64).contiguous();
-  std::vector<double> x(x0.data_ptr<double>(), x0.data_ptr<double>() + n * dim);
-  center(x, n, dim);
+  auto x = torch::randn({n, dim}, gen, torch::kFloat64).contiguous().reshape({-1});
+  center(entries(x), n, dim);
   return x;
 }
 
-// Gossip of n vectors of `dim` doubles (row-major), in plain loops: a grid of hundreds of
-// settings times thousands of rounds must run in seconds. The consensus mean is projected out
-// after every round: W is doubly stochastic, so the disagreement's dynamics do not depend on
-// it, and rescaling (below) would otherwise blow it up.
+// Gossip of n vectors of `dim` doubles (row-major). The mix, the centering and the rescaling run
+// in plain loops, a round's form in its few tensor operations on all n vectors at once: a grid of
+// hundreds of settings times thousands of rounds must run in seconds. The consensus mean is
+// projected out after every round: W is doubly stochastic, so the disagreement's dynamics do not
+// depend on it, and rescaling (below) would otherwise blow it up.
 class ConsensusSim {
  public:
   ConsensusSim(const Topology& topo, int64_t dim, uint64_t seed, OuterStep o)
       : n_(topo.size()), dim_(dim), o_(o), gen_(at::detail::createCPUGenerator(seed)) {
-    m_.resize(static_cast<size_t>(n_ * dim_));
     draw();
   }
 
-  // Independent standard normal vectors (the generator continues), momentum state at rest.
+  // Independent standard normal vectors (the generator continues), the form's state at rest there.
   void draw() {
     x_ = draw_centered(gen_, n_, dim_);
-    if (o_.form == Form::anchor && o_.momentum != 0.0) b_.assign(x_.size(), 0.0);
-    if (o_.form == Form::accelerated && o_.momentum != 0.0) u_prev_ = x_;
+    const bool plain = o_.form == Form::anchor && o_.lr == 1.0 && o_.momentum == 0.0;
+    form_ = plain ? make_mix_only_form() : make_round_form(o_, x_);
   }
 
-  double distance() const { return mean_distance(x_, n_, dim_); }
+  double distance() const { return mean_distance(entries(x_), n_, dim_); }
 
   void step(const std::vector<Row>& rows) {
-    // m = W x (for accelerated u = x: no pseudo-gradient without training; for mix_after the
-    // outer step on a zero pseudo-gradient leaves x as it is, so the round is plain gossip).
-    std::fill(m_.begin(), m_.end(), 0.0);
-    for (int i = 0; i < n_; ++i) {
-      double* mi = &m_[i * dim_];
-      for (auto [j, w] : rows[i]) {
-        const double* xj = &x_[j * dim_];
-        for (int64_t k = 0; k < dim_; ++k) mi[k] += w * xj[k];
-      }
-    }
-    const double lr = o_.lr, mu = o_.momentum, alpha = o_.gossip_step;
-    const size_t N = x_.size();
-    switch (o_.form) {
-      case Form::mix_after: x_.swap(m_); break;
-      case Form::anchor:
-        if (lr == 1.0 && mu == 0.0) {
-          x_.swap(m_);  // exactly m, not x - (x - m)
-        } else {
-          for (size_t k = 0; k < N; ++k) {
-            const double delta = x_[k] - m_[k];
-            double step = delta;
-            if (mu != 0.0) {
-              b_[k] = mu * b_[k] + delta;
-              step += mu * b_[k];
-            }
-            x_[k] -= lr * step;
-          }
-        }
-        break;
-      case Form::accelerated:
-        for (size_t k = 0; k < N; ++k) {
-          const double u = x_[k];
-          double next = u - alpha * (u - m_[k]);
-          if (mu != 0.0) {
-            next += mu * (u - u_prev_[k]);
-            u_prev_[k] = u;
-          }
-          x_[k] = next;
-        }
-        break;
-    }
-    center(x_);
-    if (!b_.empty()) center(b_);
-    if (!u_prev_.empty()) center(u_prev_);
+    torch::NoGradGuard no_grad;
+    // phi = x: no training moves the parameters between rounds (for accelerated u = x; for
+    // mix_after the outer step on a zero pseudo-gradient leaves x as it is, so the round is plain
+    // gossip).
+    const Sent sent = form_->send(x_);
+    x_.copy_(form_->land(mix(rows, sent.x), sent));
+    for (const auto& t : state()) center(entries(t), n_, dim_);
   }
 
   // Multiplies the whole state by s (the dynamics are linear in it).
   void scale(double s) {
-    for (auto* v : {&x_, &b_, &u_prev_})
-      for (auto& e : *v) e *= s;
+    for (const auto& t : state()) {
+      double* v = entries(t);
+      for (int64_t k = 0; k < t.numel(); ++k) v[k] *= s;
+    }
   }
 
  private:
-  void center(std::vector<double>& v) const { algo::center(v, n_, dim_); }
+  // m_i = sum_j W_t[i,j] s_j, j ascending.
+  torch::Tensor mix(const std::vector<Row>& rows, const torch::Tensor& sent) const {
+    auto m = torch::zeros_like(x_);
+    const double* s = entries(sent);
+    double* out = entries(m);
+    for (int i = 0; i < n_; ++i) {
+      double* mi = out + i * dim_;
+      for (auto [j, w] : rows[i]) {
+        const double* sj = s + j * dim_;
+        for (int64_t k = 0; k < dim_; ++k) mi[k] += w * sj[k];
+      }
+    }
+    return m;
+  }
+
+  // x and the form's own tensors (its anchor equals x after every round).
+  std::vector<torch::Tensor> state() const {
+    std::vector<torch::Tensor> all = {x_};
+    for (const auto& [name, t] : form_->state()) all.push_back(t);
+    return all;
+  }
 
   int n_;
   int64_t dim_;
   OuterStep o_;
   at::Generator gen_;
-  std::vector<double> x_, m_, b_, u_prev_;
+  torch::Tensor x_;
+  std::unique_ptr<RoundForm> form_;
 };
 
 std::vector<std::vector<Row>> rows_of(const Topology& topo, int64_t rounds) {
@@ -166,6 +148,7 @@ std::vector<double> ratios(const Topology& topo, const std::vector<std::vector<R
                            int64_t dim, uint64_t seed, OuterStep o, bool restart = false, int64_t* restarts = nullptr) {
   if (rounds < 0 || dim < 1) throw ConfigError("consensus simulation needs rounds >= 0 and dim >= 1");
   check_step(o);
+  c10::InferenceMode no_autograd;  // the forms' tensor operations on small vectors: dispatch is their cost
   ConsensusSim sim(topo, dim, seed, o);
   std::vector<double> out;
   out.reserve(static_cast<size_t>(rounds));
@@ -216,10 +199,11 @@ ConsensusRate rate_of(const std::vector<double>& r, int64_t restarts) {
 
 std::vector<double> consensus_start(int n, int64_t dim, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  return draw_centered(gen, n, dim);
+  const auto x = draw_centered(gen, n, dim);
+  return std::vector<double>(x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
 }
 
-double consensus_distance(const std::vector<double>& x, int n, int64_t dim) { return mean_distance(x, n, dim); }
+double consensus_distance(const std::vector<double>& x, int n, int64_t dim) { return mean_distance(x.data(), n, dim); }
 
 std::vector<double> simulate_consensus(const Topology& topo, int64_t rounds, int64_t dim, uint64_t seed, OuterStep outer) {
   std::vector<double> out = {1.0};

@@ -1,36 +1,22 @@
-// The GASLoC forms (algo.form, docs/design.md section 3) and the consensus they reach when no
-// training moves the parameters: `gasloc topo --consensus` and docs/topology.md measure each
-// form's rate here, and GossipSync (algorithms.hpp) runs the same rounds on tensors
-// (Algo.GossipSyncWithFrozenParametersIsTheConsensusSimulation pins the two together).
+// The consensus the GASLoC forms reach when no training moves the parameters: `gasloc topo
+// --consensus` and docs/topology.md measure each form's rate here. A round is the form's own
+// code (round_forms.hpp), the one GossipSync runs, applied to every worker's vector at once
+// (Algo.GossipSyncWithFrozenParametersIsTheConsensusSimulation runs the two side by side):
+//   anchor:      Delta_i = x_i - m_i, b_i <- momentum*b_i + Delta_i, x_i <- x_i - lr*(Delta_i + momentum*b_i)
+//   mix_after:   the outer step on the pseudo-gradient x_i - phi_i = 0, then mixing: plain gossip
+//   accelerated: u_i = x_i; x_i <- u_i - gossip_step*(u_i - m_i(u)) + momentum*(u_i - u_i^prev)
+// with m_i = sum_j W_t[i,j] x_j. {1, 0} in the anchor form is plain gossip averaging, x_i <- m_i
+// exactly: Local-DAdam's round (make_mix_only_form), not x_i - (x_i - m_i).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "gasloc/algo/round_forms.hpp"
 #include "gasloc/core/choice.hpp"
 #include "gasloc/topology/topology.hpp"
 
 namespace gasloc::algo {
-
-// The GASLoC forms, in the order of form_choices().
-enum class Form { anchor, mix_after, accelerated };
-// The names of the forms, in the order of Form (algo.form, `gasloc topo --form`).
-const config::Choices& form_choices();
-// A name of form_choices() to its Form; ConfigError listing them otherwise.
-Form parse_form(const std::string& name);
-std::string to_string(Form form);
-
-// The round of a GASLoC form applied to vectors that no training moves (phi_i = theta_i):
-//   anchor:      Delta_i = x_i - m_i, b_i <- momentum*b_i + Delta_i, x_i <- x_i - lr*(Delta_i + momentum*b_i)
-//   mix_after:   the outer step on the pseudo-gradient x_i - phi_i = 0, then mixing: plain gossip
-//   accelerated: u_i = x_i; x_i <- u_i - gossip_step*(u_i - m_i(u)) + momentum*(u_i - u_i^prev)
-// with m_i = sum_j W_t[i,j] x_j. {1, 0} in the anchor form is plain gossip averaging, x_i <- m_i.
-struct OuterStep {
-  double lr = 1.0;
-  double momentum = 0.0;
-  Form form = Form::anchor;
-  double gossip_step = 1.0;  // alpha, accelerated only
-};
 
 // Gossip with no training: n workers start from independent standard normal vectors of `dim`
 // entries (from `seed`); each round every worker mixes and takes the form's step. Returns the

@@ -25,7 +25,9 @@ class OuterNesterov {
   // Sets theta and b (b_next as propose() gave it).
   void commit(const torch::Tensor& theta, const torch::Tensor& b_next);
   torch::Tensor& theta() { return theta_; }
+  const torch::Tensor& theta() const { return theta_; }
   torch::Tensor& momentum() { return b_; }  // undefined when mu = 0
+  const torch::Tensor& momentum() const { return b_; }
   const OuterOptions& options() const { return opts_; }
 
  private:
