@@ -1,7 +1,7 @@
 // The codecs (src/gasloc/comm/codec.hpp): payload bytes worked out by hand, round halves to
 // even, the error bound, zero and subnormal chunks, refusals of non-finite inputs and of garbage
 // payloads, error feedback, and the library against a naive encoder written here from the
-// definition (DESIGN.md section 12).
+// definition (docs/communication.md, "Codecs").
 #include <gtest/gtest.h>
 
 #include <algorithm>

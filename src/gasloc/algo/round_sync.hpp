@@ -55,7 +55,7 @@ enum class OverlapVariant { eager, delayed };
 const config::Choices& overlap_choices();
 struct Overlap {
   int64_t steps = 0;  // tau; 0 = the blocking round
-  OverlapVariant variant = OverlapVariant::eager;
+  OverlapVariant variant = OverlapVariant::delayed;  // algo.overlap's default (E9: eager costs 0.25-0.30 nats)
 };
 Overlap parse_overlap(int64_t steps, const std::string& variant);
 

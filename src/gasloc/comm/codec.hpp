@@ -1,4 +1,4 @@
-// Codecs for compressed exchanges (/work/shared/DESIGN.md section 12, docs/communication.md
+// Codecs for compressed exchanges (docs/communication.md
 // "Codecs"): pure functions from a span of fp32 values to bytes and back. No torch, no BLAS, no
 // reordering: encode is a function of its input alone, so every CPU produces the same bytes and
 // every receiver decodes the same floats.
