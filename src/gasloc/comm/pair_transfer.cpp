@@ -89,8 +89,10 @@ class Phase {
  public:
   Phase(const std::vector<PairLink>& links, const PairTransferOptions& o, std::vector<PeerResult>& results)
       : links_(links), o_(o), results_(results), order_(links.size()), recv_(links.size()), send_(links.size()) {
+    // The caller's order otherwise: the first wait that fails is the peer a failure is blamed on.
     std::iota(order_.begin(), order_.end(), size_t{0});
-    std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return links[a].peer < links[b].peer; });
+    if (o.pairs_in_order)
+      std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return links[a].peer < links[b].peer; });
   }
 
   // False when fail_fast stopped it at a failure.

@@ -12,7 +12,7 @@
 // Tags: both ends of a pair count the calls they made together (PairLink::calls) and tag each
 // phase with that count and the phase, so that consecutive calls never mix; NCCL ignores tags and
 // matches a pair's transfers in order, which the count follows too.
-// Order: every receive is posted before any send (a receive's ready notice never queues behind
+// Order: in the links' order, every receive is posted before any send (a receive's ready notice never queues behind
 // this rank's payload, and both directions move at once), or, with pairs_in_order (NCCL, whose
 // pair connections block both ends when first used), peers ascending, the lower rank of a pair
 // sending first: no cycle of waits can form.
