@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <csignal>
-#include <mutex>
 #include <map>
 #include <thread>
 

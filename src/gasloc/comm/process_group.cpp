@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <numeric>
 #include <thread>
 
 #include "gasloc/comm/network_model.hpp"
