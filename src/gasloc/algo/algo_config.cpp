@@ -23,6 +23,8 @@ const AlgoConfig::Docs& AlgoConfig::docs() {
     out.overlap_steps = with("tau: local steps run while a round's exchange travels, its outer step landing tau steps "
                              "after the send (0 = off; needs every H_i >= tau + 1)",
                              &AlgorithmEntry::has_rounds);
+    out.compression = "codec of parameter messages: none, int8, int4, topk (all-reduces only) (" +
+                      algorithm_names(&AlgorithmEntry::sends_parameters) + ")";
     return out;
   }();
   return d;
@@ -54,6 +56,7 @@ void AlgoConfig::validate(int world) const {
           "is alpha of the accelerated form; with algo.form = " + form.str() + " leave it at 1");
   require(wire_dtype == "fp32" || !algo.sends_gradients, "algo.wire_dtype",
           "applies to parameter messages; " + name.str() + " averages gradients in fp32");
+  validate_compression();
   if (world > 0)
     require(!algo.single_worker || world == 1, "algo.name",
             "'" + name.str() + "' trains one worker; choose one of " + algorithm_names(&AlgorithmEntry::single_worker, false) +
@@ -65,6 +68,39 @@ void AlgoConfig::validate(int world) const {
       throw ConfigError("config key 'algo.topology': " + std::string(e.what()), e.hint());
     }
   }
+}
+
+}  // namespace gasloc::algo
+
+namespace gasloc::algo {
+
+void AlgoConfig::validate_compression() const {
+  using config::require;
+  const AlgorithmEntry& algo = algorithm(name);
+  require(compression_chunk >= 0, "algo.compression_chunk", "must be >= 0 (0 = the codec's default)");
+  require(topk_density > 0 && topk_density <= 1, "algo.topk_density", "must be in (0, 1]");
+  require(error_feedback_decay >= 0 && error_feedback_decay <= 1, "algo.error_feedback_decay", "must be in [0, 1]");
+  require(modulo_margin >= 2, "algo.modulo_margin", "must be >= 2: the grid must span twice the largest gap");
+  if (compression == "none") return;
+  require(algo.sends_parameters, "algo.compression",
+          "compresses parameter messages (" + algorithm_names(&AlgorithmEntry::sends_parameters) + "); '" + name.str() +
+              (algo.sends_gradients ? "' averages every step's gradients, which stay fp32 (an error in them is not corrected "
+                                      "by the next round)"
+                                    : "' sends nothing") +
+              ": set algo.compression = none");
+  const bool all_reduces = algo.all_reduces(topology);
+  require(all_reduces || compression != "topk", "algo.compression",
+          "topk is for all-reduces (diloco, gasloc on the complete topology): in gossip an unsent coordinate would read as "
+          "the peer's old value, a jump the size of the drift; use int8 or int4 with algo.gossip_codec = modulo");
+  require(!all_reduces || algo.has_outer, "algo.compression",
+          "'" + name.str() + "' on the complete topology has no anchor to compress its messages against; run diloco with "
+          "algo.outer_lr = 1 and algo.outer_momentum = 0, which is the same round");
+  require(all_reduces || gossip_codec == "modulo" || compression == "int8", "algo.gossip_codec",
+          "direct sends parameters whole, where int4's 15 levels lose everything but the largest; use modulo with int4");
+  require(wire_dtype == "fp32", "algo.wire_dtype",
+          "algo.compression sets the message's encoding; leave algo.wire_dtype = fp32 with algo.compression = " + compression.str());
+  require(overlap_steps == 0, "algo.overlap_steps",
+          "compressed rounds do not overlap yet; set algo.overlap_steps = 0 or algo.compression = none");
 }
 
 }  // namespace gasloc::algo

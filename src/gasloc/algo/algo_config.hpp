@@ -5,9 +5,11 @@
 #include <string>
 
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/compression.hpp"
 #include "gasloc/algo/membership.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/comm/codec.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/choice.hpp"
 #include "gasloc/algo/consensus.hpp"
@@ -30,6 +32,13 @@ struct AlgoConfig {
   config::Choice wire_dtype{wire_dtype_choices(), "fp32"};
   int64_t overlap_steps = 0;
   config::Choice overlap{overlap_choices(), "delayed"};
+  config::Choice compression{comm::compressions(), "none"};
+  int64_t compression_chunk = 0;
+  double topk_density = 1.0 / 64;
+  config::Choice error_feedback{feedback_choices(), "auto"};
+  double error_feedback_decay = 1.0;
+  config::Choice gossip_codec{gossip_codec_choices(), "modulo"};
+  double modulo_margin = 4.0;
 
   template <class V>
   void visit(V&& v) {
@@ -45,15 +54,23 @@ struct AlgoConfig {
     v("wire_dtype", wire_dtype, "dtype parameter messages are cast to on send (mixing and state stay fp32)");
     v("overlap_steps", overlap_steps, d.overlap_steps.c_str());
     v("overlap", overlap, "where the overlapped steps start (docs/training.md)");
+    v("compression", compression, d.compression.c_str());
+    v("compression_chunk", compression_chunk, "values per chunk, each with its own scale (0 = the codec's default: 256, topk 4096)");
+    v("topk_density", topk_density, "topk: the fraction of each chunk sent, in (0, 1] (default 1/64)");
+    v("error_feedback", error_feedback, "carry each round's encoding error into the next (auto: on for int4 and topk all-reduces)");
+    v("error_feedback_decay", error_feedback_decay, "beta in a = beta e + u, in [0, 1]");
+    v("gossip_codec", gossip_codec, "how gossip rounds compress: modulo keeps the mean exactly; direct (int8 only) decodes parameters");
+    v("modulo_margin", modulo_margin, "modulo codec: the pair's grid spans this many times its last gap (>= 2)");
   }
   // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
   // the checks that depend on it are skipped).
   void validate(int world) const;
+  void validate_compression() const;
 
  private:
   // The docs that name the algorithms a setting applies to, from the registry.
   struct Docs {
-    std::string H, outer_lr, outer_momentum, topology, h_policy, form, overlap_steps;
+    std::string H, outer_lr, outer_momentum, topology, h_policy, form, overlap_steps, compression;
   };
   static const Docs& docs();
 };

@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/compression.hpp"
+#include "gasloc/comm/codec.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::algo {
@@ -109,8 +111,6 @@ RoundGraph RoundMixer::graph(int id, int64_t round) const {
   return g;
 }
 
-namespace {
-// m = sum_j W[me, j] x_j over the row (own term x), from what arrived in `recv` (peers' order).
 torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv) {
   for (size_t k = 0; k < g.peers.size(); ++k) {
     if (!recv[k].defined()) continue;  // a failed edge: the peer died at this exchange
@@ -134,10 +134,34 @@ torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::
   }
   return m;
 }
-}  // namespace
 
-torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const {
+void RoundMixer::compress(const CompressionOptions& o) {
+  if (membership_ || restarts_)
+    throw ConfigError("config key 'algo.compression': compressed rounds are built for a fixed membership; an elastic run or "
+                      "a [faults] schedule changes it at rounds",
+                      "set algo.compression = none, or cluster.elastic = false without [faults]");
+  compressor_ = std::make_shared<Compressor>(o);
+}
+
+int64_t RoundMixer::message_bytes(int64_t p, torch::ScalarType wire) const {
+  if (!compressor_) return p * static_cast<int64_t>(c10::elementSize(wire));
+  if (topo_.is_all_reduce()) return static_cast<int64_t>(comm::payload_bytes(compressor_->options().codec, static_cast<size_t>(p)));
+  return compressor_->gossip_bytes(p, 1);
+}
+
+torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
+                              const torch::Tensor& anchor) const {
   torch::NoGradGuard no_grad;
+  if (compressor_) {
+    const View v = view(round);
+    if (topo_.is_all_reduce()) {
+      if (!anchor.defined()) throw Error("RoundMixer::mix: a compressed all-reduce needs the anchor", "internal: pass theta");
+      return compressor_->all_reduce(x, anchor, v.members, comm).to(x.scalar_type());
+    }
+    std::vector<RoundGraph> graphs;
+    for (int id = 0; id < topo_.size(); ++id) graphs.push_back(graph(id, round));
+    return compressor_->gossip(graphs, x, comm).to(x.scalar_type());
+  }
   if (topo_.is_all_reduce())
     return membership_ ? all_reduce_mix_over(*membership_, view(round), x, comm, wire, "all-reduce")
                        : all_reduce_mix(x, comm, wire, "all-reduce");
@@ -151,6 +175,7 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
 MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm,
                                   torch::ScalarType wire) const {
   TORCH_CHECK(!membership_, "RoundMixer::start_mix: overlapped rounds have a fixed membership");
+  TORCH_CHECK(!compressor_, "RoundMixer::start_mix: compressed rounds do not overlap (AlgoConfig refuses them)");
   torch::NoGradGuard no_grad;
   MixInFlight f;
   f.x = x;
@@ -211,6 +236,15 @@ void ViewSync::ended(int64_t t, comm::Communicator& comm) {
     comm.barrier();  // a checkpoint commits when every worker has written it
     checkpoint_clock_ = comm.now();
   }
+}
+
+void ViewSync::save_compression(StateDict& s) const {
+  if (const Compressor* c = mixer_.compressor())
+    for (auto& [k, t] : c->state()) s[k] = t;
+}
+
+void ViewSync::load_compression(const StateDict& s) {
+  if (Compressor* c = mixer_.compressor()) c->load_state(s);
 }
 
 void ViewSync::save_restart_clock(StateDict& s) const {

@@ -32,6 +32,13 @@ struct MixInFlight {
   std::unique_ptr<comm::Pending> pending;
 };
 
+class Compressor;
+struct CompressionOptions;
+
+// m = sum_j W[me, j] x_j over g's row (own term x), from what arrived in `recv` (g.peers' order;
+// an undefined entry is a failed edge, whose weight moves onto W_ii). Non-finite peers are refused.
+torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv);
+
 class RoundMixer {
  public:
   // membership: nullptr for a fixed world (every worker in every round).
@@ -56,8 +63,18 @@ class RoundMixer {
   // m = sum_j W_t[me, j] x_j over round t's view (j ascending), x sent as `wire`; the weight of a
   // failed edge (a peer that died at this exchange) moves onto W_ii. An all-reduce topology
   // averages over the members, retrying over the survivors when one dies. Non-finite messages are
-  // rejected naming the peer.
-  torch::Tensor mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const;
+  // rejected naming the peer. With a codec (compress()), the compressed round of compression.hpp:
+  // an all-reduce then averages anchor - x, the pseudo-gradient (anchor: theta, which every
+  // member holds), and returns anchor - its mean.
+  torch::Tensor mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
+                    const torch::Tensor& anchor = {}) const;
+  // Rounds go through a codec from now on (fixed membership, blocking rounds: AlgoConfig refuses
+  // the rest).
+  void compress(const CompressionOptions& o);
+  Compressor* compressor() const { return compressor_.get(); }
+  // The bytes a round's message takes per neighbour (gossip) or as a ring all-reduce's P, for a
+  // message of p parameters in `wire`: what the time-budget policy prices.
+  int64_t message_bytes(int64_t p, torch::ScalarType wire) const;
   // mix() in two halves for a fixed membership: start_mix starts the exchange (or all-reduce) of
   // x, which must be a snapshot nothing modifies until finish_mix; finish_mix waits for it and
   // returns the same m as mix(), bit for bit.
@@ -71,6 +88,7 @@ class RoundMixer {
   topology::Topology topo_;
   const Membership* membership_;
   const Membership* restarts_;
+  std::shared_ptr<Compressor> compressor_;  // shared by copies of the mixer, which one worker owns
 };
 
 // Worker `id`'s part in the state transfer after a round of `view`, when it has joiners.
@@ -96,6 +114,15 @@ class ViewSync : public Synchronizer {
   // Stop-and-resume: the clock when the last checkpoint committed, which checkpoints carry.
   void save_restart_clock(StateDict& s) const;
   void load_restart_clock(const StateDict& s);
+  // The codec's state (error feedback, grids), which checkpoints carry.
+  void save_compression(StateDict& s) const;
+  void load_compression(const StateDict& s);
+
+ public:
+  // Every round of this worker goes through a codec (algo.compression).
+  void compress(const CompressionOptions& o) { mixer_.compress(o); }
+
+ protected:
 
   RoundMixer mixer_;
 

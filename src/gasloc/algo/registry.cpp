@@ -2,6 +2,7 @@
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/compression.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::algo {
@@ -44,19 +45,19 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {.name = "allreduce", .doc = "DDP: gradients averaged every step", .sends_gradients = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<AllReduceSync>(c.world, c.membership); }},
       {.name = "diloco", .doc = "H local steps, then an all-reduce and an outer Nesterov step",
-       .has_rounds = true, .has_outer = true,
+       .sends_parameters = true, .has_rounds = true, .has_outer = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<DiLoCoSync>(c.steps(), c.outer(), c.world, c.membership, c.wire(), c.overlap()); }},
       {.name = "gasloc", .doc = "H local steps, then gossip with the round's neighbours and an outer step",
-       .needs_topology = true, .has_rounds = true, .has_outer = true, .has_forms = true,
+       .needs_topology = true, .sends_parameters = true, .has_rounds = true, .has_outer = true, .has_forms = true,
        .make = [](const SyncContext& c) -> Made {
          return std::make_unique<GossipSync>(c.steps(), c.outer(), c.topology(),
                                              GossipForm{parse_form(c.cfg.form), c.cfg.gossip_step}, c.wire(), c.membership,
                                              c.overlap());
        }},
-      {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true,
+      {.name = "dadam", .doc = "gossip mixing every step, then the AdamW step", .needs_topology = true, .sends_parameters = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<DAdamSync>(c.topology(), c.wire(), c.membership); }},
       {.name = "local_dadam", .doc = "H local steps, then gossip averaging, no outer step",
-       .needs_topology = true, .has_rounds = true,
+       .needs_topology = true, .sends_parameters = true, .has_rounds = true,
        .make = [](const SyncContext& c) -> Made { return std::make_unique<LocalDAdamSync>(c.steps(), c.topology(), c.wire(), c.membership, c.overlap()); }},
   };
   return table;
@@ -91,7 +92,13 @@ std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world
     throw ConfigError("config key 'algo.overlap_steps': overlapped rounds are built for a fixed membership; an elastic "
                       "run or a [faults] schedule changes it at rounds",
                       "set algo.overlap_steps = 0, or cluster.elastic = false without [faults]");
-  return entry.make(SyncContext{cfg, entry, world, seed, network, membership});
+  auto sync = entry.make(SyncContext{cfg, entry, world, seed, network, membership});
+  if (const auto o = compression_options(cfg)) {
+    auto* rounds = dynamic_cast<ViewSync*>(sync.get());
+    if (!rounds) throw ConfigError("config key 'algo.compression': " + cfg.name.str() + " sends no parameters", "set algo.compression = none");
+    rounds->compress(*o);
+  }
+  return sync;
 }
 
 }  // namespace gasloc::algo

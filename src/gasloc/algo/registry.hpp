@@ -45,6 +45,7 @@ struct AlgorithmEntry {
   std::string name;
   std::string doc;
   bool needs_topology = false;     // gossips over algo.topology
+  bool sends_parameters = false;   // exchanges parameters (algo.compression applies)
   bool has_rounds = false;         // rounds of algo.H local steps (and algo.h_policy)
   bool has_outer = false;          // an outer Nesterov step (algo.outer_lr, algo.outer_momentum)
   bool has_forms = false;          // algo.form chooses among several rounds

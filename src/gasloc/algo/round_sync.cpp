@@ -60,8 +60,15 @@ RoundSync::RoundSync(LocalSteps steps, std::optional<OuterStep> outer_step, Roun
     : ViewSync(std::move(mixer)), rounds_(std::move(steps)), outer_step_(outer_step), wire_(wire), overlap_(overlap) {}
 
 void RoundSync::init(FlatParams& params) {
-  bytes_ = params.numel() * static_cast<int64_t>(c10::elementSize(wire_));
+  bytes_ = mixer_.message_bytes(params.numel(), wire_);
   form_ = outer_step_ ? make_round_form(*outer_step_, params.data()) : make_mix_only_form();
+}
+
+torch::Tensor RoundSync::anchor() const {
+  if (!mixer_.compressor() || !mixer_.topology().is_all_reduce()) return {};
+  const StateDict s = form().state();
+  const auto it = s.find("theta");
+  return it == s.end() ? torch::Tensor() : it->second;
 }
 
 RoundForm& RoundSync::form() const {
@@ -109,7 +116,7 @@ void RoundSync::send(FlatParams& params, comm::Communicator& comm) {
     // phi stays phi_sent until the landing, which comes at once: no snapshot. Elastic rounds take
     // this path (their mix retries over the survivors); nothing changes if the mix throws.
     Sent sent = form().send(phi);
-    flight_.mixed = mixer_.mix(t, sent.x, comm, wire_);
+    flight_.mixed = mixer_.mix(t, sent.x, comm, wire_, anchor());
     flight_.sent = std::move(sent);
     flight_.active = true;
     return;
@@ -161,6 +168,7 @@ StateDict RoundSync::state() const {
   rounds_.save(s);
   save_restart_clock(s);
   save_flight(s);
+  save_compression(s);
   return s;
 }
 
@@ -169,6 +177,7 @@ void RoundSync::load_state(const StateDict& s) {
   load_restart_clock(s);
   form().load_state(s);
   load_flight(s);
+  load_compression(s);
 }
 
 void RoundSync::save_flight(StateDict& s) const {

@@ -99,6 +99,8 @@ class RoundSync : public ViewSync {
   void save_flight(StateDict& s) const;
   void load_flight(const StateDict& s);
   RoundForm& form() const;
+  // A compressed all-reduce's anchor: the form's theta, which every member holds (undefined otherwise).
+  torch::Tensor anchor() const;
 
   RoundCounter rounds_;
   std::optional<OuterStep> outer_step_;  // nullopt: the mix-only form

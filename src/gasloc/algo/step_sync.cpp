@@ -8,6 +8,7 @@ namespace gasloc::algo {
 StateDict StepSync::state() const {
   StateDict s;
   save_restart_clock(s);
+  save_compression(s);
   return s;
 }
 

@@ -15,7 +15,10 @@ class StepSync : public ViewSync {
   using ViewSync::ViewSync;
   bool wants_compute(int64_t step, comm::Communicator& comm) override { return mixer_.computes(comm.rank(), step - 1); }
   StateDict state() const override;
-  void load_state(const StateDict& s) override { load_restart_clock(s); }
+  void load_state(const StateDict& s) override {
+    load_restart_clock(s);
+    load_compression(s);
+  }
 
  protected:
   int64_t current_round() const override { return steps_; }

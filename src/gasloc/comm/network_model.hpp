@@ -15,6 +15,8 @@ struct NetworkModel {
   std::vector<double> slowdown;           // per-rank factor on step_time_s; empty = all 1
   std::vector<double> bandwidth_scale;    // per-rank factor on bandwidth_Bps; empty = all 1
   int64_t simulated_message_bytes = 0;    // price every message as this many bytes (0 = actual bytes)
+  int64_t parameter_message_bytes = 0;    // with the above: the run's own fp32 parameter message, so that a
+                                          // message of b bytes is priced b / this of it (compressed rounds)
 
   // Throws ConfigError naming the field when a value is out of range, not finite, or a per-rank
   // list is neither empty nor `world` long.
@@ -26,7 +28,10 @@ struct NetworkModel {
   // The size a message of `actual_bytes` is priced (and counted in CommStats) as. Callers pass
   // the bytes actually sent: the parameter count times the wire dtype's size (algo.wire_dtype).
   int64_t message_bytes(int64_t actual_bytes) const {
-    return simulated_message_bytes > 0 ? simulated_message_bytes : actual_bytes;
+    if (simulated_message_bytes <= 0) return actual_bytes;
+    if (parameter_message_bytes <= 0) return simulated_message_bytes;
+    return static_cast<int64_t>(static_cast<double>(simulated_message_bytes) * static_cast<double>(actual_bytes) /
+                                    static_cast<double>(parameter_message_bytes) + 0.5);
   }
 };
 

@@ -120,6 +120,7 @@ void NetworkSection::resolve() {
           fmt::format("{} conflicts with network.simulated_model = \"{}\" ({} bytes); set only one", simulated_model_bytes,
                       simulated_model, bytes));
   simulated_model_bytes = bytes;
+  simulated_element_bytes = elem;
 }
 
 void NetworkSection::validate(int world) const {
@@ -145,6 +146,7 @@ comm::NetworkModel NetworkSection::model(int world) const {
   m.bandwidth_Bps = bandwidth_gbit * 1e9 / 8;
   m.latency_s = latency_s;
   m.simulated_message_bytes = simulated_model_bytes;
+  m.parameter_message_bytes = parameter_message_bytes;
   std::vector<Straggler> all;
   if (preset == "straggler_bw10") all.push_back({world - 1, 0.1, 1.0});
   if (preset == "straggler_bw20") all.push_back({world - 1, 0.2, 1.0});

@@ -295,6 +295,11 @@ struct NetworkSection {
   std::string simulated_model;
   int64_t simulated_model_bytes = 0;
   bool throttle_gloo = false;
+  // Not keys. The simulated model's bytes a parameter (resolve()); and, set by the trainer for
+  // compressed rounds, this run's parameters times that, so that a message is priced by its size
+  // (comm::NetworkModel::parameter_message_bytes).
+  int64_t simulated_element_bytes = 4;
+  int64_t parameter_message_bytes = 0;
 
   template <class V>
   void visit(V&& v) {

@@ -769,6 +769,8 @@ TrainSummary run_training(const TrainRequest& req) {
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
   const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);  // data.seq_len fits: JobConfig::validate
   check_memory(mc, job.cluster.backend == "inproc" ? static_cast<int>(job.cluster.workers) : 1, job.train.device);
+  // A compressed round's messages are priced by their size against the simulated model's.
+  if (job.algo.compression != "none") job.network.parameter_message_bytes = mc.num_params() * job.network.simulated_element_bytes;
 
   // Which ranks live in this process: all of them in-process, one per process otherwise.
   const auto cluster = open_cluster(req, job);

@@ -1,0 +1,422 @@
+// Compressed rounds; see compression.hpp.
+#include "gasloc/algo/compression.hpp"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <utility>
+
+#include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/modulo_codec.hpp"
+#include "gasloc/core/config.hpp"
+#include "gasloc/core/error.hpp"
+
+namespace gasloc::algo {
+
+const config::Choices& feedback_choices() {
+  static const config::Choices c("error feedback", {{"auto", "on for int4 and topk all-reduces, off otherwise"},
+                                                    {"on", "carry each round's encoding error into the next"},
+                                                    {"off", "send each round's encoding alone"}});
+  return c;
+}
+
+const config::Choices& gossip_codec_choices() {
+  static const config::Choices c("gossip codec", {{"direct", "peers decode each other's int8 parameters (the mean drifts by the codec's bias)"},
+                                                  {"modulo", "pairs swap residues of a shared grid; the mean is kept exactly"}});
+  return c;
+}
+
+std::vector<std::vector<int>> round_robin(int n) {
+  std::vector<std::vector<int>> out;
+  if (n < 2) return out;
+  const int N = n + n % 2;  // an odd n gets a ghost position, N - 1, whose partner sits out
+  for (int r = 0; r < N - 1; ++r) {
+    std::vector<int> partner(N, -1);
+    auto pair = [&](int a, int b) { partner[a] = b, partner[b] = a; };
+    pair(N - 1, r);
+    for (int k = 1; k < N / 2; ++k) pair((r + k) % (N - 1), (r - k + N - 1) % (N - 1));
+    partner.resize(n);
+    for (int& p : partner)
+      if (p >= n) p = -1;
+    out.push_back(std::move(partner));
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> pair_colours(const std::vector<std::vector<int>>& neighbours) {
+  const int n = static_cast<int>(neighbours.size());
+  std::vector<std::vector<int>> colours;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> js = neighbours[i];
+    std::sort(js.begin(), js.end());
+    for (int j : js) {
+      if (j <= i) continue;
+      size_t c = 0;
+      while (c < colours.size() && (colours[c][i] >= 0 || colours[c][j] >= 0)) ++c;
+      if (c == colours.size()) colours.emplace_back(n, -1);
+      colours[c][i] = j;
+      colours[c][j] = i;
+    }
+  }
+  return colours;
+}
+
+namespace {
+
+std::span<float> floats(torch::Tensor& t) { return {t.data_ptr<float>(), static_cast<size_t>(t.numel())}; }
+std::span<const float> floats(const torch::Tensor& t) { return {t.data_ptr<float>(), static_cast<size_t>(t.numel())}; }
+std::span<uint8_t> bytes(torch::Tensor& t) { return {t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel())}; }
+std::span<const uint8_t> bytes(const torch::Tensor& t) { return {t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel())}; }
+
+torch::Tensor cpu_fp32(const torch::Tensor& x) {
+  return x.detach().to(torch::kCPU, torch::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous().reshape({-1});
+}
+
+torch::Tensor byte_tensor(const std::vector<uint8_t>& v) {
+  auto t = torch::empty({static_cast<int64_t>(v.size())}, torch::kByte);
+  std::copy(v.begin(), v.end(), t.data_ptr<uint8_t>());
+  return t;
+}
+
+// A codec's refusal of a worker's own values, as the round's error naming it.
+[[noreturn]] void non_finite(const comm::NonFiniteChunk& e, int rank, const char* what) {
+  throw CommError(fmt::format("worker {}: its {} holds {}; nothing was sent", rank, what, e.what()),
+                  "that worker diverged: lower optim.lr or resume from its last checkpoint");
+}
+
+// A peer's payload that no encoder produces.
+[[noreturn]] void bad_payload(const comm::BadPayload& e, int me, int peer) {
+  throw CommError(fmt::format("worker {}: the compressed payload from worker {} is malformed: {}", me, peer, e.what()),
+                  "every worker must run the same gasloc and the same algo.compression settings");
+}
+
+// One pair exchange per colour: exchange `send(partner)` with the colour's partner, hand what
+// arrived to got(partner, tensor). Every worker runs every colour, alone in those it sits out.
+template <class Send, class Got>
+void pairwise(const std::vector<std::vector<int>>& colours, const std::vector<int>& ids, int me, comm::Communicator& comm,
+              Send send, Got got) {
+  for (const auto& partner : colours) {
+    const int p = partner[me];
+    std::vector<torch::Tensor> recv;
+    if (p < 0) {
+      comm.exchange({}, torch::empty({0}, torch::kByte), recv);
+      continue;
+    }
+    comm.exchange({ids[p]}, send(p), recv);
+    if (!recv.at(0).defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", ids[me], ids[p]),
+                                               "compressed rounds need a fixed membership");
+    got(p, recv[0]);
+  }
+}
+
+}  // namespace
+
+Compressor::Compressor(CompressionOptions o) : o_(std::move(o)) {}
+
+int64_t Compressor::all_reduce_bytes(int64_t p, int n) const {
+  if (n < 2) return 0;
+  const auto C = static_cast<int64_t>(o_.codec.chunk);
+  const int64_t chunks = (p + C - 1) / C, shard = (chunks + n - 1) / n;
+  const auto per_chunk = static_cast<int64_t>(comm::payload_bytes(o_.codec, o_.codec.chunk));
+  if (o_.codec.kind == comm::CodecKind::topk) return (n - 1) * per_chunk * shard * n;
+  return 2 * (n - 1) * per_chunk * shard;
+}
+
+int64_t Compressor::gossip_bytes(int64_t p, int peers) const {
+  const auto n = static_cast<size_t>(p);
+  if (o_.gossip == GossipCodec::direct) return peers * static_cast<int64_t>(comm::payload_bytes(o_.codec, n));
+  const ModuloGrid g{o_.codec.kind == comm::CodecKind::int8 ? 127 : 7, o_.codec.chunk};
+  const auto chunks = static_cast<int64_t>((n + g.chunk - 1) / g.chunk);
+  return peers * (8 * chunks + static_cast<int64_t>(modulo_payload_bytes(g, n)));
+}
+
+torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
+                                     comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  const int n = static_cast<int>(members.size());
+  const auto at = std::find(members.begin(), members.end(), comm.rank());
+  if (at == members.end()) throw Error(fmt::format("compressed all-reduce: worker {} is not a member", comm.rank()));
+  const int me = static_cast<int>(at - members.begin());
+  const auto& codec = o_.codec;
+  const int64_t P = x.numel(), C = static_cast<int64_t>(codec.chunk);
+  const int64_t chunks = (P + C - 1) / C, shard_chunks = (chunks + n - 1) / n, shard = shard_chunks * C;
+  const auto chunk_bytes = static_cast<int64_t>(comm::payload_bytes(codec, codec.chunk));
+
+  // u_i = r - x_i over a buffer of n whole shards (zeros past P, which encode exactly).
+  auto u = torch::zeros({n * shard}, torch::kFloat);
+  u.narrow(0, 0, P).copy_(cpu_fp32(r)).sub_(cpu_fp32(x));
+  torch::Tensor codes;
+  try {
+    if (o_.error_feedback) {
+      if (!feedback_.defined() || feedback_.numel() != P) feedback_ = torch::zeros({P}, torch::kFloat);
+      auto e = torch::zeros({n * shard}, torch::kFloat);
+      e.narrow(0, 0, P).copy_(feedback_);
+      codes = byte_tensor(comm::encode_with_feedback(codec, floats(std::as_const(u)), floats(e), o_.feedback_decay));
+      feedback_.copy_(e.narrow(0, 0, P));
+    } else {
+      codes = byte_tensor(comm::encode(codec, floats(std::as_const(u))));
+    }
+  } catch (const comm::NonFiniteChunk& e) {
+    non_finite(e, comm.rank(), "pseudo-gradient (theta - phi)");
+  }
+
+  const int64_t shard_bytes = shard_chunks * chunk_bytes;
+  const auto colours = round_robin(n);
+  auto decoded = torch::empty({n * shard}, torch::kFloat);
+  {
+    if (codec.kind == comm::CodecKind::topk) {
+      // Every member's whole payload to every member, decoded and summed in id order.
+      std::vector<torch::Tensor> payload(n);
+      payload[me] = codes;
+      pairwise(colours, members, me, comm, [&](int) { return codes; }, [&](int p, const torch::Tensor& t) { payload[p] = t; });
+      decoded.zero_();
+      for (int k = 0; k < n; ++k) {
+        try {
+          comm::decode_add(codec, bytes(payload[k]), 1.0f, floats(decoded));
+        } catch (const comm::BadPayload& e) {
+          bad_payload(e, comm.rank(), members[k]);
+        }
+      }
+      decoded.div_(static_cast<float>(n));
+    } else {
+      // Phase 1: the owners' shards, all to all; the owner sums the n codes in id order.
+      auto shard_of = [&](int k) { return codes.narrow(0, k * shard_bytes, shard_bytes); };
+      std::vector<torch::Tensor> mine(n);
+      mine[me] = shard_of(me);
+      pairwise(colours, members, me, comm, [&](int p) { return shard_of(p).contiguous(); },
+               [&](int p, const torch::Tensor& t) { mine[p] = t; });
+      auto mean = torch::zeros({shard}, torch::kFloat);
+      for (int k = 0; k < n; ++k) {
+        try {
+          comm::decode_add(codec, bytes(mine[k].contiguous()), 1.0f, floats(mean));
+        } catch (const comm::BadPayload& e) {
+          bad_payload(e, comm.rank(), members[k]);
+        }
+      }
+      mean.div_(static_cast<float>(n));
+      // The owner re-encodes the mean (with its own feedback), and everyone takes decode of that.
+      torch::Tensor owned;
+      try {
+        if (o_.error_feedback) {
+          if (!owner_feedback_.defined() || owner_feedback_.numel() != shard) owner_feedback_ = torch::zeros({shard}, torch::kFloat);
+          owned = byte_tensor(comm::encode_with_feedback(codec, floats(std::as_const(mean)), floats(owner_feedback_), o_.feedback_decay));
+        } else {
+          owned = byte_tensor(comm::encode(codec, floats(std::as_const(mean))));
+        }
+      } catch (const comm::NonFiniteChunk& e) {
+        non_finite(e, comm.rank(), "shard's mean pseudo-gradient");
+      }
+      // Phase 2: the owners' codes, all to all.
+      std::vector<torch::Tensor> owners(n);
+      owners[me] = owned;
+      pairwise(colours, members, me, comm, [&](int) { return owned; }, [&](int p, const torch::Tensor& t) { owners[p] = t; });
+      for (int k = 0; k < n; ++k) {
+        auto out = decoded.narrow(0, k * shard, shard);
+        try {
+          comm::decode(codec, bytes(owners[k].contiguous()), floats(out));
+        } catch (const comm::BadPayload& e) {
+          bad_payload(e, comm.rank(), members[k]);
+        }
+      }
+    }
+  }
+  auto m = cpu_fp32(r).sub_(decoded.narrow(0, 0, P));
+  return m.view(x.sizes()).to(x.device());
+}
+
+torch::Tensor Compressor::gossip(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  return o_.gossip == GossipCodec::direct ? direct(graphs, x, comm) : modulo(graphs, x, comm);
+}
+
+torch::Tensor Compressor::direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
+  const int me = comm.rank();
+  const RoundGraph& g = graphs.at(me);
+  auto s = cpu_fp32(x);
+  torch::Tensor payload;
+  try {
+    if (o_.error_feedback) {
+      if (!feedback_.defined() || feedback_.numel() != s.numel()) feedback_ = torch::zeros_like(s);
+      payload = byte_tensor(comm::encode_with_feedback(o_.codec, floats(std::as_const(s)), floats(feedback_), o_.feedback_decay));
+    } else {
+      payload = byte_tensor(comm::encode(o_.codec, floats(std::as_const(s))));
+    }
+  } catch (const comm::NonFiniteChunk& e) {
+    non_finite(e, me, "parameters");
+  }
+  std::vector<torch::Tensor> recv;
+  comm.exchange(g.peers, payload, recv);
+  for (size_t k = 0; k < recv.size(); ++k) {
+    if (!recv[k].defined()) continue;
+    auto out = torch::empty_like(s);
+    try {
+      comm::decode(o_.codec, bytes(recv[k].contiguous()), floats(out));
+    } catch (const comm::BadPayload& e) {
+      bad_payload(e, me, g.peers[k]);
+    }
+    recv[k] = out;
+  }
+  return combine(g, me, s, recv).view(x.sizes()).to(x.device());
+}
+
+torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
+  const int me = comm.rank();
+  const RoundGraph& g = graphs.at(me);
+  const ModuloGrid grid{o_.codec.kind == comm::CodecKind::int8 ? 127 : 7, o_.codec.chunk};
+  auto s = cpu_fp32(x);
+  const auto P = static_cast<size_t>(s.numel());
+  const size_t chunks = (P + grid.chunk - 1) / grid.chunk;
+  if (!gaps_.defined() || gaps_.numel() != static_cast<int64_t>(chunks)) return first_modulo(g, s, grid, comm).view(x.sizes()).to(x.device());
+
+  // 1. Every neighbour learns this worker's gap and max |s| per chunk: the pair's grid.
+  std::vector<float> maxes;
+  try {
+    maxes = chunk_max_abs(grid, floats(std::as_const(s)));
+  } catch (const comm::NonFiniteChunk& e) {
+    non_finite(e, me, "parameters");
+  }
+  auto prelude = torch::empty({2 * static_cast<int64_t>(chunks)}, torch::kFloat);
+  prelude.narrow(0, 0, chunks).copy_(gaps_);
+  std::copy(maxes.begin(), maxes.end(), prelude.data_ptr<float>() + chunks);
+  std::vector<torch::Tensor> preludes;
+  comm.exchange(g.peers, prelude, preludes);
+  for (size_t k = 0; k < preludes.size(); ++k) {
+    if (!preludes[k].defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
+                                                "compressed rounds need a fixed membership");
+    if (preludes[k].numel() != prelude.numel() || !torch::isfinite(preludes[k]).all().item<bool>())
+      throw CommError(fmt::format("worker {}: the modulo codec's grid from worker {} is malformed", me, g.peers[k]),
+                      "every worker must run the same gasloc and the same algo.compression settings");
+  }
+  auto steps_with = [&](int peer) {
+    const auto k = std::find(g.peers.begin(), g.peers.end(), peer) - g.peers.begin();
+    const float* theirs = preludes[k].data_ptr<float>();
+    const float* gaps = gaps_.data_ptr<float>();
+    std::vector<double> steps(chunks);
+    for (size_t c = 0; c < chunks; ++c)
+      steps[c] = modulo_step(grid, o_.margin, gaps[c], theirs[c], maxes[c], theirs[chunks + c]);
+    return steps;
+  };
+
+  // 2. One exchange of residues per colour of the round's graph: each pair its own grid.
+  std::vector<std::vector<int>> neighbours;
+  for (const auto& gv : graphs) neighbours.push_back(gv.peers);
+  std::vector<int> ids(graphs.size());
+  for (size_t v = 0; v < ids.size(); ++v) ids[v] = static_cast<int>(v);
+  std::vector<torch::Tensor> diffs(g.peers.size());
+  auto new_gaps = torch::full({static_cast<int64_t>(chunks)}, 0.0f);
+  bool heard = false;
+  std::vector<std::vector<double>> steps_of(graphs.size());
+  pairwise(
+      pair_colours(neighbours), ids, me, comm,
+      [&](int p) {
+        steps_of[p] = steps_with(p);
+        auto out = torch::empty({static_cast<int64_t>(modulo_payload_bytes(grid, P))}, torch::kByte);
+        modulo_encode(grid, floats(std::as_const(s)), steps_of[p], bytes(out));
+        return out;
+      },
+      [&](int p, const torch::Tensor& t) {
+        auto d = torch::empty_like(s);
+        std::vector<uint8_t> wrapped(chunks);
+        try {
+          modulo_difference(grid, floats(std::as_const(s)), steps_of[p], bytes(t.contiguous()), floats(d), wrapped);
+        } catch (const comm::BadPayload& e) {
+          bad_payload(e, me, p);
+        }
+        float* ng = new_gaps.data_ptr<float>();
+        const float* dd = d.data_ptr<float>();
+        for (size_t c = 0; c < chunks; ++c) {
+          if (wrapped[c]) {
+            // The gap passed theta / 2 somewhere: the next grid spans margin x theta.
+            ++wraps_;
+            ng[c] = std::max(ng[c], static_cast<float>(steps_of[p][c] * (2.0 * grid.levels + 1)));
+            continue;
+          }
+          const size_t begin = c * grid.chunk, end = std::min(P, begin + grid.chunk);
+          float m = 0.0f;
+          for (size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(dd[i]));
+          ng[c] = std::max(ng[c], m);
+        }
+        heard = true;
+        diffs[std::find(g.peers.begin(), g.peers.end(), p) - g.peers.begin()] = d;
+      });
+  if (heard) gaps_ = new_gaps;
+
+  // 3. m_i = s_i + sum_j W_ij d_ij, in the row's order.
+  auto m = s.clone();
+  for (const auto& [j, w] : g.row) {
+    if (j == me) continue;
+    const auto k = std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin();
+    m.add_(diffs.at(k), w);
+  }
+  return m.view(x.sizes()).to(x.device());
+}
+
+// The first round has no gaps to size the grids by: it goes in fp32, as today's mix, and each
+// chunk's gap is measured from what arrived (every worker of a fixed membership starts together,
+// and a resumed one has its gaps from the checkpoint).
+torch::Tensor Compressor::first_modulo(const RoundGraph& g, const torch::Tensor& s, const ModuloGrid& grid,
+                                       comm::Communicator& comm) {
+  const int me = comm.rank();
+  const int64_t P = s.numel(), C = static_cast<int64_t>(grid.chunk), chunks = (P + C - 1) / C;
+  std::vector<torch::Tensor> recv;
+  comm.exchange(g.peers, s, recv);
+  auto gaps = torch::zeros({chunks}, torch::kFloat);
+  for (size_t k = 0; k < recv.size(); ++k) {
+    if (!recv[k].defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
+                                            "compressed rounds need a fixed membership");
+    if (recv[k].numel() != P || !torch::isfinite(recv[k]).all().item<bool>()) continue;  // combine() names it
+    auto d = (recv[k].to(torch::kFloat) - s).abs();
+    auto padded = torch::zeros({chunks * C}, torch::kFloat);
+    padded.narrow(0, 0, P).copy_(d);
+    gaps = torch::maximum(gaps, std::get<0>(padded.view({chunks, C}).max(1)));
+  }
+  gaps_ = gaps;
+  return combine(g, me, s, recv);
+}
+
+StateDict Compressor::state() const {
+  StateDict s;
+  if (feedback_.defined()) s["compression_feedback"] = feedback_;
+  if (owner_feedback_.defined()) s["compression_owner_feedback"] = owner_feedback_;
+  if (gaps_.defined()) s["compression_gaps"] = gaps_;
+  return s;
+}
+
+void Compressor::load_state(const StateDict& s) {
+  auto get = [&](const char* k) {
+    const auto it = s.find(k);
+    return it == s.end() ? torch::Tensor() : it->second.detach().to(torch::kFloat).clone();
+  };
+  feedback_ = get("compression_feedback");
+  owner_feedback_ = get("compression_owner_feedback");
+  gaps_ = get("compression_gaps");
+}
+
+std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg) {
+  const comm::Compression kind = comm::parse_compression(cfg.compression.str());
+  if (kind == comm::Compression::none) return std::nullopt;
+  CompressionOptions o;
+  const size_t chunk = static_cast<size_t>(cfg.compression_chunk);
+  try {
+    switch (kind) {
+      case comm::Compression::int8: o.codec = comm::Codec::int8(chunk ? chunk : 256); break;
+      case comm::Compression::int4: o.codec = comm::Codec::int4(chunk ? chunk : 256); break;
+      case comm::Compression::topk: o.codec = comm::Codec::topk(cfg.topk_density, chunk ? chunk : 4096); break;
+      case comm::Compression::none: break;
+    }
+  } catch (const Error& e) {
+    throw ConfigError(std::string("config key 'algo.compression_chunk' or 'algo.topk_density': ") + e.what(), e.hint());
+  }
+  o.gossip = static_cast<GossipCodec>(gossip_codec_choices().index(cfg.gossip_codec.str()));
+  const bool gossip = !algorithm(cfg.name).all_reduces(cfg.topology);
+  // Feedback helps increments (pseudo-gradients); on a state it only shifts the error (section 12).
+  o.error_feedback = cfg.error_feedback == "auto" ? !gossip && kind != comm::Compression::int8 : cfg.error_feedback == "on";
+  o.feedback_decay = static_cast<float>(cfg.error_feedback_decay);
+  o.margin = cfg.modulo_margin;
+  return o;
+}
+
+}  // namespace gasloc::algo

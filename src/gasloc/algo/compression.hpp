@@ -1,0 +1,100 @@
+// Compressed rounds (algo.compression; docs/communication.md "Compressed rounds", docs/design.md
+// section 12): what a round's mix sends when a codec (comm/codec.hpp) stands between a worker and
+// the wire. Two collectives, both built on pair exchanges of byte payloads, so that every backend
+// (in-process, Gloo) carries them unchanged and gives the same bits:
+// - all_reduce: the mean pseudo-gradient Delta = mean_i (r - x_i) over the members, r the anchor
+//   every member holds. int8/int4: shards of whole chunks dealt to owners (member k owns shard k),
+//   an all-to-all of encode(shard k) to its owner, the owner's fp32 sum of the n decoded codes in
+//   id order divided by n, re-encoded with the owner's own error feedback, and an all-gather of
+//   the owners' codes; topk: an all-gather of fixed-size payloads decoded in id order. Every
+//   member ends with the same Delta, bit for bit; returns r - Delta.
+// - gossip: m_i = s_i + sum_j W_ij d_ij, with d_ij what the codec lets i know of s_j - s_i:
+//   direct (int8): d_ij = decode(encode(s_j)) - s_i, written as today's mix W_ii s_i + sum W_ij s^_j;
+//   modulo (int8, int4): each pair sends the residues n mod (2L + 1) of n = round(s / step), step
+//   agreed per chunk from both ends' last gaps (the first round goes in fp32 to measure them),
+//   and both ends compute the same wrapped integer
+//   difference, so d_ji = -d_ij exactly and the workers' mean is kept; a checksum per chunk finds a
+//   wrap (a gap beyond theta / 2), and that chunk then sits the round out at both ends (d = 0),
+//   its next grid margin times wider.
+// Legend: P parameters, C the codec's chunk, n members, L the levels each side of 0 (127, 7).
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/modulo_codec.hpp"
+#include "gasloc/algo/synchronizer.hpp"
+#include "gasloc/comm/codec.hpp"
+#include "gasloc/comm/communicator.hpp"
+#include "gasloc/core/choice.hpp"
+
+namespace gasloc::algo {
+
+// algo.gossip_codec's values, in this order.
+enum class GossipCodec { direct, modulo };
+const config::Choices& gossip_codec_choices();
+// algo.error_feedback's values: auto (on for int4 and topk all-reduces), on, off.
+const config::Choices& feedback_choices();
+
+struct CompressionOptions {
+  comm::Codec codec;               // the codec of every payload
+  bool error_feedback = false;     // all-reduce and direct gossip: e <- a - decode(encode(a))
+  float feedback_decay = 1.0f;     // beta in a = beta e + u
+  GossipCodec gossip = GossipCodec::modulo;
+  double margin = 4.0;             // modulo: theta = margin x the pair's larger last gap
+};
+
+// The rounds of a complete pairing of `n` positions (the circle method): schedule[c][k] is the
+// partner of position k in round c, or -1 when k sits that round out (odd n). n - 1 rounds for
+// even n, n for odd; every pair meets once.
+std::vector<std::vector<int>> round_robin(int n);
+// A proper edge colouring of a symmetric graph given by each vertex's neighbours (edges taken in
+// ascending (i, j) order, each given the smallest colour free at both ends): colours[c][v] is v's
+// partner in colour c, or -1. The same on every worker for the same graph.
+std::vector<std::vector<int>> pair_colours(const std::vector<std::vector<int>>& neighbours);
+
+// One worker's compressed mixing and its state (error feedback, the modulo codec's gaps), which
+// checkpoints carry under "compression_*". Not thread-safe; one per worker.
+class Compressor {
+ public:
+  explicit Compressor(CompressionOptions o);
+  const CompressionOptions& options() const { return o_; }
+  // r - Delta^ (see the file comment) over `members` (ids ascending, the caller among them); x and
+  // r of one shape, any float dtype, on any device; the result is fp32 on x's device. Every
+  // member calls it with the same members; a non-finite Delta_i is a CommError naming the worker.
+  torch::Tensor all_reduce(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
+                           comm::Communicator& comm);
+  // m for worker `me` over the round's graph: graphs[v] is worker v's neighbours and row (every
+  // worker's, for the modulo codec's pair schedule; ids ascending). x as in all_reduce.
+  torch::Tensor gossip(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  // Bytes one round's payloads take for a message of p parameters over `peers` neighbours (gossip)
+  // or `n` members (all-reduce): what the time-budget policy prices. Latency terms aside.
+  int64_t all_reduce_bytes(int64_t p, int n) const;
+  int64_t gossip_bytes(int64_t p, int peers) const;
+  int64_t wraps() const { return wraps_; }  // modulo chunks that sat a round out, so far
+
+  StateDict state() const;
+  // A checkpoint without the state (written before compression was set) starts it at zero.
+  void load_state(const StateDict& s);
+
+ private:
+  torch::Tensor direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  torch::Tensor modulo(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  torch::Tensor first_modulo(const RoundGraph& g, const torch::Tensor& s, const ModuloGrid& grid, comm::Communicator& comm);
+
+  CompressionOptions o_;
+  torch::Tensor feedback_;        // e: all-reduce (of Delta_i) or direct gossip (of s_i); P
+  torch::Tensor owner_feedback_;  // e*: the owner's, of its shard's mean; S C
+  torch::Tensor gaps_;            // modulo: per chunk, the largest |d| of the last exchange (-1: none yet)
+  int64_t wraps_ = 0;
+};
+
+// The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).
+struct AlgoConfig;
+std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg);
+
+}  // namespace gasloc::algo
