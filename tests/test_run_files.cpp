@@ -168,6 +168,27 @@ TEST_F(RunFiles, SamplingIsDeterministicAndBounded) {
   EXPECT_THROW(train::sample(m.model, {9999}, o), ConfigError);
 }
 
+// Bits a parameter a round, from the bytes the workers counted: DiLoCo's uncompressed ring
+// all-reduce sends 2 (n - 1) / n x 32 = 32 bits at n = 2 (the 10 steps logged at step 10 hold 2
+// rounds of H = 4); its int8 twin 2 (n - 1) / n x (8 + 32/256) = 8.125, plus the padding of its
+// last shard (under 1%). The label names the codec.
+TEST_F(RunFiles, ReportsBitsPerParameterPerRound) {
+  const auto plain = study::read_run_summary(run());
+  EXPECT_NEAR(plain.bits_per_param_round, 32.0, 1e-9);
+  EXPECT_EQ(plain.label, "diloco");
+  train::TrainRequest r;
+  r.quiet = true;
+  r.overrides = {"model.preset=nano", "data.dir=" + (kRoot / "data").string(), "data.seq_len=32", "data.batch_size=4",
+                 "data.val_batches=2", "train.steps=8", "train.eval_every=4", "train.log_every=4", "train.threads=1",
+                 "cluster.workers=2", "algo.name=diloco", "algo.H=4", "algo.compression=int8",
+                 "train.run_dir=" + (kRoot / "int8").string()};
+  train::run_training(r);
+  const auto int8 = study::read_run_summary(kRoot / "int8");
+  EXPECT_EQ(int8.label, "diloco+int8");
+  EXPECT_GE(int8.bits_per_param_round, 8.125);
+  EXPECT_LT(int8.bits_per_param_round, 8.125 * 1.01);
+}
+
 TEST_F(RunFiles, LabelsAreUniqueAndCsvIsTidy) {
   EXPECT_EQ(study::run_labels({"a/run", "b/run", "c/other/"}), (std::vector<std::string>{"a/run", "b/run", "other"}));
   EXPECT_EQ(study::run_labels({"x/a/run", "y/a/run"}), (std::vector<std::string>{"x/a/run", "y/a/run"}));

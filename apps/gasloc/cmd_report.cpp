@@ -73,10 +73,10 @@ void print_table(const std::vector<study::RunSummary>& reports, const std::vecto
   const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
   const bool own = any_own_models(reports);
   if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
-  fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | {} | unigram baseline | consensus distance | MB sent per worker | virtual time (s) | idle | compute utilization | state B/param |{}\n",
+  fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | {} | unigram baseline | consensus distance | MB sent per worker | bits/param/round | virtual time (s) | idle | compute utilization | state B/param |{}\n",
              study::val_loss_header(own),
              std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | restarts | heals |" : ""));
-  fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
+  fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
              std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- | --- |" : ""));
   for (size_t i = 0; i < reports.size(); ++i) {
     const auto& r = reports[i];
@@ -90,9 +90,10 @@ void print_table(const std::vector<study::RunSummary>& reports, const std::vecto
     const std::string loss = r.has_val_loss ? fmt::format("{:.4f}{}", r.val_loss, r.own_models ? " own" : "") : "-";
     const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
     const std::string util = r.utilization >= 0 ? fmt::format("{:.1f}%", 100 * r.utilization) : "-";
-    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {:.1f} | {:.1f}% | {} | {} |{}\n", names[i],
+    const std::string bits = r.bits_per_param_round >= 0 ? fmt::format("{:.2f}", r.bits_per_param_round) : "-";
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {:.3e} | {:.1f} | {} | {:.1f} | {:.1f}% | {} | {} |{}\n", names[i],
                r.label, r.optim, r.workers, r.last_step, r.min_local_steps, loss, unigram, r.consensus,
-               r.mb_per_worker, r.virtual_s, 100 * r.idle_fraction, util, state, cols);
+               r.mb_per_worker, bits, r.virtual_s, 100 * r.idle_fraction, util, state, cols);
   }
 }
 

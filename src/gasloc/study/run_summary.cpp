@@ -46,6 +46,9 @@ void read_run_info(const fs::path& dir, RunSummary& r) {
     r.label += '-';
     r.label += algo_cfg.value("topology", std::string());
   }
+  r.H = algo_cfg.value("H", int64_t{0});
+  r.compression = algo_cfg.value("compression", std::string("none"));
+  if (r.compression != "none") r.label += "+" + r.compression;
   r.optim = info["config"]["optim"].value("name", "adamw");
   r.unigram = unigram_baseline(info.value("dataset", json::object()).value("dir", std::string()));
 }
@@ -88,6 +91,12 @@ class MetricsFold {
     }
     if (!last_.empty()) {
       r_.mb_per_worker = total / static_cast<double>(last_.size()) / 1e6;
+      int64_t step = 0;
+      for (auto& [w, l] : last_) step = std::max(step, l.step);
+      const int64_t rounds = algo::algorithm_choices().contains(r_.algo) && r_.H > 0
+                                 ? algo::algorithm(r_.algo).rounds_in(step, r_.H) : 0;
+      if (rounds > 0 && r_.params > 0)
+        r_.bits_per_param_round = 8e6 * r_.mb_per_worker / static_cast<double>(r_.params) / static_cast<double>(rounds);
       r_.idle_fraction = idle / static_cast<double>(last_.size());
       if (all_util) r_.utilization = util / static_cast<double>(last_.size());
     }
