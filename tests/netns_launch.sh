@@ -9,9 +9,14 @@
 #     finishes the run;
 #  4. elastic (launch --elastic): a rank's link down for 8 s: the others train on, nobody restarts
 #     but it;
-#  5. --keep leaves the test bed, --cleanup removes it.
+#  5. --keep leaves the test bed, --cleanup removes it;
+#  6. compressed rounds on the wire: the bytes the kernel counted on each rank's veth match the
+#     run's bytes_sent within 5% (TCP/IP headers, the store and the control channel are the
+#     difference), uncompressed DiLoCo, int4 DiLoCo and int8 modulo GASLoC, and the kernel's bytes
+#     fall by the codec's ratio.
 #   tests/netns_launch.sh path/to/gasloc
 set -euo pipefail
+source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 G=$(readlink -f "$1")
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: launch --netns needs root"; exit 77; fi
 if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then echo "SKIP: no ip/tc (apt-get install iproute2)"; exit 77; fi
@@ -118,4 +123,36 @@ ip netns list | grep -q "gasloc${id}r0" || fail "--keep did not keep the namespa
 "$G" launch --cleanup | grep -q "removed" || fail "--cleanup said nothing"
 ! ip netns list | grep -q "gasloc${id}r" || fail "--cleanup left namespaces"
 [ ! -e "/sys/class/net/glb${id}" ] || fail "--cleanup left the bridge"
+# 6. Bytes on the wire, counted by the kernel. 100 steps of H = 5 (20 rounds), no evaluation of
+# the average model (which is sent on the control channel, outside bytes_sent).
+wire() {
+  local name=$1; shift
+  timeout 120 "$G" launch -n 2 --netns --keep --timeout 30 -- "$G" train --set model.preset=nano --set data.dir=data \
+    --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2 --set train.steps=100 --set train.log_every=100 \
+    --set train.eval_every=0 --set train.eval_model=local --set train.threads=1 --set train.blas_threads=1 --set algo.H=5 \
+    --set cluster.backend=gloo --set train.run_dir="$name" "$@" > "$name.log" 2>&1 || fail "$name: $(tail -20 "$name.log")"
+  local id; id=$(sed -nE 's/.*hosts on bridge glb([0-9]+) .*/\1/p' "$name.log")
+  for r in 0 1; do
+    local tx sent
+    tx=$(ip netns exec "gasloc${id}r$r" cat /sys/class/net/eth0/statistics/tx_bytes)
+    sent=$(metric_rows "$name" train worker step bytes_sent | awk -v r="$r" '$1 == r && $2 == 100 { print $3 }')
+    [ -n "$sent" ] && [ "$sent" -gt 0 ] || fail "$name: no bytes_sent for rank $r"
+    awk -v t="$tx" -v s="$sent" 'BEGIN { exit !(t >= s && t <= 1.05 * s) }' ||
+      fail "$name: rank $r: the kernel counted $tx bytes on its veth, the run $sent (not within 5%)"
+    echo "$name $r $tx $sent" >> wire.txt
+  done
+  "$G" launch --cleanup >/dev/null
+}
+rm -f wire.txt
+wire plain --set algo.name=diloco
+wire int4 --set algo.name=diloco --set algo.compression=int4
+wire modulo8 --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int8
+# int4 sends 4 + 32/256 bits a value for fp32's 32: 7.76x fewer counted, and the kernel's bytes fall
+# at least 95% as much (the fixed part, store and control channel, does not shrink).
+awk '$2 == 0 { tx[$1] = $3; sent[$1] = $4 } END {
+  r = sent["plain"] / sent["int4"]; k = tx["plain"] / tx["int4"];
+  printf "netns_launch: bytes on the wire (kernel / bytes_sent): plain %.3f, int4 %.3f, modulo int8 %.3f; int4 %.2fx fewer counted, %.2fx on the wire\n",
+    tx["plain"] / sent["plain"], tx["int4"] / sent["int4"], tx["modulo8"] / sent["modulo8"], r, k;
+  exit !(r >= 7.5 && k >= 0.95 * r) }' wire.txt || fail "the kernel's bytes did not fall by int4's ratio: $(cat wire.txt)"
+
 echo "netns_launch: all checks passed"
