@@ -296,6 +296,40 @@ TEST(CompressedGossip, ModuloKeepsTheMeanAndFollowsTheGap) {
   }
 }
 
+TEST(CompressedGossip, DeltaWithALosslessCodecIsTodayWithinFp32) {
+  // s^ = r + (s - r) rounds twice: within 2 ulps of values about 1 (5e-7) of today's mix.
+  algo::CompressionOptions o{comm::Codec::fp32(64)};
+  o.gossip = algo::GossipCodec::delta;
+  for (const std::string topo : {"1peer", "2peer"}) {
+    const auto today = gossip_round(4, topo, std::nullopt, 3), lossless = gossip_round(4, topo, o, 3);
+    for (int r = 0; r < 4; ++r) EXPECT_LT((today.m[r] - lossless.m[r]).abs().max().item<double>(), 5e-7) << topo << " rank " << r;
+  }
+}
+
+TEST(CompressedGossip, DeltaKeepsTheMeanAndFollowsItsReference) {
+  // int4 delta over 2peer rings, 6 rounds. The pair terms are exact negations, so the mean is
+  // today's up to fp32 rounding (2e-6). With the reference refreshed every round (K = 1) it sits
+  // at the workers' mean and the codec's step follows the consensus gap; set once (K = 0) it stays
+  // where the first round's int8 all-reduce put it, and int4's 15 levels span the drift since:
+  // K = 1 must end at least 2x closer to today's values than K = 0.
+  algo::CompressionOptions o{comm::Codec::int4(64)};
+  o.gossip = algo::GossipCodec::delta;
+  auto once = o;
+  once.reference_every = 0;
+  o.reference_every = 1;
+  const auto today = gossip_round(5, "2peer", std::nullopt, 6, 0.01), every = gossip_round(5, "2peer", o, 6, 0.01),
+             first = gossip_round(5, "2peer", once, 6, 0.01);
+  auto mean_t = torch::zeros({777}), mean_e = torch::zeros({777});
+  for (int r = 0; r < 5; ++r) mean_t += today.m[r] / 5, mean_e += every.m[r] / 5;
+  EXPECT_LT((mean_t - mean_e).abs().max().item<double>(), 2e-6);
+  double err_every = 0, err_first = 0;
+  for (int r = 0; r < 5; ++r) {
+    err_every = std::max(err_every, (today.m[r] - every.m[r]).abs().max().item<double>());
+    err_first = std::max(err_first, (today.m[r] - first.m[r]).abs().max().item<double>());
+  }
+  EXPECT_LT(2 * err_every, err_first) << "K = 1: " << err_every << ", K = 0: " << err_first;
+}
+
 TEST(CompressedGossip, WrapsKeepTheMean) {
   // A drift 20 times the start's gap after the first round: the grids, sized by the last gaps,
   // wrap, and the wrapped chunks sit rounds out at both ends. The mean stays today's (2e-5 of
@@ -410,7 +444,8 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
       {cfg("diloco", "complete", "int8"), 3.8},           {cfg("diloco", "complete", "int4"), 7.0},
       {cfg("gasloc", "complete", "int8"), 3.8},
       {cfg("gasloc", "1peer", "int8"), 3.6},              {cfg("gasloc", "2peer", "int4"), 6.8},
-      {cfg("gasloc", "2peer", "int8", "direct"), 3.8},    {cfg("local_dadam", "1peer", "int8"), 3.6},
+      {cfg("gasloc", "2peer", "int8", "direct"), 3.8},    {cfg("gasloc", "2peer", "int8", "delta"), 3.3},
+      {cfg("local_dadam", "1peer", "int8"), 3.6},
       {cfg("dadam", "1peer", "int8"), 3.6},
   };
   for (const auto& c : cases) {
@@ -421,6 +456,8 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
     plain.compression = "none";
     const auto want = run(4, plain, 20), got = run(4, c.a, 20);
     const double rounds = c.a.name == "dadam" ? 20 : 4;
+    // modulo's first round is fp32 (it measures the gaps); delta's refreshes of its reference (an
+    // int8 all-reduce on rounds 0 and 5 of 5) are in its bytes.
     const bool measures_gaps = c.a.topology != "complete" && c.a.gossip_codec == "modulo";
     for (int r = 0; r < 4; ++r) {
       EXPECT_NEAR(got.losses[r].back(), want.losses[r].back(), 0.02 * want.losses[r].back()) << "rank " << r;
@@ -458,19 +495,28 @@ TEST_F(Compressed, TopkCarriesAllAtDensityOneAndLearnsWithFeedbackAtOneSixteenth
   }
 }
 
-TEST_F(Compressed, FeedbackAndGridsResumeBitExactly) {
-  for (const std::string setting : {"diloco int4", "gasloc int4"}) {
-    SCOPED_TRACE(setting);
-    const bool diloco = setting.starts_with("diloco");
-    const std::string dir = diloco ? "resume_diloco" : "resume_gasloc";
+TEST_F(Compressed, FeedbackGridsAndReferencesResumeBitExactly) {
+  // Stopped mid-round at step 12 and resumed: the same losses as the run that did not stop, bit
+  // for bit, for each piece of codec state the checkpoint must carry.
+  struct Setting {
+    std::string name, saved;
+    std::vector<std::string> keys;
+  };
+  const std::vector<Setting> settings = {
+      {"diloco_int4", "sync.compression_owner_feedback", {"algo.name=diloco", "algo.compression=int4"}},
+      {"gasloc_modulo", "sync.compression_gaps", {"algo.name=gasloc", "algo.compression=int4"}},
+      {"gasloc_delta", "sync.compression_reference",
+       {"algo.name=gasloc", "algo.compression=int8", "algo.gossip_codec=delta", "algo.reference_every=2"}}};
+  for (const auto& setting : settings) {
+    SCOPED_TRACE(setting.name);
     auto request = [&](const std::string& run, std::vector<std::string> extra) {
-      auto r = test_util::nano_request(root_, run,
-                                       {"train.steps=30", "train.eval_every=15", "cluster.workers=2", "algo.H=5",
-                                        diloco ? "algo.name=diloco" : "algo.name=gasloc", "algo.topology=1peer",
-                                        "algo.compression=int4", "data.dir=" + data_.string()});
+      auto r = test_util::nano_request(root_, run, {"train.steps=30", "train.eval_every=15", "cluster.workers=2", "algo.H=5",
+                                                    "algo.topology=1peer", "data.dir=" + data_.string()});
+      r.overrides.insert(r.overrides.end(), setting.keys.begin(), setting.keys.end());
       r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
       return r;
     };
+    const std::string dir = "resume_" + setting.name;
     const auto full = train::run_training(request(dir + "_full", {}));
     train::run_training(request(dir + "_halves", {"train.stop_at=12"}));
     train::TrainRequest again;
@@ -482,7 +528,7 @@ TEST_F(Compressed, FeedbackAndGridsResumeBitExactly) {
     EXPECT_EQ(second.final_val_loss, full.final_val_loss);
     const train::RunCheckpoints ck(root_ / (dir + "_full"), 2);
     const auto saved = train::load_checkpoint(ck.file(ck.committed(0).at(0), 0));
-    EXPECT_EQ(saved.tensors.count(diloco ? "sync.compression_feedback" : "sync.compression_gaps"), 1u);
+    EXPECT_EQ(saved.tensors.count(setting.saved), 1u);
   }
 }
 

@@ -81,6 +81,7 @@ void AlgoConfig::validate_compression() const {
   require(topk_density > 0 && topk_density <= 1, "algo.topk_density", "must be in (0, 1]");
   require(error_feedback_decay >= 0 && error_feedback_decay <= 1, "algo.error_feedback_decay", "must be in [0, 1]");
   require(modulo_margin >= 2, "algo.modulo_margin", "must be >= 2: the grid must span twice the largest gap");
+  require(reference_every >= 0, "algo.reference_every", "must be >= 0 (0: the reference is set on the first round only)");
   if (compression == "none") return;
   require(algo.sends_parameters, "algo.compression",
           "compresses parameter messages (" + algorithm_names(&AlgorithmEntry::sends_parameters) + "); '" + name.str() +

@@ -25,6 +25,7 @@ const config::Choices& feedback_choices() {
 
 const config::Choices& gossip_codec_choices() {
   static const config::Choices c("gossip codec", {{"direct", "peers decode each other's int8 parameters (the mean drifts by the codec's bias)"},
+                                                  {"delta", "differences from a reference every worker holds, refreshed by an all-reduce every algo.reference_every rounds"},
                                                   {"modulo", "pairs swap residues of a shared grid; the mean is kept exactly"}});
   return c;
 }
@@ -127,7 +128,7 @@ int64_t Compressor::all_reduce_bytes(int64_t p, int n) const {
 
 int64_t Compressor::gossip_bytes(int64_t p, int peers) const {
   const auto n = static_cast<size_t>(p);
-  if (o_.gossip == GossipCodec::direct) return peers * static_cast<int64_t>(comm::payload_bytes(o_.codec, n));
+  if (o_.gossip != GossipCodec::modulo) return peers * static_cast<int64_t>(comm::payload_bytes(o_.codec, n));
   const ModuloGrid g{o_.codec.kind == comm::CodecKind::int8 ? 127 : 7, o_.codec.chunk};
   const auto chunks = static_cast<int64_t>((n + g.chunk - 1) / g.chunk);
   return peers * (8 * chunks + static_cast<int64_t>(modulo_payload_bytes(g, n)));
@@ -135,12 +136,16 @@ int64_t Compressor::gossip_bytes(int64_t p, int peers) const {
 
 torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
                                      comm::Communicator& comm) {
+  return owner_all_reduce(o_.codec, o_.error_feedback, x, r, members, comm);
+}
+
+torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedback, const torch::Tensor& x,
+                                           const torch::Tensor& r, const std::vector<int>& members, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
   const int n = static_cast<int>(members.size());
   const auto at = std::find(members.begin(), members.end(), comm.rank());
   if (at == members.end()) throw Error(fmt::format("compressed all-reduce: worker {} is not a member", comm.rank()));
   const int me = static_cast<int>(at - members.begin());
-  const auto& codec = o_.codec;
   const int64_t P = x.numel(), C = static_cast<int64_t>(codec.chunk);
   const int64_t chunks = (P + C - 1) / C, shard_chunks = (chunks + n - 1) / n, shard = shard_chunks * C;
   const auto chunk_bytes = static_cast<int64_t>(comm::payload_bytes(codec, codec.chunk));
@@ -150,7 +155,7 @@ torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor
   u.narrow(0, 0, P).copy_(cpu_fp32(r)).sub_(cpu_fp32(x));
   torch::Tensor codes;
   try {
-    if (o_.error_feedback) {
+    if (feedback) {
       if (!feedback_.defined() || feedback_.numel() != P) feedback_ = torch::zeros({P}, torch::kFloat);
       auto e = torch::zeros({n * shard}, torch::kFloat);
       e.narrow(0, 0, P).copy_(feedback_);
@@ -200,7 +205,7 @@ torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor
       // The owner re-encodes the mean (with its own feedback), and everyone takes decode of that.
       torch::Tensor owned;
       try {
-        if (o_.error_feedback) {
+        if (feedback) {
           if (!owner_feedback_.defined() || owner_feedback_.numel() != shard) owner_feedback_ = torch::zeros({shard}, torch::kFloat);
           owned = byte_tensor(comm::encode_with_feedback(codec, floats(std::as_const(mean)), floats(owner_feedback_), o_.feedback_decay));
         } else {
@@ -227,9 +232,68 @@ torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor
   return m.view(x.sizes()).to(x.device());
 }
 
-torch::Tensor Compressor::gossip(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
+torch::Tensor Compressor::gossip(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x,
+                                 comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
-  return o_.gossip == GossipCodec::direct ? direct(graphs, x, comm) : modulo(graphs, x, comm);
+  switch (o_.gossip) {
+    case GossipCodec::direct: return direct(graphs, x, comm);
+    case GossipCodec::delta: return delta(round, graphs, x, comm);
+    case GossipCodec::modulo: break;
+  }
+  return modulo(graphs, x, comm);
+}
+
+torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x,
+                                comm::Communicator& comm) {
+  const int me = comm.rank();
+  const RoundGraph& g = graphs.at(me);
+  auto s = cpu_fp32(x);
+  // The reference every worker holds bit for bit: refreshed towards the workers' mean by the
+  // owners' int8 all-reduce (no error feedback: a buffer of e_i would count its error twice) on
+  // the first round and every reference_every rounds.
+  const bool first = !reference_.defined() || reference_.numel() != s.numel();
+  if (first || (o_.reference_every > 0 && round % o_.reference_every == 0)) {
+    if (first) reference_ = torch::zeros_like(s);
+    std::vector<int> everyone(graphs.size());
+    for (size_t v = 0; v < everyone.size(); ++v) everyone[v] = static_cast<int>(v);
+    reference_ = owner_all_reduce(comm::Codec::int8(o_.codec.chunk), false, s, reference_, everyone, comm);
+  }
+  auto u = s - reference_;
+  torch::Tensor payload;
+  try {
+    if (o_.error_feedback) {
+      if (!feedback_.defined() || feedback_.numel() != s.numel()) feedback_ = torch::zeros_like(s);
+      payload = byte_tensor(comm::encode_with_feedback(o_.codec, floats(std::as_const(u)), floats(feedback_), o_.feedback_decay));
+    } else {
+      payload = byte_tensor(comm::encode(o_.codec, floats(std::as_const(u))));
+    }
+  } catch (const comm::NonFiniteChunk& e) {
+    non_finite(e, me, "parameters");
+  }
+  std::vector<torch::Tensor> recv;
+  comm.exchange(g.peers, payload, recv);
+  // s^ = r + decode(c), the sender's own included; m_i = s_i + sum_j W_ij (s^_j - s^_i), whose pair
+  // terms are exact negations of each other.
+  auto decoded = [&](const torch::Tensor& p, int from) {
+    auto out = torch::empty_like(s);
+    try {
+      comm::decode(o_.codec, bytes(p.contiguous()), floats(out));
+    } catch (const comm::BadPayload& e) {
+      bad_payload(e, me, from);
+    }
+    return out.add_(reference_);
+  };
+  const auto own = decoded(payload, me);
+  auto m = s.clone();
+  for (const auto& [j, w] : g.row) {
+    if (j == me) continue;
+    const auto k = std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin();
+    if (!recv.at(k).defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, j),
+                                               "compressed rounds need a fixed membership");
+    m.add_(decoded(recv[k], j) - own, w);
+  }
+  last_gap_ = u.abs().max().item<double>();
+  return m.view(x.sizes()).to(x.device());
 }
 
 torch::Tensor Compressor::direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
@@ -382,6 +446,7 @@ StateDict Compressor::state() const {
   if (feedback_.defined()) s["compression_feedback"] = feedback_;
   if (owner_feedback_.defined()) s["compression_owner_feedback"] = owner_feedback_;
   if (gaps_.defined()) s["compression_gaps"] = gaps_;
+  if (reference_.defined()) s["compression_reference"] = reference_;
   return s;
 }
 
@@ -393,6 +458,7 @@ void Compressor::load_state(const StateDict& s) {
   feedback_ = get("compression_feedback");
   owner_feedback_ = get("compression_owner_feedback");
   gaps_ = get("compression_gaps");
+  reference_ = get("compression_reference");
 }
 
 std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg) {
@@ -416,6 +482,7 @@ std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg) {
   o.error_feedback = cfg.error_feedback == "auto" ? !gossip && kind != comm::Compression::int8 : cfg.error_feedback == "on";
   o.feedback_decay = static_cast<float>(cfg.error_feedback_decay);
   o.margin = cfg.modulo_margin;
+  o.reference_every = cfg.reference_every;
   return o;
 }
 

@@ -10,6 +10,8 @@
 //   member ends with the same Delta, bit for bit; returns r - Delta.
 // - gossip: m_i = s_i + sum_j W_ij d_ij, with d_ij what the codec lets i know of s_j - s_i:
 //   direct (int8): d_ij = decode(encode(s_j)) - s_i, written as today's mix W_ii s_i + sum W_ij s^_j;
+//   delta: d_ij = s^_j - s^_i with s^ = r + decode(encode(s - r)), r a reference every worker holds
+//   bit for bit (refreshed by the owners' int8 all-reduce every K rounds), so d_ji = -d_ij exactly;
 //   modulo (int8, int4): each pair sends the residues n mod (2L + 1) of n = round(s / step), step
 //   agreed per chunk from both ends' last gaps (the first round goes in fp32 to measure them),
 //   and both ends compute the same wrapped integer
@@ -35,7 +37,7 @@
 namespace gasloc::algo {
 
 // algo.gossip_codec's values, in this order.
-enum class GossipCodec { direct, modulo };
+enum class GossipCodec { direct, delta, modulo };
 const config::Choices& gossip_codec_choices();
 // algo.error_feedback's values: auto (on for int4 and topk all-reduces), on, off.
 const config::Choices& feedback_choices();
@@ -46,6 +48,7 @@ struct CompressionOptions {
   float feedback_decay = 1.0f;     // beta in a = beta e + u
   GossipCodec gossip = GossipCodec::modulo;
   double margin = 4.0;             // modulo: theta = margin x the pair's larger last gap
+  int64_t reference_every = 5;     // delta: K, the reference refreshed every K rounds (0: on the first only)
 };
 
 // The rounds of a complete pairing of `n` positions (the circle method): schedule[c][k] is the
@@ -70,12 +73,14 @@ class Compressor {
                            comm::Communicator& comm);
   // m for worker `me` over the round's graph: graphs[v] is worker v's neighbours and row (every
   // worker's, for the modulo codec's pair schedule; ids ascending). x as in all_reduce.
-  torch::Tensor gossip(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  // `round` schedules the delta codec's reference refreshes.
+  torch::Tensor gossip(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
   // Bytes one round's payloads take for a message of p parameters over `peers` neighbours (gossip)
   // or `n` members (all-reduce): what the time-budget policy prices. Latency terms aside.
   int64_t all_reduce_bytes(int64_t p, int n) const;
   int64_t gossip_bytes(int64_t p, int peers) const;
   int64_t wraps() const { return wraps_; }  // modulo chunks that sat a round out, so far
+  double last_gap() const { return last_gap_; }  // delta: max |s - r| at the last round (its precision's scale)
 
   StateDict state() const;
   // A checkpoint without the state (written before compression was set) starts it at zero.
@@ -84,13 +89,18 @@ class Compressor {
  private:
   torch::Tensor direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
   torch::Tensor modulo(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  torch::Tensor delta(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  torch::Tensor owner_all_reduce(const comm::Codec& codec, bool feedback, const torch::Tensor& x, const torch::Tensor& r,
+                                 const std::vector<int>& members, comm::Communicator& comm);
   torch::Tensor first_modulo(const RoundGraph& g, const torch::Tensor& s, const ModuloGrid& grid, comm::Communicator& comm);
 
   CompressionOptions o_;
   torch::Tensor feedback_;        // e: all-reduce (of Delta_i) or direct gossip (of s_i); P
   torch::Tensor owner_feedback_;  // e*: the owner's, of its shard's mean; S C
   torch::Tensor gaps_;            // modulo: per chunk, the largest |d| of the last exchange (-1: none yet)
+  torch::Tensor reference_;       // delta: r, the same bits on every worker
   int64_t wraps_ = 0;
+  double last_gap_ = 0;
 };
 
 // The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).

@@ -160,7 +160,7 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
     }
     std::vector<RoundGraph> graphs;
     for (int id = 0; id < topo_.size(); ++id) graphs.push_back(graph(id, round));
-    return compressor_->gossip(graphs, x, comm).to(x.scalar_type());
+    return compressor_->gossip(round, graphs, x, comm).to(x.scalar_type());
   }
   if (topo_.is_all_reduce())
     return membership_ ? all_reduce_mix_over(*membership_, view(round), x, comm, wire, "all-reduce")
