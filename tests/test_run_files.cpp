@@ -187,6 +187,20 @@ TEST_F(RunFiles, ReportsBitsPerParameterPerRound) {
   EXPECT_EQ(int8.label, "diloco+int8");
   EXPECT_GE(int8.bits_per_param_round, 8.125);
   EXPECT_LT(int8.bits_per_param_round, 8.125 * 1.01);
+  // Priced as the 134m model in bf16, bits are of its parameters: 16 for the uncompressed ring at
+  // n = 2, 8.125 for int8 (a message's price scales with its size against this run's own).
+  for (const std::string c : {"none", "int8"}) {
+    auto priced = r;
+    priced.overrides.back() = "train.run_dir=" + (kRoot / ("priced_" + c)).string();
+    priced.overrides.push_back("algo.compression=" + c);
+    priced.overrides.push_back("network.simulated_model=134m:bf16");
+    train::run_training(priced);
+    const auto got = study::read_run_summary(kRoot / ("priced_" + c));
+    EXPECT_GT(got.priced_params, 100'000'000);
+    const double want = c == "none" ? 16.0 : 8.125;
+    EXPECT_GT(got.bits_per_param_round, want * 0.999) << c;
+    EXPECT_LT(got.bits_per_param_round, want * 1.01) << c;
+  }
 }
 
 TEST_F(RunFiles, LabelsAreUniqueAndCsvIsTidy) {

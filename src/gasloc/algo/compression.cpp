@@ -259,30 +259,12 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
     reference_ = owner_all_reduce(comm::Codec::int8(o_.codec.chunk), false, s, reference_, everyone, comm);
   }
   auto u = s - reference_;
-  torch::Tensor payload;
-  try {
-    if (o_.error_feedback) {
-      if (!feedback_.defined() || feedback_.numel() != s.numel()) feedback_ = torch::zeros_like(s);
-      payload = byte_tensor(comm::encode_with_feedback(o_.codec, floats(std::as_const(u)), floats(feedback_), o_.feedback_decay));
-    } else {
-      payload = byte_tensor(comm::encode(o_.codec, floats(std::as_const(u))));
-    }
-  } catch (const comm::NonFiniteChunk& e) {
-    non_finite(e, me, "parameters");
-  }
+  const torch::Tensor payload = encode_own(u, me);
   std::vector<torch::Tensor> recv;
   comm.exchange(g.peers, payload, recv);
   // s^ = r + decode(c), the sender's own included; m_i = s_i + sum_j W_ij (s^_j - s^_i), whose pair
   // terms are exact negations of each other.
-  auto decoded = [&](const torch::Tensor& p, int from) {
-    auto out = torch::empty_like(s);
-    try {
-      comm::decode(o_.codec, bytes(p.contiguous()), floats(out));
-    } catch (const comm::BadPayload& e) {
-      bad_payload(e, me, from);
-    }
-    return out.add_(reference_);
-  };
+  auto decoded = [&](const torch::Tensor& p, int from) { return decode_from(p, s.numel(), me, from).add_(reference_); };
   const auto own = decoded(payload, me);
   auto m = s.clone();
   for (const auto& [j, w] : g.row) {
@@ -296,33 +278,34 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
   return m.view(x.sizes()).to(x.device());
 }
 
+torch::Tensor Compressor::encode_own(const torch::Tensor& u, int me) {
+  try {
+    if (!o_.error_feedback) return byte_tensor(comm::encode(o_.codec, floats(u)));
+    if (!feedback_.defined() || feedback_.numel() != u.numel()) feedback_ = torch::zeros_like(u);
+    return byte_tensor(comm::encode_with_feedback(o_.codec, floats(u), floats(feedback_), o_.feedback_decay));
+  } catch (const comm::NonFiniteChunk& e) {
+    non_finite(e, me, "parameters");
+  }
+}
+
+torch::Tensor Compressor::decode_from(const torch::Tensor& payload, int64_t n, int me, int from) const {
+  auto out = torch::empty({n}, torch::kFloat);
+  try {
+    comm::decode(o_.codec, bytes(payload.contiguous()), floats(out));
+  } catch (const comm::BadPayload& e) {
+    bad_payload(e, me, from);
+  }
+  return out;
+}
+
 torch::Tensor Compressor::direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
   const int me = comm.rank();
   const RoundGraph& g = graphs.at(me);
   auto s = cpu_fp32(x);
-  torch::Tensor payload;
-  try {
-    if (o_.error_feedback) {
-      if (!feedback_.defined() || feedback_.numel() != s.numel()) feedback_ = torch::zeros_like(s);
-      payload = byte_tensor(comm::encode_with_feedback(o_.codec, floats(std::as_const(s)), floats(feedback_), o_.feedback_decay));
-    } else {
-      payload = byte_tensor(comm::encode(o_.codec, floats(std::as_const(s))));
-    }
-  } catch (const comm::NonFiniteChunk& e) {
-    non_finite(e, me, "parameters");
-  }
   std::vector<torch::Tensor> recv;
-  comm.exchange(g.peers, payload, recv);
-  for (size_t k = 0; k < recv.size(); ++k) {
-    if (!recv[k].defined()) continue;
-    auto out = torch::empty_like(s);
-    try {
-      comm::decode(o_.codec, bytes(recv[k].contiguous()), floats(out));
-    } catch (const comm::BadPayload& e) {
-      bad_payload(e, me, g.peers[k]);
-    }
-    recv[k] = out;
-  }
+  comm.exchange(g.peers, encode_own(s, me), recv);
+  for (size_t k = 0; k < recv.size(); ++k)
+    if (recv[k].defined()) recv[k] = decode_from(recv[k], s.numel(), me, g.peers[k]);
   return combine(g, me, s, recv).view(x.sizes()).to(x.device());
 }
 

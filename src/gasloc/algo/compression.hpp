@@ -90,6 +90,10 @@ class Compressor {
   torch::Tensor direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
   torch::Tensor modulo(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
   torch::Tensor delta(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  // A gossip payload of this worker's u (fp32, flat; with its error feedback if on), and a peer's
+  // decoded; CommError naming the worker on a non-finite u or a malformed payload.
+  torch::Tensor encode_own(const torch::Tensor& u, int me);
+  torch::Tensor decode_from(const torch::Tensor& payload, int64_t n, int me, int from) const;
   torch::Tensor owner_all_reduce(const comm::Codec& codec, bool feedback, const torch::Tensor& x, const torch::Tensor& r,
                                  const std::vector<int>& members, comm::Communicator& comm);
   torch::Tensor first_modulo(const RoundGraph& g, const torch::Tensor& s, const ModuloGrid& grid, comm::Communicator& comm);

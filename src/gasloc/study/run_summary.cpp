@@ -20,6 +20,7 @@
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
+#include "gasloc/model/llama.hpp"
 #include "gasloc/train/metrics.hpp"
 
 extern char** environ;
@@ -47,6 +48,18 @@ void read_run_info(const fs::path& dir, RunSummary& r) {
     r.label += algo_cfg.value("topology", std::string());
   }
   r.H = algo_cfg.value("H", int64_t{0});
+  // With network.simulated_model the counted bytes are that model's, priced: bits a parameter are of its parameters.
+  const auto& net = info["config"].value("network", json::object());
+  const std::string simulated = net.value("simulated_model", std::string());
+  if (!simulated.empty()) {
+    try {
+      r.priced_params = model::LlamaConfig::preset(simulated.substr(0, simulated.find(':'))).num_params();
+    } catch (const Error&) {
+      r.priced_params = -1;  // a preset this build does not know: bits a parameter are unknown
+    }
+  } else if (net.value("simulated_model_bytes", int64_t{0}) > 0) {
+    r.priced_params = net.value("simulated_model_bytes", int64_t{0}) / 4;  // bytes of fp32 parameters
+  }
   r.compression = algo_cfg.value("compression", std::string("none"));
   if (r.compression != "none") r.label += "+" + r.compression;
   r.optim = info["config"]["optim"].value("name", "adamw");
@@ -95,8 +108,9 @@ class MetricsFold {
       for (auto& [w, l] : last_) step = std::max(step, l.step);
       const int64_t rounds = algo::algorithm_choices().contains(r_.algo) && r_.H > 0
                                  ? algo::algorithm(r_.algo).rounds_in(step, r_.H) : 0;
-      if (rounds > 0 && r_.params > 0)
-        r_.bits_per_param_round = 8e6 * r_.mb_per_worker / static_cast<double>(r_.params) / static_cast<double>(rounds);
+      const int64_t params = r_.priced_params != 0 ? r_.priced_params : r_.params;
+      if (rounds > 0 && params > 0)
+        r_.bits_per_param_round = 8e6 * r_.mb_per_worker / static_cast<double>(params) / static_cast<double>(rounds);
       r_.idle_fraction = idle / static_cast<double>(last_.size());
       if (all_util) r_.utilization = util / static_cast<double>(last_.size());
     }
