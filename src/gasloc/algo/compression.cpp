@@ -171,60 +171,58 @@ torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedba
   const int64_t shard_bytes = shard_chunks * chunk_bytes;
   const auto colours = round_robin(n);
   auto decoded = torch::empty({n * shard}, torch::kFloat);
-  {
-    if (codec.kind == comm::CodecKind::topk) {
-      // Every member's whole payload to every member, decoded and summed in id order.
-      std::vector<torch::Tensor> payload(n);
-      payload[me] = codes;
-      pairwise(colours, members, me, comm, [&](int) { return codes; }, [&](int p, const torch::Tensor& t) { payload[p] = t; });
-      decoded.zero_();
-      for (int k = 0; k < n; ++k) {
-        try {
-          comm::decode_add(codec, bytes(payload[k]), 1.0f, floats(decoded));
-        } catch (const comm::BadPayload& e) {
-          bad_payload(e, comm.rank(), members[k]);
-        }
-      }
-      decoded.div_(static_cast<float>(n));
-    } else {
-      // Phase 1: the owners' shards, all to all; the owner sums the n codes in id order.
-      auto shard_of = [&](int k) { return codes.narrow(0, k * shard_bytes, shard_bytes); };
-      std::vector<torch::Tensor> mine(n);
-      mine[me] = shard_of(me);
-      pairwise(colours, members, me, comm, [&](int p) { return shard_of(p).contiguous(); },
-               [&](int p, const torch::Tensor& t) { mine[p] = t; });
-      auto mean = torch::zeros({shard}, torch::kFloat);
-      for (int k = 0; k < n; ++k) {
-        try {
-          comm::decode_add(codec, bytes(mine[k].contiguous()), 1.0f, floats(mean));
-        } catch (const comm::BadPayload& e) {
-          bad_payload(e, comm.rank(), members[k]);
-        }
-      }
-      mean.div_(static_cast<float>(n));
-      // The owner re-encodes the mean (with its own feedback), and everyone takes decode of that.
-      torch::Tensor owned;
+  if (codec.kind == comm::CodecKind::topk) {
+    // Every member's whole payload to every member, decoded and summed in id order.
+    std::vector<torch::Tensor> payload(n);
+    payload[me] = codes;
+    pairwise(colours, members, me, comm, [&](int) { return codes; }, [&](int p, const torch::Tensor& t) { payload[p] = t; });
+    decoded.zero_();
+    for (int k = 0; k < n; ++k) {
       try {
-        if (feedback) {
-          if (!owner_feedback_.defined() || owner_feedback_.numel() != shard) owner_feedback_ = torch::zeros({shard}, torch::kFloat);
-          owned = byte_tensor(comm::encode_with_feedback(codec, floats(std::as_const(mean)), floats(owner_feedback_), o_.feedback_decay));
-        } else {
-          owned = byte_tensor(comm::encode(codec, floats(std::as_const(mean))));
-        }
-      } catch (const comm::NonFiniteChunk& e) {
-        non_finite(e, comm.rank(), "shard's mean pseudo-gradient");
+        comm::decode_add(codec, bytes(payload[k]), 1.0f, floats(decoded));
+      } catch (const comm::BadPayload& e) {
+        bad_payload(e, comm.rank(), members[k]);
       }
-      // Phase 2: the owners' codes, all to all.
-      std::vector<torch::Tensor> owners(n);
-      owners[me] = owned;
-      pairwise(colours, members, me, comm, [&](int) { return owned; }, [&](int p, const torch::Tensor& t) { owners[p] = t; });
-      for (int k = 0; k < n; ++k) {
-        auto out = decoded.narrow(0, k * shard, shard);
-        try {
-          comm::decode(codec, bytes(owners[k].contiguous()), floats(out));
-        } catch (const comm::BadPayload& e) {
-          bad_payload(e, comm.rank(), members[k]);
-        }
+    }
+    decoded.div_(static_cast<float>(n));
+  } else {
+    // Phase 1: the owners' shards, all to all; the owner sums the n codes in id order.
+    auto shard_of = [&](int k) { return codes.narrow(0, k * shard_bytes, shard_bytes); };
+    std::vector<torch::Tensor> mine(n);
+    mine[me] = shard_of(me);
+    pairwise(colours, members, me, comm, [&](int p) { return shard_of(p).contiguous(); },
+             [&](int p, const torch::Tensor& t) { mine[p] = t; });
+    auto mean = torch::zeros({shard}, torch::kFloat);
+    for (int k = 0; k < n; ++k) {
+      try {
+        comm::decode_add(codec, bytes(mine[k].contiguous()), 1.0f, floats(mean));
+      } catch (const comm::BadPayload& e) {
+        bad_payload(e, comm.rank(), members[k]);
+      }
+    }
+    mean.div_(static_cast<float>(n));
+    // The owner re-encodes the mean (with its own feedback), and everyone takes decode of that.
+    torch::Tensor owned;
+    try {
+      if (feedback) {
+        if (!owner_feedback_.defined() || owner_feedback_.numel() != shard) owner_feedback_ = torch::zeros({shard}, torch::kFloat);
+        owned = byte_tensor(comm::encode_with_feedback(codec, floats(std::as_const(mean)), floats(owner_feedback_), o_.feedback_decay));
+      } else {
+        owned = byte_tensor(comm::encode(codec, floats(std::as_const(mean))));
+      }
+    } catch (const comm::NonFiniteChunk& e) {
+      non_finite(e, comm.rank(), "shard's mean pseudo-gradient");
+    }
+    // Phase 2: the owners' codes, all to all.
+    std::vector<torch::Tensor> owners(n);
+    owners[me] = owned;
+    pairwise(colours, members, me, comm, [&](int) { return owned; }, [&](int p, const torch::Tensor& t) { owners[p] = t; });
+    for (int k = 0; k < n; ++k) {
+      auto out = decoded.narrow(0, k * shard, shard);
+      try {
+        comm::decode(codec, bytes(owners[k].contiguous()), floats(out));
+      } catch (const comm::BadPayload& e) {
+        bad_payload(e, comm.rank(), members[k]);
       }
     }
   }
@@ -274,7 +272,6 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
                                                "compressed rounds need a fixed membership");
     m.add_(decoded(recv[k], j) - own, w);
   }
-  last_gap_ = u.abs().max().item<double>();
   return m.view(x.sizes()).to(x.device());
 }
 

@@ -80,7 +80,6 @@ class Compressor {
   int64_t all_reduce_bytes(int64_t p, int n) const;
   int64_t gossip_bytes(int64_t p, int peers) const;
   int64_t wraps() const { return wraps_; }  // modulo chunks that sat a round out, so far
-  double last_gap() const { return last_gap_; }  // delta: max |s - r| at the last round (its precision's scale)
 
   StateDict state() const;
   // A checkpoint without the state (written before compression was set) starts it at zero.
@@ -104,7 +103,6 @@ class Compressor {
   torch::Tensor gaps_;            // modulo: per chunk, the largest |d| of the last exchange (-1: none yet)
   torch::Tensor reference_;       // delta: r, the same bits on every worker
   int64_t wraps_ = 0;
-  double last_gap_ = 0;
 };
 
 // The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).
