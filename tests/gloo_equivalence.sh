@@ -3,11 +3,11 @@
 # `gasloc launch` must give the same losses: exchanges copy tensors exactly and every worker sums
 # its mixing row in the same order, so the training losses match bitwise. Both run one BLAS
 # thread per product (train.blas_threads): another count may change the last bits of a product.
-# Four jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
+# Jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
 # form on 1peer with bf16 messages (the cast on send is the same on both backends), and an
 # overlapped anchor round (algo.overlap_steps = 3: Gloo's exchange is performed at its start and
 # lands 3 steps later, as the in-process one, so the bits are the same), and two compressed ones
-# (algo.compression). Both backends
+# (algo.compression: three jobs). Both backends
 # report every worker's own validation loss at each evaluation: the same models, the same numbers.
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
@@ -58,10 +58,12 @@ compare accelerated_bf16 --set algo.topology=1peer --set algo.form=accelerated -
 compare overlap_eager --set algo.topology=2peer --set algo.overlap_steps=3 --set algo.overlap=eager
 compare overlap_delayed --set algo.topology=2peer --set algo.overlap_steps=3 --set algo.overlap=delayed
 # Compressed rounds: byte payloads over pair exchanges, so the same bits on both backends. The
-# owners' int4 all-reduce on the complete graph (every worker the same theta), and int8 modulo
-# gossip on 2peer rings (one pair exchange per colour).
+# owners' int4 all-reduce on the complete graph (every worker the same theta), int8 modulo gossip
+# on 2peer rings (one pair exchange per colour, and a second for the chunks that wrapped), and
+# int4 delta gossip on 1peer (its reference refreshed by the owners' all-reduce every 2 rounds).
 compare complete_int4 --set algo.topology=complete --set algo.compression=int4
-compare modulo_int8 --set algo.topology=2peer --set algo.compression=int8
+compare modulo_int8 --set algo.topology=2peer --set algo.compression=int8 --set algo.gossip_codec=modulo
+compare delta_int4 --set algo.topology=1peer --set algo.compression=int4 --set algo.gossip_codec=delta --set algo.reference_every=2
 # The bf16 job must differ from its fp32 twin (the setting reached the run).
 "$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
   --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 --set train.threads=1 \

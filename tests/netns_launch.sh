@@ -146,7 +146,7 @@ wire() {
 rm -f wire.txt
 wire plain --set algo.name=diloco
 wire int4 --set algo.name=diloco --set algo.compression=int4
-wire modulo8 --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int8
+wire modulo8 --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int8 --set algo.gossip_codec=modulo
 # int4 sends 4 + 32/256 bits a value for fp32's 32: 7.76x fewer counted, and the kernel's bytes fall
 # at least 95% as much (the fixed part, store and control channel, does not shrink).
 awk '$2 == 0 { tx[$1] = $3; sent[$1] = $4 } END {

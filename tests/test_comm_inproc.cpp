@@ -228,6 +228,32 @@ TEST(InProcClock, PairExchangeLateArrival) {
   EXPECT_EQ(cluster.stats(1).bytes_received, 4000);
 }
 
+TEST(InProcClock, PairsOfOneCallMaySendDifferentSizesEachPricedByItsOwn) {
+  // Pairs (0, 1) and (2, 3) in one exchange, 1000 and 3000 floats; rank 4 lists nobody. A pair's
+  // two ends must agree (a mismatch inside a pair is still refused).
+  NetworkModel m;
+  InProcCluster cluster(5, m);
+  cluster.run([](int r, Communicator& c) {
+    std::vector<torch::Tensor> recv;
+    if (r == 4) return c.exchange({}, torch::zeros({7}), recv);
+    c.exchange({r ^ 1}, torch::zeros({r < 2 ? 1000 : 3000}), recv);
+    EXPECT_EQ(recv.at(0).numel(), r < 2 ? 1000 : 3000);
+  });
+  for (int r = 0; r < 4; ++r) {
+    const double bytes = r < 2 ? 4000 : 12000;
+    EXPECT_NEAR(cluster.clock(r), 1e-3 + bytes / 125e6, kTol) << r;
+    EXPECT_EQ(cluster.stats(r).bytes_sent, static_cast<int64_t>(bytes));
+    EXPECT_EQ(cluster.stats(r).bytes_received, static_cast<int64_t>(bytes));
+  }
+  EXPECT_EQ(cluster.clock(4), 0.0);
+  EXPECT_EQ(cluster.stats(4).bytes_sent, 0);
+  InProcCluster bad(2, m);
+  EXPECT_THROW(bad.run([](int r, Communicator& c) {
+    std::vector<torch::Tensor> recv;
+    c.exchange({1 - r}, torch::zeros({r == 0 ? 10 : 11}), recv);
+  }), CommError);
+}
+
 TEST(InProcClock, RingAllReduce) {
   NetworkModel m;
   InProcCluster cluster(4, m);

@@ -106,7 +106,7 @@ TEST(ModuloCodec, HandComputedDifferenceIsExactlyNegatedAtTheOtherEnd) {
   }
 }
 
-TEST(ModuloCodec, AWrapIsSeenAtBothEndsAndSitsTheChunkOut) {
+TEST(ModuloCodec, AWrapIsSeenAtBothEndsAndItsChunkGivesNoDifference) {
   const algo::ModuloGrid g{7, 4};
   // Last gaps 0.01 with margin 4: theta = 0.04, so a difference of 0.1 wraps.
   const std::vector<float> si = {0.5f, 0.5f, 0.5f, 0.5f, 0.3f}, sj = {0.5f, 0.6f, 0.5f, 0.5f, 0.305f};
@@ -239,7 +239,7 @@ torch::Tensor wave(int64_t n, int rank) {
 
 struct GossipRun {
   std::vector<torch::Tensor> m;
-  int64_t wraps = 0;
+  int64_t resends = 0;
 };
 
 // `rounds` rounds from start values about 1 apart by 1%, each followed by a local drift.
@@ -255,7 +255,7 @@ GossipRun gossip_round(int n, const std::string& topo, const std::optional<algo:
     auto x = wave(777, rank) * 0.01 + 1.0;
     for (int k = 0; k < rounds; ++k) x = mixer.mix(k, x, c, torch::kFloat) + drift * wave(777, 7 * k + rank);
     out.m[rank] = x;
-    if (mixer.compressor()) out.wraps += mixer.compressor()->wraps();
+    if (mixer.compressor()) out.resends += mixer.compressor()->resends();
   });
   return out;
 }
@@ -276,6 +276,7 @@ TEST(CompressedGossip, ModuloKeepsTheMeanAndFollowsTheGap) {
   // gap (1.6%), and successive rounds' errors add before gossip contracts them. Direct int8
   // rounds the whole value (steps of max|s| / 127, about 1/127 here): over 10x further off.
   algo::CompressionOptions o{comm::Codec::int8(64)};
+  o.gossip = algo::GossipCodec::modulo;
   auto direct = o;
   direct.gossip = algo::GossipCodec::direct;
   for (int n : {4, 5}) {
@@ -291,7 +292,7 @@ TEST(CompressedGossip, ModuloKeepsTheMeanAndFollowsTheGap) {
       err = std::max(err, (today.m[r] - mod.m[r]).abs().max().item<double>());
       err_direct = std::max(err_direct, (today.m[r] - dir.m[r]).abs().max().item<double>());
     }
-    EXPECT_LT(err, 0.05 * gap) << "gap " << gap << " wraps " << mod.wraps;
+    EXPECT_LT(err, 0.05 * gap) << "gap " << gap << " resends " << mod.resends;
     EXPECT_GT(err_direct, 10 * err);
   }
 }
@@ -330,16 +331,37 @@ TEST(CompressedGossip, DeltaKeepsTheMeanAndFollowsItsReference) {
   EXPECT_LT(2 * err_every, err_first) << "K = 1: " << err_every << ", K = 0: " << err_first;
 }
 
-TEST(CompressedGossip, WrapsKeepTheMean) {
+TEST(CompressedGossip, WrapsAreResentAndKeepTheMean) {
   // A drift 20 times the start's gap after the first round: the grids, sized by the last gaps,
-  // wrap, and the wrapped chunks sit rounds out at both ends. The mean stays today's (2e-5 of
-  // values about 1, after fp32 rounding of larger increments).
+  // wrap, and the pairs resend the wrapped chunks in fp32. The mean stays today's (2e-5 of values
+  // about 1, after fp32 rounding of larger increments). Each worker stays within half the
+  // consensus gap of today's: int4's step is 4 / 15 of the last gap, and rounds' errors add before
+  // gossip contracts them (a chunk that sat a wrapped round out would be a whole gap off).
   algo::CompressionOptions o{comm::Codec::int4(64)};
+  o.gossip = algo::GossipCodec::modulo;
   const auto today = gossip_round(5, "2peer", std::nullopt, 6, 0.2), mod = gossip_round(5, "2peer", o, 6, 0.2);
-  EXPECT_GT(mod.wraps, 0);
+  EXPECT_GT(mod.resends, 0);
   auto mean_t = torch::zeros({777}), mean_m = torch::zeros({777});
   for (int r = 0; r < 5; ++r) mean_t += today.m[r] / 5, mean_m += mod.m[r] / 5;
   EXPECT_LT((mean_t - mean_m).abs().max().item<double>(), 2e-5);
+  double gap = 0, err = 0;
+  for (int r = 0; r < 5; ++r) {
+    gap = std::max(gap, (today.m[r] - mean_t).abs().max().item<double>());
+    err = std::max(err, (today.m[r] - mod.m[r]).abs().max().item<double>());
+  }
+  EXPECT_LT(err, 0.5 * gap) << "gap " << gap << " resends " << mod.resends;
+}
+
+TEST(CompressedGossip, AWrappedChunkIsResentExactly) {
+  // Two workers: the first round goes in fp32 and measures gaps of at most 0.02 (values 1 +-
+  // 0.01); then each drifts by 0.2 x its own wave, so every chunk of 64 differs by far more than
+  // theta / 2 = 2 x 0.02 somewhere and wraps. All 13 chunks are resent at both ends (26), and the
+  // mix is today's up to fp32 rounding of s_i + (s_j - s_i) / 2 against s_i / 2 + s_j / 2 (2 ulps).
+  algo::CompressionOptions o{comm::Codec::int8(64)};
+  o.gossip = algo::GossipCodec::modulo;
+  const auto today = gossip_round(2, "1peer", std::nullopt, 2, 0.2), mod = gossip_round(2, "1peer", o, 2, 0.2);
+  EXPECT_EQ(mod.resends, 26);
+  for (int r = 0; r < 2; ++r) EXPECT_LT((today.m[r] - mod.m[r]).abs().max().item<double>(), 5e-7) << "rank " << r;
 }
 
 TEST(ModuloCodec, OnManyShapesPairIncrementsAreExactNegationsWithinOneStep) {
@@ -396,6 +418,7 @@ class Compressed : public ::testing::Test {
     std::vector<std::vector<double>> losses;
     std::vector<torch::Tensor> params;
     std::vector<int64_t> bytes_sent;
+    std::vector<int64_t> resends;  // modulo: chunks resent in fp32 after a wrap
   };
   static Run run(int n, const algo::AlgoConfig& a, int64_t steps) {
     const auto job = test_util::nano_job(data_);
@@ -413,6 +436,7 @@ class Compressed : public ::testing::Test {
     for (int r = 0; r < n; ++r) {
       out.params.push_back(workers[r]->params().data().clone());
       out.bytes_sent.push_back(cluster.comm(r).stats().bytes_sent);
+      out.resends.push_back(workers[r]->sync().codec_resends().value_or(0));
     }
     return out;
   }
@@ -433,8 +457,10 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
   // 4 workers, 20 steps (4 rounds of H = 5; 20 DAdam rounds). Each compressed run's last loss is
   // within 2% of its twin's (losses about 3.3 after 20 steps), and a round's bytes fall by at
   // least the stated factor: int8 about 4x, int4 about 8x (C = 256: 8 + 32/C and 4 + 32/C bits
-  // against 32), modulo pays 3
-  // floats a chunk besides its codes, and its first round goes in fp32 to measure the gaps.
+  // against 32), modulo pays 3 floats a chunk besides its codes, and its first round goes in fp32
+  // to measure the gaps. Modulo's resends of wrapped chunks (4 bytes a value) are accounted apart:
+  // the bytes beyond its rounds' payloads are those of the resent chunks, to the byte but for
+  // the shorter last chunk of the parameters.
   struct Case {
     algo::AlgoConfig a;
     double min_ratio;
@@ -445,6 +471,7 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
       {cfg("gasloc", "complete", "int8"), 3.8},
       {cfg("gasloc", "1peer", "int8"), 3.6},              {cfg("gasloc", "2peer", "int4"), 6.8},
       {cfg("gasloc", "2peer", "int8", "direct"), 3.8},    {cfg("gasloc", "2peer", "int8", "delta"), 3.3},
+      {cfg("gasloc", "1peer", "int4", "delta"), 4.2},
       {cfg("local_dadam", "1peer", "int8"), 3.6},
       {cfg("dadam", "1peer", "int8"), 3.6},
   };
@@ -459,12 +486,22 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
     // modulo's first round is fp32 (it measures the gaps); delta's refreshes of its reference (an
     // int8 all-reduce on rounds 0 and 5 of 5) are in its bytes.
     const bool measures_gaps = c.a.topology != "complete" && c.a.gossip_codec == "modulo";
+    const algo::Compressor codec(*algo::compression_options(c.a));
+    const int64_t P = got.params[0].numel(), C = 256, peers = c.a.topology == "1peer" ? 1 : 2;
     for (int r = 0; r < 4; ++r) {
       EXPECT_NEAR(got.losses[r].back(), want.losses[r].back(), 0.02 * want.losses[r].back()) << "rank " << r;
       const double plain_round = static_cast<double>(want.bytes_sent[r]) / rounds;
-      const double round = measures_gaps ? (static_cast<double>(got.bytes_sent[r]) - plain_round) / (rounds - 1)
-                                         : static_cast<double>(got.bytes_sent[r]) / rounds;
-      EXPECT_GE(plain_round / round, c.min_ratio) << "rank " << r;
+      double sent = static_cast<double>(got.bytes_sent[r]);
+      if (measures_gaps) {
+        const int64_t resent = got.bytes_sent[r] - static_cast<int64_t>(plain_round) -
+                               static_cast<int64_t>(rounds - 1) * codec.gossip_bytes(P, static_cast<int>(peers));
+        const int64_t most = 4 * C * got.resends[r], tails = static_cast<int64_t>(rounds - 1) * peers;
+        EXPECT_LE(resent, most) << "rank " << r;
+        EXPECT_GE(resent, most - 4 * (C - P % C) * tails) << "rank " << r;
+        sent -= static_cast<double>(resent) + plain_round;
+      }
+      const double round = sent / (measures_gaps ? rounds - 1 : rounds);
+      EXPECT_GE(plain_round / round, c.min_ratio) << "rank " << r << " resends " << got.resends[r];
     }
     if (c.a.name == "diloco" || c.a.topology == "complete")
       for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(got.params[0], got.params[r])) << "theta differs on rank " << r;
@@ -504,7 +541,7 @@ TEST_F(Compressed, FeedbackGridsAndReferencesResumeBitExactly) {
   };
   const std::vector<Setting> settings = {
       {"diloco_int4", "sync.compression_owner_feedback", {"algo.name=diloco", "algo.compression=int4"}},
-      {"gasloc_modulo", "sync.compression_gaps", {"algo.name=gasloc", "algo.compression=int4"}},
+      {"gasloc_modulo", "sync.compression_gaps", {"algo.name=gasloc", "algo.compression=int4", "algo.gossip_codec=modulo"}},
       {"gasloc_delta", "sync.compression_reference",
        {"algo.name=gasloc", "algo.compression=int8", "algo.gossip_codec=delta", "algo.reference_every=2"}}};
   for (const auto& setting : settings) {

@@ -66,6 +66,11 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   skipped.computed = false;
   skipped.grad_norm.reset();
   EXPECT_NE(line_of(skipped).find(R"("computed":false,"eval_time_s":0.5,"event":"train","grad_norm":null,)"), std::string::npos);
+  // Compressed gossip with the modulo codec: the chunks resent after a wrap, only on its lines.
+  TrainEvent modulo = train_event();
+  modulo.codec_resends = 17;
+  EXPECT_NE(line_of(modulo).find(R"({"bytes_sent":4096,"codec_resends":17,"compute_s":2.75,)"), std::string::npos) << line_of(modulo);
+  EXPECT_EQ(std::get<TrainEvent>(*parse_metrics_line(line_of(modulo))).codec_resends, 17);
 }
 
 TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {

@@ -654,6 +654,9 @@ TEST_F(Sweep, ProjectionPricesTheRunsRoundsAtPaperScale) {
 "algo.H" = 2
 [[variant]]
 name = "diloco"
+[[variant]]
+name = "diloco-int8"
+set = { "algo.compression" = "int8" }
 )", "project = [\"134m:bf16\"]\n"));
   study::run_sweep(spec, options("proj.md"));
   const auto runs = study::expand_sweep(spec, false, kRoot / "runs");
@@ -664,6 +667,13 @@ name = "diloco"
   EXPECT_NEAR(p.slowest_per_round, p.seconds_per_round, 1e-12);
   EXPECT_NEAR(p.mb_per_round, P / 1e6, 1e-6);
   EXPECT_NEAR(p.compute_s, 4 * 0.1, 1e-12);
+  // int8: the owners' all-reduce of the 134m model's parameters in chunks of 256 (256 codes and
+  // a 4-byte scale each): 2 (n - 1) = 2 payloads of half the chunks, over the same ring's terms.
+  const auto q = study::project_run(runs[1].dir, "134m:bf16");
+  const int64_t chunks = (model::LlamaConfig::preset("134m").num_params() + 255) / 256;
+  const double int8 = 2.0 * 260.0 * static_cast<double>((chunks + 1) / 2);
+  EXPECT_NEAR(q.mb_per_round, int8 / 1e6, 1e-6);
+  EXPECT_NEAR(q.seconds_per_round, 2 * 0.001 + int8 / 125e6, 1e-9);
   EXPECT_NE(read_file(kRoot / "proj.md").find("At paper scale (134m:bf16)"), std::string::npos);
   try {
     study::load_sweep(sweep_file("badproj", "[[variant]]\nname = \"a\"\n", "project = [\"134m:int3\"]\n"));

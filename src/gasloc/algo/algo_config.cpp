@@ -92,12 +92,12 @@ void AlgoConfig::validate_compression() const {
   const bool all_reduces = algo.all_reduces(topology);
   require(all_reduces || compression != "topk", "algo.compression",
           "topk is for all-reduces (diloco, gasloc on the complete topology): in gossip an unsent coordinate would read as "
-          "the peer's old value, a jump the size of the drift; use int8 or int4 with algo.gossip_codec = modulo");
+          "the peer's old value, a jump the size of the drift; use int8 or int4 (algo.gossip_codec = delta or modulo)");
   require(!all_reduces || algo.has_outer, "algo.compression",
           "'" + name.str() + "' on the complete topology has no anchor to compress its messages against; run diloco with "
           "algo.outer_lr = 1 and algo.outer_momentum = 0, which is the same round");
-  require(all_reduces || gossip_codec == "modulo" || compression == "int8", "algo.gossip_codec",
-          "direct sends parameters whole, where int4's 15 levels lose everything but the largest; use modulo with int4");
+  require(all_reduces || gossip_codec != "direct" || compression == "int8", "algo.gossip_codec",
+          "direct sends parameters whole, where int4's 15 levels lose everything but the largest; use modulo or delta with int4");
   require(wire_dtype == "fp32", "algo.wire_dtype",
           "algo.compression sets the message's encoding; leave algo.wire_dtype = fp32 with algo.compression = " + compression.str());
   require(overlap_steps == 0, "algo.overlap_steps",

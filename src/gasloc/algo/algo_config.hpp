@@ -37,7 +37,7 @@ struct AlgoConfig {
   double topk_density = 1.0 / 64;
   config::Choice error_feedback{feedback_choices(), "auto"};
   double error_feedback_decay = 1.0;
-  config::Choice gossip_codec{gossip_codec_choices(), "modulo"};
+  config::Choice gossip_codec{gossip_codec_choices(), "delta"};
   double modulo_margin = 4.0;
   int64_t reference_every = 5;
 
@@ -60,7 +60,7 @@ struct AlgoConfig {
     v("topk_density", topk_density, "topk: the fraction of each chunk sent, in (0, 1] (default 1/64)");
     v("error_feedback", error_feedback, "carry each round's encoding error into the next (auto: on for int4 and topk all-reduces)");
     v("error_feedback_decay", error_feedback_decay, "beta in a = beta e + u, in [0, 1]");
-    v("gossip_codec", gossip_codec, "how gossip rounds compress: modulo keeps the mean exactly, delta sends differences from a shared reference, direct (int8 only) decodes parameters");
+    v("gossip_codec", gossip_codec, "how gossip rounds compress: delta sends differences from a shared reference, modulo swaps residues on a per-pair grid (the mean kept exactly), direct (int8 only) decodes parameters");
     v("modulo_margin", modulo_margin, "modulo codec: the pair's grid spans this many times its last gap (>= 2)");
     v("reference_every", reference_every, "delta codec: K, the shared reference refreshed by an all-reduce every K rounds (0: first round only)");
   }

@@ -344,48 +344,67 @@ torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const to
     return steps;
   };
 
-  // 2. One exchange of residues per colour of the round's graph: each pair its own grid.
+  // 2. Per colour of the round's graph, one exchange of residues, each pair on its own grid, then
+  // one of the chunks that wrapped (the same at both ends), resent in fp32: s_j - s_i is then exact
+  // and d_ji = -d_ij still, so a wrap costs bytes, never the chunk's round or the mean. A pair
+  // without wraps lists no peer in that second exchange and sends nothing.
   std::vector<std::vector<int>> neighbours;
   for (const auto& gv : graphs) neighbours.push_back(gv.peers);
-  std::vector<int> ids(graphs.size());
-  for (size_t v = 0; v < ids.size(); ++v) ids[v] = static_cast<int>(v);
   std::vector<torch::Tensor> diffs(g.peers.size());
   auto new_gaps = torch::full({static_cast<int64_t>(chunks)}, 0.0f);
+  float* ng = new_gaps.data_ptr<float>();
   bool heard = false;
-  std::vector<std::vector<double>> steps_of(graphs.size());
-  pairwise(
-      pair_colours(neighbours), ids, me, comm,
-      [&](int p) {
-        steps_of[p] = steps_with(p);
-        auto out = torch::empty({static_cast<int64_t>(modulo_payload_bytes(grid, P))}, torch::kByte);
-        modulo_encode(grid, floats(std::as_const(s)), steps_of[p], bytes(out));
-        return out;
-      },
-      [&](int p, const torch::Tensor& t) {
-        auto d = torch::empty_like(s);
-        std::vector<uint8_t> wrapped(chunks);
-        try {
-          modulo_difference(grid, floats(std::as_const(s)), steps_of[p], bytes(t.contiguous()), floats(d), wrapped);
-        } catch (const comm::BadPayload& e) {
-          bad_payload(e, me, p);
-        }
-        float* ng = new_gaps.data_ptr<float>();
-        const float* dd = d.data_ptr<float>();
-        for (size_t c = 0; c < chunks; ++c) {
-          if (wrapped[c]) {
-            // The gap passed theta / 2 somewhere: the next grid spans margin x theta.
-            ++wraps_;
-            ng[c] = std::max(ng[c], static_cast<float>(steps_of[p][c] * (2.0 * grid.levels + 1)));
-            continue;
-          }
-          const size_t begin = c * grid.chunk, end = std::min(P, begin + grid.chunk);
-          float m = 0.0f;
-          for (size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(dd[i]));
-          ng[c] = std::max(ng[c], m);
-        }
-        heard = true;
-        diffs[std::find(g.peers.begin(), g.peers.end(), p) - g.peers.begin()] = d;
-      });
+  const float* own = s.data_ptr<float>();
+  auto chunk_span = [&](size_t c) { return std::pair{c * grid.chunk, std::min(P, (c + 1) * grid.chunk)}; };
+  for (const auto& partner : pair_colours(neighbours)) {
+    const int p = partner[me];
+    std::vector<torch::Tensor> recv;
+    if (p < 0) {
+      comm.exchange({}, torch::empty({0}, torch::kByte), recv);
+      comm.exchange({}, torch::empty({0}, torch::kFloat), recv);
+      continue;
+    }
+    const std::vector<double> steps = steps_with(p);
+    auto out = torch::empty({static_cast<int64_t>(modulo_payload_bytes(grid, P))}, torch::kByte);
+    modulo_encode(grid, floats(std::as_const(s)), steps, bytes(out));
+    comm.exchange({p}, out, recv);
+    if (!recv.at(0).defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, p),
+                                               "compressed rounds need a fixed membership");
+    auto d = torch::empty_like(s);
+    std::vector<uint8_t> wrapped(chunks);
+    try {
+      modulo_difference(grid, floats(std::as_const(s)), steps, bytes(recv[0].contiguous()), floats(d), wrapped);
+    } catch (const comm::BadPayload& e) {
+      bad_payload(e, me, p);
+    }
+    std::vector<size_t> again;
+    int64_t again_len = 0;
+    for (size_t c = 0; c < chunks; ++c)
+      if (wrapped[c]) again.push_back(c), again_len += static_cast<int64_t>(chunk_span(c).second - chunk_span(c).first);
+    auto values = torch::empty({again_len}, torch::kFloat);
+    float* v = values.data_ptr<float>();
+    for (size_t c : again) v = std::copy(own + chunk_span(c).first, own + chunk_span(c).second, v);
+    comm.exchange(again.empty() ? std::vector<int>{} : std::vector<int>{p}, values, recv);
+    float* dd = d.data_ptr<float>();
+    if (!again.empty()) {
+      const torch::Tensor& theirs = recv.at(0);
+      if (!theirs.defined() || theirs.numel() != again_len || theirs.scalar_type() != torch::kFloat ||
+          !torch::isfinite(theirs).all().item<bool>())
+        throw CommError(fmt::format("worker {}: the chunks worker {} resent after a wrap are malformed", me, p),
+                        "every worker must run the same gasloc and the same algo.compression settings");
+      const float* t = theirs.contiguous().data_ptr<float>();
+      for (size_t c : again)
+        for (size_t i = chunk_span(c).first; i < chunk_span(c).second; ++i) dd[i] = *t++ - own[i];
+      resends_ += static_cast<int64_t>(again.size());
+    }
+    for (size_t c = 0; c < chunks; ++c) {
+      float m = 0.0f;
+      for (size_t i = chunk_span(c).first; i < chunk_span(c).second; ++i) m = std::max(m, std::fabs(dd[i]));
+      ng[c] = std::max(ng[c], m);
+    }
+    heard = true;
+    diffs[std::find(g.peers.begin(), g.peers.end(), p) - g.peers.begin()] = d;
+  }
   if (heard) gaps_ = new_gaps;
 
   // 3. m_i = s_i + sum_j W_ij d_ij, in the row's order.
@@ -427,6 +446,7 @@ StateDict Compressor::state() const {
   if (owner_feedback_.defined()) s["compression_owner_feedback"] = owner_feedback_;
   if (gaps_.defined()) s["compression_gaps"] = gaps_;
   if (reference_.defined()) s["compression_reference"] = reference_;
+  if (o_.gossip == GossipCodec::modulo) s["compression_resends"] = torch::tensor(resends_, torch::kLong);
   return s;
 }
 
@@ -439,6 +459,8 @@ void Compressor::load_state(const StateDict& s) {
   owner_feedback_ = get("compression_owner_feedback");
   gaps_ = get("compression_gaps");
   reference_ = get("compression_reference");
+  const auto r = s.find("compression_resends");
+  resends_ = r == s.end() ? 0 : r->second.item<int64_t>();
 }
 
 std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg) {

@@ -16,8 +16,8 @@
 //   agreed per chunk from both ends' last gaps (the first round goes in fp32 to measure them),
 //   and both ends compute the same wrapped integer
 //   difference, so d_ji = -d_ij exactly and the workers' mean is kept; a checksum per chunk finds a
-//   wrap (a gap beyond theta / 2), and that chunk then sits the round out at both ends (d = 0),
-//   its next grid margin times wider.
+//   wrap (a gap beyond theta / 2) at both ends, and the pair then swaps that chunk in fp32 in the
+//   same round (d exact, still d_ji = -d_ij).
 // Legend: P parameters, C the codec's chunk, n members, L the levels each side of 0 (127, 7).
 #pragma once
 #include <torch/types.h>
@@ -46,7 +46,7 @@ struct CompressionOptions {
   comm::Codec codec;               // the codec of every payload
   bool error_feedback = false;     // all-reduce and direct gossip: e <- a - decode(encode(a))
   float feedback_decay = 1.0f;     // beta in a = beta e + u
-  GossipCodec gossip = GossipCodec::modulo;
+  GossipCodec gossip = GossipCodec::delta;
   double margin = 4.0;             // modulo: theta = margin x the pair's larger last gap
   int64_t reference_every = 5;     // delta: K, the reference refreshed every K rounds (0: on the first only)
 };
@@ -79,7 +79,8 @@ class Compressor {
   // or `n` members (all-reduce): what the time-budget policy prices. Latency terms aside.
   int64_t all_reduce_bytes(int64_t p, int n) const;
   int64_t gossip_bytes(int64_t p, int peers) const;
-  int64_t wraps() const { return wraps_; }  // modulo chunks that sat a round out, so far
+  // Modulo chunks that wrapped and were resent in fp32, so far (a pair's chunk counts once per end).
+  int64_t resends() const { return resends_; }
 
   StateDict state() const;
   // A checkpoint without the state (written before compression was set) starts it at zero.
@@ -102,7 +103,7 @@ class Compressor {
   torch::Tensor owner_feedback_;  // e*: the owner's, of its shard's mean; S C
   torch::Tensor gaps_;            // modulo: per chunk, the largest |d| of the last exchange (-1: none yet)
   torch::Tensor reference_;       // delta: r, the same bits on every worker
-  int64_t wraps_ = 0;
+  int64_t resends_ = 0;
 };
 
 // The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).

@@ -247,6 +247,12 @@ void ViewSync::load_compression(const StateDict& s) {
   if (Compressor* c = mixer_.compressor()) c->load_state(s);
 }
 
+std::optional<int64_t> ViewSync::codec_resends() const {
+  const Compressor* c = mixer_.compressor();
+  if (!c || c->options().gossip != GossipCodec::modulo || mixer_.topology().is_all_reduce()) return std::nullopt;
+  return c->resends();
+}
+
 void ViewSync::save_restart_clock(StateDict& s) const {
   if (mixer_.restarts()) s["restart_checkpoint_clock"] = torch::tensor(checkpoint_clock_, torch::kFloat64);
 }

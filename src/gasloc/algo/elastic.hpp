@@ -102,6 +102,7 @@ class ViewSync : public Synchronizer {
   explicit ViewSync(RoundMixer mixer) : mixer_(std::move(mixer)) {}
   std::optional<View> take_ended_view() override;
   std::optional<std::vector<int>> holders() const override;
+  std::optional<int64_t> codec_resends() const override;
 
  protected:
   // The round this worker is in now (the next to end).

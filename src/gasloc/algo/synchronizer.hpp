@@ -56,6 +56,8 @@ class Synchronizer {
   // model now (evaluation averages over them); nullopt when the run is not elastic.
   virtual std::optional<View> take_ended_view() { return std::nullopt; }
   virtual std::optional<std::vector<int>> holders() const { return std::nullopt; }
+  // Compressed gossip's modulo codec: the chunks this worker resent in fp32 after a wrap, so far.
+  virtual std::optional<int64_t> codec_resends() const { return std::nullopt; }
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }
   virtual void load_state(const StateDict& state) {}

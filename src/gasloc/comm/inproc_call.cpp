@@ -63,12 +63,11 @@ std::string check_broadcast(const Call& c) {
   return {};
 }
 
-// Peer lists must be valid and symmetric; every rank with peers must send the same shape and
-// dtype (one message size per round, which is what the cost model prices).
+// Peer lists must be valid and symmetric; the two ends of each pair must send the same shape and
+// dtype (pairs may differ: the cost model prices each pair by its own message).
 std::string check_exchange(const Call& c, Elastic elastic) {
   const auto& e = c.entries;
   const int n = static_cast<int>(e.size());
-  int first = -1;  // the first rank with peers: the others' sends are compared with its
   for (int r = 0; r < n; ++r) {
     std::set<int> seen;
     for (int j : e[r].peers) {
@@ -85,8 +84,10 @@ std::string check_exchange(const Call& c, Elastic elastic) {
       if (elastic.enabled()) continue;  // it leaves at this exchange
       return undefined("exchange", r);
     }
-    if (first < 0) first = r;
-    if (auto m = mismatch("exchange", r, e[r].tensor, first, e[first].tensor); !m.empty()) return m;
+    for (int j : e[r].peers) {
+      if (j < r || !e[j].tensor.defined()) continue;  // each pair once; a leaving peer sends nothing
+      if (auto m = mismatch("exchange", r, e[r].tensor, j, e[j].tensor); !m.empty()) return m;
+    }
   }
   return {};
 }
@@ -204,20 +205,25 @@ void price(Call& c, const NetworkModel& m, Elastic elastic) {
     case Op::AllReduceOver: clocks = all_reduce_over(c, m, elastic); break;
     case Op::Exchange: {
       std::vector<std::vector<int>> peers(n);
-      int64_t P = 0;
+      std::vector<double> P(n, 0.0);
+      int64_t any = 0;  // a size that some rank sends (elastic runs send one size)
       bool someone_leaves = false;
       for (int r = 0; r < n; ++r) {
         peers[r] = e[r].peers;
         if (peers[r].empty()) continue;
-        if (e[r].tensor.defined()) P = m.message_bytes(tensor_bytes(e[r].tensor));
+        if (e[r].tensor.defined()) any = m.message_bytes(tensor_bytes(e[r].tensor)), P[r] = static_cast<double>(any);
         else someone_leaves = true;
       }
       if (someone_leaves) {
-        clocks = exchange_with_failures(c, m, static_cast<double>(P), elastic);
+        clocks = exchange_with_failures(c, m, static_cast<double>(any), elastic);
         break;
       }
-      clocks = exchange_clocks(m, static_cast<double>(P), peers, t);
-      for (int r = 0; r < n; ++r) c.out[r].sent = c.out[r].received = P * static_cast<int64_t>(peers[r].size());
+      clocks = exchange_clocks(m, P, peers, t);
+      for (int r = 0; r < n; ++r) {
+        c.out[r].sent = static_cast<int64_t>(P[r]) * static_cast<int64_t>(peers[r].size());
+        c.out[r].received = 0;
+        for (int j : peers[r]) c.out[r].received += static_cast<int64_t>(P[j]);
+      }
       break;
     }
     case Op::Broadcast: {

@@ -94,9 +94,15 @@ int64_t ring_allreduce_bytes(int64_t P, int n) {
 
 std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, double P, const std::vector<std::vector<int>>& peers,
                                          const std::vector<double>& t) {
+  return exchange_clocks(m, std::vector<double>(t.size(), P), peers, t);
+}
+
+std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, const std::vector<double>& P,
+                                         const std::vector<std::vector<int>>& peers, const std::vector<double>& t) {
   const int n = static_cast<int>(t.size());
-  if (static_cast<int>(peers.size()) != n)
-    throw CommError("exchange_clocks: " + std::to_string(peers.size()) + " peer lists for " + std::to_string(n) + " clocks");
+  if (static_cast<int>(peers.size()) != n || static_cast<int>(P.size()) != n)
+    throw CommError("exchange_clocks: " + std::to_string(peers.size()) + " peer lists and " + std::to_string(P.size()) +
+                    " message sizes for " + std::to_string(n) + " clocks");
   std::vector<ClockUpdate> out(n);
   for (int i = 0; i < n; ++i) {
     out[i].end_s = t[i];
@@ -108,7 +114,8 @@ std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, double P, const 
       const int k_j = static_cast<int>(peers[j].size());
       const double start = std::max(t[i], t[j]);
       latest_start = std::max(latest_start, start);
-      latest_end = std::max(latest_end, start + pair_exchange_seconds(P, m.bandwidth(i), m.bandwidth(j), k_i, k_j, m.latency_s));
+      latest_end = std::max(latest_end, start + pair_exchange_seconds(std::max(P[i], P[j]), m.bandwidth(i), m.bandwidth(j),
+                                                                      k_i, k_j, m.latency_s));
     }
     out[i] = {latest_end, latest_start - t[i]};
   }

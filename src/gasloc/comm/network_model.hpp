@@ -61,6 +61,11 @@ struct ClockUpdate {
 // latest transfer start. A worker without neighbours keeps its clock.
 std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, double P, const std::vector<std::vector<int>>& peers,
                                          const std::vector<double>& t);
+// The same with a message size per worker: P[i] is what worker i sends each neighbour, and a
+// pair's transfer is priced at the larger of its two ends' (they are equal when both ends check
+// their shapes, as the backends do).
+std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, const std::vector<double>& P,
+                                         const std::vector<std::vector<int>>& peers, const std::vector<double>& t);
 // All-reduce: starts at max t, takes ring_allreduce_seconds with the slowest bandwidth; every
 // clock ends there.
 std::vector<ClockUpdate> all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t);

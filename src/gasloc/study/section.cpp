@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 
+#include "gasloc/algo/compression.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/atomic_file.hpp"
@@ -173,17 +174,46 @@ Projection project_run(const fs::path& run_dir, const std::string& model) {
   const bool all_reduce = entry.all_reduces(job.algo.topology);
   std::optional<topology::Topology> topo;
   if (!all_reduce) topo.emplace(topology::parse_kind(job.algo.topology), n, static_cast<uint64_t>(job.train.seed));
-  p.mb_per_round = (all_reduce ? static_cast<double>(comm::ring_allreduce_bytes(static_cast<int64_t>(P), n))
-                               : topology::bytes_per_worker_per_round(*topo, static_cast<int64_t>(P))) / 1e6;
+  // A compressed run's messages are its codec's bytes for the projected model's parameters: an
+  // all-reduce priced as a ring moving the same bytes, a gossip message as one payload a peer,
+  // and delta's reference refreshed by an int8 all-reduce every K rounds. Modulo's fp32 first
+  // round and its resends depend on the run's gaps: they are left out.
+  double message = P, total = all_reduce ? static_cast<double>(comm::ring_allreduce_bytes(static_cast<int64_t>(P), n)) : 0;
+  std::optional<double> refresh;  // delta: the reference's all-reduce, as a ring's message
+  int64_t refresh_every = 0;
+  if (const auto o = algo::compression_options(job.algo)) {
+    const algo::Compressor codec(*o);
+    const auto params = static_cast<int64_t>(P) / std::max<int64_t>(1, job.network.simulated_element_bytes);
+    const double ring_share = 2.0 * (n - 1) / n;
+    if (all_reduce) {
+      total = static_cast<double>(codec.all_reduce_bytes(params, n));
+      message = total / ring_share;
+    } else {
+      message = static_cast<double>(codec.gossip_bytes(params, 1));
+      if (o->gossip == algo::GossipCodec::delta) {
+        algo::CompressionOptions int8 = *o;
+        int8.codec = comm::Codec::int8(o->codec.chunk);
+        refresh = static_cast<double>(algo::Compressor(int8).all_reduce_bytes(params, n)) / ring_share;
+        refresh_every = o->reference_every;
+      }
+    }
+  }
+  if (!all_reduce) total = static_cast<double>(topology::bytes_per_worker_per_round(*topo, static_cast<int64_t>(message)));
+  double refresh_mb = 0;
   const std::vector<double> zero(n, 0.0);
   for (int64_t r = 0; r < p.rounds; ++r) {
     std::vector<comm::ClockUpdate> c;
     if (all_reduce) {
-      c = comm::all_reduce_clocks(net, P, zero);
+      c = comm::all_reduce_clocks(net, message, zero);
     } else {
       std::vector<std::vector<int>> peers(n);
       for (int i = 0; i < n; ++i) peers[i] = topo->peers(i, r);
-      c = comm::exchange_clocks(net, P, peers, zero);
+      c = comm::exchange_clocks(net, message, peers, zero);
+      if (refresh && (r == 0 || (refresh_every > 0 && r % refresh_every == 0))) {
+        const auto ar = comm::all_reduce_clocks(net, *refresh, zero);
+        for (size_t i = 0; i < c.size(); ++i) c[i].end_s += ar[i].end_s;
+        refresh_mb += *refresh * 2.0 * (n - 1) / n / 1e6;
+      }
     }
     double mean = 0, slowest = 0;
     for (const auto& u : c) {
@@ -193,6 +223,7 @@ Projection project_run(const fs::path& run_dir, const std::string& model) {
     p.seconds_per_round += mean / static_cast<double>(p.rounds);
     p.slowest_per_round += slowest / static_cast<double>(p.rounds);
   }
+  p.mb_per_round = total / 1e6 + (p.rounds > 0 ? refresh_mb / static_cast<double>(p.rounds) : 0.0);
   return p;
 }
 

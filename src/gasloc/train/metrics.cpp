@@ -42,13 +42,15 @@ namespace {
 using nlohmann::json;
 
 json of(const TrainEvent& e) {
-  return {{"event", "train"}, {"step", e.step}, {"worker", e.worker}, {"train_loss", e.train_loss}, {"lr", e.lr},
+  json j = {{"event", "train"}, {"step", e.step}, {"worker", e.worker}, {"train_loss", e.train_loss}, {"lr", e.lr},
           {"computed", e.computed}, {"grad_norm", e.grad_norm ? json(*e.grad_norm) : json(nullptr)},
           {"round_done", e.round_done}, {"tokens_per_s", e.tokens_per_s}, {"wall_time_s", e.wall_time_s},
           {"virtual_time_s", e.virtual_time_s}, {"bytes_sent", e.bytes_sent}, {"idle_s", e.idle_s},
           {"local_steps", e.local_steps ? json(*e.local_steps) : json(nullptr)}, {"eval_time_s", e.eval_time_s},
           {"compute_s", e.compute_s ? json(*e.compute_s) : json(nullptr)},
           {"utilization", e.utilization ? json(*e.utilization) : json(nullptr)}};
+  if (e.codec_resends) j["codec_resends"] = *e.codec_resends;
+  return j;
 }
 json of(const EvalEvent& e) {
   json j = {{"event", "eval"}, {"step", e.step}, {"worker", e.worker}, {"val_loss", e.val_loss},
@@ -139,7 +141,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                       optional_field<int64_t>(j, "local_steps"),
                       field(j, "eval_time_s", 0.0),
                       optional_field<double>(j, "compute_s"),
-                      optional_field<double>(j, "utilization")};
+                      optional_field<double>(j, "utilization"),
+                      optional_field<int64_t>(j, "codec_resends")};
   if (event == "eval")
     return EvalEvent{step,
                      worker,

@@ -38,6 +38,7 @@ struct TrainEvent {
   double eval_time_s = 0;               // evaluations of the average model so far, priced on the network (not in virtual_time_s)
   std::optional<double> compute_s;      // time this worker computed so far: virtual in-process, wall in processes
   std::optional<double> utilization;    // compute_s over virtual_time_s (in-process) or wall_time_s (processes); none before version 4
+  std::optional<int64_t> codec_resends; // compressed gossip (modulo): chunks resent in fp32 after a wrap so far; absent otherwise
 };
 
 // An evaluation of the average model and of each worker's own ("eval"), written by worker 0 (in
