@@ -156,6 +156,12 @@ topo=$("$G" topo -t complete -n 8 --consensus 2 --outer-lr 0.7 --outer-momentum 
 grep -q "outer step (lr 0.7, momentum 0.9)" <<<"$topo" || fail "topo with the outer step: $topo"
 grep -qE '^ +1 +1\.0890e-01 ' <<<"$topo" || fail "topo: round 1 should leave 0.1089 of the disagreement: $topo"
 expect_error "momentum" "$G" topo -t 1peer -n 8 --consensus 2 --outer-momentum 1
+# A compressed round's bits: the tiny preset's 7,342,336 parameters are 28,681 chunks of 256; the
+# owners' int8 all-reduce over 8 sends 2 x 7 payloads of 3,586 chunks of 260 bytes: 14.22 bits.
+topo=$("$G" topo -t complete -n 8 --compression int8)
+grep -q "13.05 MB per worker per round (to chunk owners and back, 2(n-1) payloads of P/n), 14.22 bits per parameter per round" <<<"$topo" ||
+  fail "topo --compression int8: $topo"
+expect_error "topk is for all-reduces" "$G" topo -t 1peer -n 8 --compression topk
 
 # Capture first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
 info=$("$G" model-info --preset tiny)

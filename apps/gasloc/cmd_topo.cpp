@@ -4,7 +4,9 @@
 #include <map>
 
 #include "commands.hpp"
+#include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/algorithms.hpp"
+#include "gasloc/algo/compression.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/topology/spectral.hpp"
@@ -60,6 +62,8 @@ struct TopoOptions {
   int64_t rounds = 2000;
   std::string preset = "tiny";
   std::string wire_dtype = "fp32";
+  std::string compression = "none", gossip_codec = "delta";
+  int64_t reference_every = 5;
   int64_t consensus = 0;
   double outer_lr = 1.0, outer_momentum = 0.0, gossip_step = 1.0;
   std::string form = "anchor";
@@ -82,6 +86,41 @@ void print_cost(const topology::Topology& t, const TopoOptions& o, c10::ScalarTy
              bytes_per_param, o.wire_dtype, static_cast<double>(message) / 1e6);
   fmt::print("bytes sent per worker per round: {:.2f} MB ({})\n", sent / 1e6,
              t.is_all_reduce() ? "ring all-reduce, 2(n-1)/n x message" : fmt::format("{} x message", deg));
+  if (o.compression == "none") {
+    fmt::print("bits per parameter per round: {:.2f}\n", 8.0 * sent / static_cast<double>(params));
+    return;
+  }
+  // A compressed round (algo.compression): the codec's payloads, as the trainer sends them.
+  algo::AlgoConfig a;
+  a.name = "gasloc";
+  a.topology = o.topology;
+  a.compression = o.compression;
+  a.gossip_codec = o.gossip_codec;
+  a.reference_every = o.reference_every;
+  a.validate_compression();
+  const auto opts = *algo::compression_options(a);
+  const algo::Compressor codec(opts);
+  double bytes = 0;
+  std::string how;
+  if (t.is_all_reduce()) {
+    bytes = static_cast<double>(codec.all_reduce_bytes(params, n));
+    how = o.compression == "topk" ? "an all-gather of every member's payload" : "to chunk owners and back, 2(n-1) payloads of P/n";
+  } else {
+    bytes = static_cast<double>(deg) * static_cast<double>(codec.gossip_bytes(params, 1));
+    how = fmt::format("{} x the {} codec's payload", deg, o.gossip_codec);
+    if (opts.gossip == algo::GossipCodec::delta && opts.reference_every > 0) {
+      auto int8 = opts;
+      int8.codec = comm::Codec::int8(opts.codec.chunk);
+      bytes += static_cast<double>(algo::Compressor(int8).all_reduce_bytes(params, n)) / static_cast<double>(opts.reference_every);
+      how += fmt::format(", and its reference's int8 all-reduce every {} rounds", opts.reference_every);
+    } else if (opts.gossip == algo::GossipCodec::modulo) {
+      how += "; plus an fp32 first round and the chunks resent after a wrap, which depend on the run";
+    }
+  }
+  fmt::print("with algo.compression = {}: {:.2f} MB per worker per round ({}), {:.2f} bits per parameter per round, "
+             "{:.1f}x fewer than fp32\n",
+             o.compression, bytes / 1e6, how, 8.0 * bytes / static_cast<double>(params),
+             sent / bytes * (4.0 / static_cast<double>(bytes_per_param)));
 }
 
 // The spectral gap and the consensus decay it predicts; returns the closed-form gap.
@@ -180,6 +219,11 @@ Action add_topo(CLI::App& app) {
   app.add_option("--preset,-p", o->preset, "model preset whose parameters form the message")->capture_default_str();
   app.add_option("--wire-dtype", o->wire_dtype, algo::wire_dtype_choices().names() + ": bytes per parameter on the wire (algo.wire_dtype)")
       ->capture_default_str();
+  app.add_option("--compression", o->compression, "none, int8, int4, topk: the round's bytes with this codec (algo.compression)")
+      ->capture_default_str();
+  app.add_option("--gossip-codec", o->gossip_codec, "with --compression on a gossip graph: delta, modulo, direct (algo.gossip_codec)")
+      ->capture_default_str();
+  app.add_option("--reference-every", o->reference_every, "with --gossip-codec delta: K (algo.reference_every)")->capture_default_str();
   app.add_option("--consensus", o->consensus,
                  "also gossip random vectors for this many rounds (no training) and print the consensus distance "
                  "against the (1 - gap)^t the spectral gap predicts");
