@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -92,10 +93,12 @@ Frame parse(const std::string& p) {
   return f;
 }
 
-// True when the server hung up on fd (no reply comes).
+// True when the server hung up on fd (no reply comes; a reset counts), false for a reply or
+// nothing within the receive timeout.
 bool closed_by_server(int fd) {
   char c;
-  return ::recv(fd, &c, 1, 0) == 0;
+  const ssize_t n = ::recv(fd, &c, 1, 0);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
 }
 
 // A client that speaks store_auth by hand: its connection's key, for sealing requests.
@@ -229,6 +232,11 @@ TEST(StoreAuth, AClientThatSkipsTheHandshakeIsHungUpOnAndNothingIsApplied) {
   send_all(half, encode_frame(static_cast<uint8_t>(StoreOp::kSet), {"k", "v"}));
   EXPECT_TRUE(closed_by_server(half));
   ::close(half);
+  // A frame announced larger than any handshake: hung up on before it is buffered.
+  const int big = raw_connect(server.port());
+  send_all(big, std::string("\x00\x00\x10\x00", 4) + std::string(1000, 'x'));  // 1 MiB announced
+  EXPECT_TRUE(closed_by_server(big));
+  ::close(big);
   EXPECT_FALSE(server.local()->check({"k"}));
   StoreClient good("127.0.0.1", server.port(), 5s, job(kSecret));
   EXPECT_FALSE(good.check({"k"}));

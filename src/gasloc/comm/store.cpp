@@ -34,6 +34,7 @@ namespace {
 // so that a graceful stop's own store calls are not cut.
 constexpr auto kInterruptAfter = std::chrono::milliseconds(500);
 constexpr int kSliceMs = 100;
+constexpr uint32_t kMaxHandshakeBytes = 64 * 1024;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -424,6 +425,9 @@ struct ServerLoop {
       if (c.in.size() < 4) return true;
       const uint32_t len = get_u32(c.in.data());
       if (len > kMaxFrameBytes) return false;
+      // Before it proved the secret, a client sends only the short frames of the handshake: it
+      // cannot make the store hold a gigabyte for it.
+      if (!state->secret.empty() && c.phase != Client::Phase::kAuthed && len > kMaxHandshakeBytes) return false;
       if (c.in.size() < 4 + static_cast<size_t>(len)) return true;
       const std::string p = c.in.substr(4, len);
       c.in.erase(0, 4 + static_cast<size_t>(len));
