@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/comm/store.hpp"
@@ -301,6 +302,97 @@ TEST(StoreAuth, AFlippedByteInASealedRequestIsRejected) {
   send_all(h.fd, store_auth::seal_frame(h.k_conn, 'q', 0, static_cast<uint8_t>(StoreOp::kSet), {"key", "value"}));
   EXPECT_EQ(sealed_reply(h, 0).code, static_cast<uint8_t>(StoreStatus::kOk));
   EXPECT_EQ(s(server.local()->get("key")), "value");
+}
+
+namespace {
+// A fake store for one StoreClient: a listener on 127.0.0.1 whose first connection the test
+// serves by hand (to alter what the client receives).
+struct FakeStore {
+  int fd = -1, port = 0;
+  FakeStore() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd, 4), 0);
+    timeval tv{10, 0};  // accept() gives up rather than hang a failing test
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~FakeStore() { ::close(fd); }
+  // Accepts the client and does the server's half of the handshake; its proof is made with
+  // `proof_secret` (the job's, or another). Returns the connection and sets k_conn.
+  int serve_handshake(const std::string& secret, const std::string& proof_secret, std::string& k_conn) {
+    const int c = ::accept(fd, nullptr, nullptr);
+    timeval tv{5, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const Frame hello = parse(read_frame(c));
+    EXPECT_EQ(hello.code, static_cast<uint8_t>(StoreOp::kAuthHello));
+    const std::string token = hello.fields.at(0), n_s(store_auth::kNonceBytes, 's');
+    send_all(c, encode_frame(static_cast<uint8_t>(StoreStatus::kOk), {n_s}));
+    const Frame proof = parse(read_frame(c));
+    EXPECT_EQ(proof.code, static_cast<uint8_t>(StoreOp::kAuthProof));
+    const std::string id = proof.fields.at(0), n_c = proof.fields.at(1);
+    const std::string k_store = store_auth::store_key(secret, token);
+    EXPECT_EQ(proof.fields.at(2), store_auth::client_proof(k_store, n_s, n_c, id, token));
+    send_all(c, encode_frame(static_cast<uint8_t>(StoreStatus::kOk),
+                             {store_auth::server_proof(store_auth::store_key(proof_secret, token), n_s, n_c, id, token)}));
+    k_conn = store_auth::connection_key(k_store, n_s, n_c, id);
+    return c;
+  }
+};
+}  // namespace
+
+TEST(StoreAuth, AStoreThatCannotProveTheSecretIsRefusedByTheClient) {
+  FakeStore fake;
+  std::thread server([&] {
+    std::string k;
+    const int c = fake.serve_handshake(kSecret, kOther, k);
+    ::close(c);
+  });
+  try {
+    StoreClient client("127.0.0.1", fake.port, 5s, job(kSecret));
+    FAIL() << "the client trusted a store that did not prove the secret";
+  } catch (const AuthError& e) {
+    EXPECT_NE(text_of(e).find("did not prove"), std::string::npos) << text_of(e);
+    EXPECT_NE(text_of(e).find("secret"), std::string::npos) << text_of(e);
+  }
+  server.join();
+}
+
+TEST(StoreAuth, AnAlteredOrReplayedReplyFailsTheClientsCall) {
+  for (const bool replay : {false, true}) {
+    FakeStore fake;
+    std::thread server([&] {
+      std::string k;
+      const int c = fake.serve_handshake(kSecret, kSecret, k);
+      // Request 0 (check) answered honestly; request 1 (add) answered with a byte flipped, or
+      // with the reply to request 0 again.
+      read_frame(c);
+      const std::string first = store_auth::seal_frame(k, 'r', 0, static_cast<uint8_t>(StoreStatus::kOk), {"1"});
+      send_all(c, first);
+      read_frame(c);
+      std::string second = store_auth::seal_frame(k, 'r', 1, static_cast<uint8_t>(StoreStatus::kOk), {"5"});
+      second[13] = static_cast<char>(second[13] ^ 0x04);  // the answer's digit (after length, code, count, field length): "5" -> "1"
+      send_all(c, replay ? first : second);
+      char buf;
+      ::recv(c, &buf, 1, 0);  // until the client hangs up
+      ::close(c);
+    });
+    StoreClient client("127.0.0.1", fake.port, 5s, job(kSecret));
+    EXPECT_TRUE(client.check({"k"}));
+    try {
+      client.add("n", 5);
+      FAIL() << "the client took an " << (replay ? "replayed" : "altered") << " reply";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("failed its check"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(client.check({"k"}), CommError);  // the connection is closed
+    server.join();
+  }
 }
 
 TEST(SecretFile, WrittenWithMode0600NeverOverwrittenAndRefusedWhenOthersMayReadIt) {
