@@ -355,7 +355,7 @@ TEST(StoreAuth, AStoreThatCannotProveTheSecretIsRefusedByTheClient) {
   });
   try {
     StoreClient client("127.0.0.1", fake.port, 5s, job(kSecret));
-    FAIL() << "the client trusted a store that did not prove the secret";
+    ADD_FAILURE() << "the client trusted a store that did not prove the secret";  // not FAIL(): the thread is joined below
   } catch (const AuthError& e) {
     EXPECT_NE(text_of(e).find("did not prove"), std::string::npos) << text_of(e);
     EXPECT_NE(text_of(e).find("secret"), std::string::npos) << text_of(e);
@@ -386,7 +386,7 @@ TEST(StoreAuth, AnAlteredOrReplayedReplyFailsTheClientsCall) {
     EXPECT_TRUE(client.check({"k"}));
     try {
       client.add("n", 5);
-      FAIL() << "the client took an " << (replay ? "replayed" : "altered") << " reply";
+      ADD_FAILURE() << "the client took an " << (replay ? "replayed" : "altered") << " reply";  // the thread is joined below
     } catch (const CommError& e) {
       EXPECT_NE(std::string(e.what()).find("failed its check"), std::string::npos) << e.what();
     }
