@@ -16,6 +16,11 @@
 //
 //   build/bench_comm --codec [--elements-m 1,100] [--reps 3]
 //
+// --auth: HMAC-SHA256 beside memcpy, and a store request and connection with and without a job
+// secret (bench/auth_bench.hpp); no ranks.
+//
+//   build/bench_comm --auth [--reps 5]
+//
 // The binary launches its own ranks: it hosts a rendezvous store on a free port and re-executes
 // itself once per rank with RANK/WORLD_SIZE/MASTER_* set (as gasloc launch would).
 #include <arpa/inet.h>
@@ -39,6 +44,7 @@
 #include <sstream>
 #include <thread>
 
+#include "auth_bench.hpp"
 #include "codec_bench.hpp"
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/rendezvous.hpp"
@@ -59,6 +65,7 @@ struct Args {
   int reps = 3;
   bool overlap = false;    // the overlap bench instead of the tables
   bool codec = false;      // the codec bench instead of the tables
+  bool auth = false;       // the job-secret bench instead of the tables
   std::vector<double> elements_m = {1, 100};  // --codec: buffer sizes in millions of elements
   double limit_gbit = 0;   // --overlap: each rank's link limited to this rate (gasloc launch --bandwidth-limit); 0 = none
   std::string worker_out;  // set in a rank process
@@ -75,6 +82,7 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--codec", a.codec, "the codecs' encode and decode speed on one thread, against memcpy");
+  app.add_flag("--auth", a.auth, "HMAC-SHA256 against memcpy, and store requests with and without a job secret");
   app.add_option("--elements-m", a.elements_m, "with --codec: buffer sizes in millions of fp32 elements, comma-separated")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
@@ -414,6 +422,10 @@ int main(int argc, char** argv) {
     if (const int rc = parse(argc, argv, a); rc >= 0) return rc;
     if (a.codec) {
       bench::run_codec_bench(a.elements_m, a.reps);
+      return 0;
+    }
+    if (a.auth) {
+      bench::run_auth_bench(a.reps);
       return 0;
     }
     if (!a.worker_out.empty()) return a.overlap ? overlap_worker(a) : worker(a);

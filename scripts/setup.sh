@@ -12,6 +12,7 @@ PACKAGES=(
   libgloo-dev                                # Gloo headers (c10d backend)
   libsentencepiece-dev                       # tokenizer training and loading
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libssl-dev                                 # OpenSSL 3's libcrypto: job secrets, authenticated store
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox                                # plots
   iproute2 procps                            # ss, ip, pgrep: the process and network-namespace tests

@@ -19,6 +19,7 @@
 #include "gasloc/comm/process_group.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/secret.hpp"
 
 namespace gasloc::app {
 
@@ -66,7 +67,7 @@ struct CheckOptions {
   std::string stall_at = "exchange";
   double measure_mb = 0;
   double timeout = 0;
-  std::string bandwidth, job_id;
+  std::string bandwidth, job_id, secret_file;
 };
 
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -204,11 +205,12 @@ std::unique_ptr<comm::ProcessGroupComm> join(const CheckOptions& o) {
   if (o.timeout < 0) throw Error(fmt::format("comm-check: --timeout {} must be positive", o.timeout));
   if (o.timeout > 0) opts.timeout_s = o.timeout;
   if (!o.job_id.empty()) {
-    opts.job = {o.job_id, "--job-id " + o.job_id};
+    opts.job = {o.job_id, "--job-id " + o.job_id, {}};
     opts.agent_store = false;  // gasloc launch or gasloc store hosts gasloc's store
   } else {
-    opts.job = {comm::derive_job_token("gasloc comm-check"), "gasloc comm-check"};
+    opts.job = {comm::derive_job_token("gasloc comm-check"), "gasloc comm-check", {}};
   }
+  if (!o.secret_file.empty()) opts.job.secret = read_secret_file(o.secret_file);
   if (!o.bandwidth.empty()) opts.bandwidth_limit_Bps = comm::parse_bandwidth_limit(o.bandwidth, opts.rank);
   return comm::make_process_group(o.backend, opts);
 }
@@ -233,6 +235,8 @@ Action add_comm_check(CLI::App& app) {
       ->check(CLI::IsMember({"all_reduce", "exchange"}))
       ->capture_default_str();
   app.add_option("--job-id", o->job_id, "the job token gasloc launch hands its ranks, or a gasloc store's --job-id (otherwise every comm-check is one job)");
+  app.add_option("--secret-file", o->secret_file,
+                 "the job's secret (as cluster.secret_file; gasloc launch --secret-file passes it on)");
   return [o]() {
     const auto comm = join(*o);
     Checker check(*o, *comm);

@@ -33,6 +33,7 @@
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/secret.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "netns_testbed.hpp"
 
@@ -154,6 +155,7 @@ struct Opts {
   double grace = 10;
   std::optional<double> heartbeat_timeout;  // 0: ranks are not judged; unset: the job's (elastic) or 30 s
   std::string bandwidth;
+  std::string secret_file;  // the job's secret: the launcher's store and its ranks (by path) use it
   bool netns = false, keep = false, cleanup = false;
   bool elastic = false;  // a failed rank restarts and rejoins; the others go on
   int max_restarts = 3;  // restarts of failed ranks over the whole job
@@ -225,6 +227,12 @@ void validate(const Opts& o) {
 std::vector<std::string> rank_args(const Opts& o, bool self_cmd, bool gasloc_ranks, const std::string& job_token) {
   std::vector<std::string> args = o.cmd;
   if (gasloc_ranks) args.insert(args.begin() + 2, {"--job-id", job_token});
+  // The secret's path, never its content: a command line is visible to every user of the host.
+  if (gasloc_ranks && !o.secret_file.empty()) {
+    const std::string path = std::filesystem::absolute(o.secret_file).string();
+    if (args[1] == "train") args.insert(args.begin() + 2, {"--set", "cluster.secret_file=" + path});
+    else args.insert(args.begin() + 2, {"--secret-file", path});
+  }
   if (self_cmd && args[1] == "train") {
     if (o.elastic) args.insert(args.begin() + 2, {"--set", "cluster.elastic=true"});
     if (o.timeout) args.insert(args.begin() + 2, {"--set", fmt::format("cluster.timeout_s={}", *o.timeout)});
@@ -747,7 +755,8 @@ int run_launch(const Opts& o) {
   // gasloc's own commands meet at gasloc's store (bounded calls, one job per store) with the
   // job's token; another command (a torchrun-style script) gets c10d's TCPStore.
   const bool gasloc_ranks = self_cmd && (o.cmd[1] == "train" || o.cmd[1] == "comm-check");
-  const comm::JobIdentity job{comm::random_job_token(), fmt::format("gasloc launch pid {}", ::getpid())};
+  comm::JobIdentity job{comm::random_job_token(), fmt::format("gasloc launch pid {}", ::getpid()), {}};
+  if (!o.secret_file.empty()) job.secret = read_secret_file(o.secret_file);
   comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout.value_or(0)), job, !gasloc_ranks);
   std::vector<std::string> args = rank_args(o, self_cmd, gasloc_ranks, job.token);
   auto envs = rank_envs(o.n, master_addr, store_host.port(), testbed != nullptr);
@@ -806,6 +815,9 @@ Action add_launch(CLI::App& app) {
                  "communication timeout of the ranks in seconds (gasloc train: sets cluster.timeout_s; comm-check: --timeout)");
   app.add_option("--bandwidth-limit", o->bandwidth,
                  "comm-check: throttle the ranks' links: BYTES_PER_S for all, or RANK=BYTES_PER_S,...");
+  app.add_option("--secret-file", o->secret_file,
+                 "the job's secret (gasloc secret --out FILE): the launcher's store serves only its holders, and "
+                 "gasloc train / comm-check ranks get the file's path (cluster.secret_file)");
   app.add_option("--grace", o->grace, "seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str();
   app.add_option("--heartbeat-timeout", o->heartbeat_timeout,
                  "seconds without a heartbeat after which a gasloc rank counts as hung and is killed, which stops the job "

@@ -23,6 +23,7 @@
 #include "gasloc/comm/roster_host.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/secret.hpp"
 
 namespace gasloc::app {
 
@@ -33,7 +34,7 @@ extern "C" void on_store_signal(int) { g_store_stop.store(true); }
 
 Action add_store(CLI::App& app) {
   struct Opts {
-    std::string addr = "127.0.0.1", job_id;
+    std::string addr = "127.0.0.1", job_id, secret_file;
     int port = 29500;
     bool all_interfaces = false;
     bool elastic = false;
@@ -45,6 +46,8 @@ Action add_store(CLI::App& app) {
   app.add_option("--port", o->port, "port to listen on: MASTER_PORT (0: a free one, printed)")->capture_default_str();
   app.add_flag("--all-interfaces", o->all_interfaces, "listen on every interface, not only --addr's");
   app.add_option("--job-id", o->job_id, "the job this store serves: every rank passes the same --job-id")->required();
+  app.add_option("--secret-file", o->secret_file,
+                 "the job's secret (gasloc secret --out FILE): only ranks with the same cluster.secret_file are served");
   auto* elastic = app.add_flag("--elastic", o->elastic,
                                "keep the roster of an elastic job (ranks with cluster.elastic = true): admit ranks, "
                                "declare dead those whose heartbeat stalls, let a rank started again rejoin");
@@ -65,11 +68,15 @@ Action add_store(CLI::App& app) {
       throw Error(fmt::format("store: --founders {} is outside 1..{} (-n)", o->founders, o->n),
                   "ranks 0..F-1 start the job; the others join it");
     if (o->heartbeat_timeout) comm::check_heartbeat_timeout(*o->heartbeat_timeout, "store: --heartbeat-timeout");
-    comm::StoreServer server({o->addr, o->port, o->all_interfaces, {o->job_id, "gasloc store job " + o->job_id}});
-    fmt::print("gasloc store: serving job {} on {}:{} until Ctrl+C or SIGTERM; start each rank with\n"
+    comm::JobIdentity job{o->job_id, "gasloc store job " + o->job_id, {}};
+    if (!o->secret_file.empty()) job.secret = read_secret_file(o->secret_file);
+    comm::StoreServer server({o->addr, o->port, o->all_interfaces, job});
+    fmt::print("gasloc store: serving job {}{} on {}:{} until Ctrl+C or SIGTERM; start each rank with\n"
                "  TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR={} MASTER_PORT={} RANK=r WORLD_SIZE=n gasloc train ... "
-               "--job-id {}\n",
-               o->job_id, server.address(), server.port(), o->addr, server.port(), o->job_id);
+               "--job-id {}{}\n",
+               o->job_id, job.secret.empty() ? "" : " (authenticated: ranks need its secret)", server.address(),
+               server.port(), o->addr, server.port(), o->job_id,
+               job.secret.empty() ? "" : " --set cluster.secret_file=FILE");
     const auto keys = comm::job_keys(server.local());  // the ranks' keys, as they see them; outlives the roster host
     std::optional<comm::RosterHost> roster;
     const auto t0 = std::chrono::steady_clock::now();

@@ -23,5 +23,6 @@ Action add_comm_check(CLI::App& app);
 Action add_store(CLI::App& app);
 Action add_topo(CLI::App& app);
 Action add_sweep(CLI::App& app);
+Action add_secret(CLI::App& app);
 
 }  // namespace gasloc::app

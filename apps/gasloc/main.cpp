@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   add("launch", "start N ranks of a command on this host (torchrun-style environment)", gasloc::app::add_launch);
   add("comm-check", "check the communication backend inside a launched process group", gasloc::app::add_comm_check);
   add("store", "host a rendezvous store for ranks started by hand (no training rank holds it)", gasloc::app::add_store);
+  add("secret", "write a new job secret (cluster.secret_file): only its holders take part in the job",
+      gasloc::app::add_secret);
   add("sweep", "run a study's grid of training runs (resumable) and write its tables and plots", gasloc::app::add_sweep);
   add("topo", "print a gossip topology's mixing matrix, degree, bytes per round and spectral gap", gasloc::app::add_topo);
 

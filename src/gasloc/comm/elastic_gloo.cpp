@@ -208,6 +208,7 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool
   if (o.agent_store)
     throw CommError("cluster.elastic over Gloo needs gasloc's store: start the ranks with `gasloc launch --elastic`",
                     "torchrun's agent store has no roster of incarnations");
+  check_job_secret(o);
   I.store = job_keys_connection(o, o.timeout_s);
   if (!I.store->check({elastic_keys::roster()}))
     throw CommError(fmt::format("rank {}: the store at {}:{} holds no elastic roster", o.rank, o.master_addr, o.master_port),

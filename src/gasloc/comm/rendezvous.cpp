@@ -289,8 +289,21 @@ c10::intrusive_ptr<c10d::Store> job_keys_reconnecting(const GlooOptions& o, doub
   return c10::make_intrusive<ReconnectingStore>([o, max_timeout_s] { return job_keys_connection(o, max_timeout_s); });
 }
 
+void check_job_secret(const GlooOptions& o) {
+  if (!o.job.secret.empty() && o.agent_store)
+    throw ConfigError("cluster.secret_file: torchrun's agent store cannot be authenticated, so a job with a secret cannot "
+                      "meet there",
+                      "start the ranks with gasloc launch --secret-file FILE, or host the store with gasloc store "
+                      "--secret-file FILE and give the ranks --job-id");
+  if (o.job.secret.empty() && (!is_loopback(o.master_addr) || !o.interface.empty()))
+    spdlog::warn("rank {}: the job has no secret and its ranks listen beyond loopback ({}): whoever reaches their ports "
+                 "can join it (set cluster.secret_file; gasloc secret --out FILE writes one)",
+                 o.rank, o.interface.empty() ? o.master_addr : "interface " + o.interface);
+}
+
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
   validate(o, /*check_rank=*/false);
+  check_job_secret(o);
   const std::string where = fmt::format("{}:{}", o.master_addr, o.master_port);
   auto store = job_keys(open_store(o));
   // A mistake that one rank sees (another WORLD_SIZE, a RANK claimed twice or out of range) is
@@ -452,6 +465,10 @@ FailureRecord root_failure(c10d::Store& store, int self, int world, int peer, co
 StoreHost::StoreHost(const std::string& addr, int port, double timeout_s, const JobIdentity& job, bool c10d_protocol,
                      bool all_interfaces) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (c10d_protocol && !job.secret.empty())
+    throw ConfigError("a secret (--secret-file) needs gasloc's own store: c10d's TCPStore, for commands that are not "
+                      "gasloc train or gasloc comm-check, cannot be authenticated",
+                      "leave out --secret-file for such a command");
   if (!c10d_protocol) {
     server_ = std::make_unique<StoreServer>(StoreServerOptions{addr, port, all_interfaces, job});
     port_ = server_->port();

@@ -58,6 +58,11 @@ GlooOptions gloo_options_from_env(const std::function<const char*(const char*)>&
 // (listed ranks; others unlimited). Throws CommError on a malformed value.
 double parse_bandwidth_limit(const std::string& spec, int rank);
 
+// Before a rank listens: one line on stderr when it listens beyond loopback (MASTER_ADDR is not a
+// loopback address, or GLOO_SOCKET_IFNAME is set) and the job has no secret. A secret with
+// torchrun's agent store (which cannot be authenticated) is a ConfigError.
+void check_job_secret(const GlooOptions& o);
+
 // Checks the fields (rank in [0, world), port in range, positive timeout ...). join_store checks
 // the rank's range itself, after joining, so that every rank hears of it.
 void validate(const GlooOptions& o, bool check_rank = true);

@@ -1,7 +1,9 @@
 #include "gasloc/comm/store.hpp"
 
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,6 +22,7 @@
 #include "gasloc/core/checksum.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/interrupt.hpp"
+#include "gasloc/core/secret.hpp"
 
 namespace gasloc::comm {
 
@@ -31,6 +34,7 @@ namespace {
 // so that a graceful stop's own store calls are not cut.
 constexpr auto kInterruptAfter = std::chrono::milliseconds(500);
 constexpr int kSliceMs = 100;
+constexpr uint32_t kMaxHandshakeBytes = 64 * 1024;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -85,20 +89,102 @@ std::string describe_job(const JobIdentity& j) {
 
 }  // namespace
 
+bool is_loopback(const std::string& a) { return a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1"; }
+
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string to_text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-std::string encode_frame(uint8_t code, const std::vector<std::string>& fields) {
+namespace {
+std::string encode_payload(uint8_t code, const std::vector<std::string>& fields) {
   std::string payload(1, static_cast<char>(code));
   put_u32(payload, static_cast<uint32_t>(fields.size()));
   for (const auto& f : fields) {
     put_u32(payload, static_cast<uint32_t>(f.size()));
     payload += f;
   }
+  return payload;
+}
+
+std::string with_length(const std::string& payload) {
   std::string out;
   put_u32(out, static_cast<uint32_t>(payload.size()));
   return out + payload;
 }
+
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+// Text with its length first, so that concatenated parts cannot be re-cut.
+std::string framed(const std::string& s) {
+  std::string out;
+  put_u32(out, static_cast<uint32_t>(s.size()));
+  return out + s;
+}
+
+std::string frame_tag(const std::string& k_conn, char direction, uint64_t seq, const std::string& payload) {
+  std::string head(1, direction);
+  put_u64(head, seq);
+  return crypto::hmac_sha256(k_conn, head + payload).substr(0, store_auth::kTagBytes);
+}
+}  // namespace
+
+std::string encode_frame(uint8_t code, const std::vector<std::string>& fields) {
+  return with_length(encode_payload(code, fields));
+}
+
+namespace store_auth {
+
+std::string store_key(const std::string& secret, const std::string& job_token) {
+  return crypto::hkdf_sha256(secret, "", "gasloc store" + framed(job_token), 32);
+}
+std::string client_proof(const std::string& k_store, const std::string& n_s, const std::string& n_c, const std::string& id,
+                         const std::string& job_token) {
+  return crypto::hmac_sha256(k_store, "c" + n_s + n_c + framed(id) + framed(job_token));
+}
+std::string server_proof(const std::string& k_store, const std::string& n_s, const std::string& n_c, const std::string& id,
+                         const std::string& job_token) {
+  return crypto::hmac_sha256(k_store, "s" + n_c + n_s + framed(id) + framed(job_token));
+}
+std::string connection_key(const std::string& k_store, const std::string& n_s, const std::string& n_c, const std::string& id) {
+  return crypto::hmac_sha256(k_store, "conn" + n_s + n_c + framed(id));
+}
+
+std::string seal_frame(const std::string& k_conn, char direction, uint64_t seq, uint8_t code,
+                       const std::vector<std::string>& fields) {
+  std::string payload = encode_payload(code, fields);
+  const std::string tag = frame_tag(k_conn, direction, seq, payload);
+  put_u64(payload, seq);
+  return with_length(payload + tag);
+}
+
+bool open_payload(const std::string& k_conn, char direction, uint64_t seq, const std::string& sealed, std::string& payload,
+                  std::string& why) {
+  if (sealed.size() < 8 + kTagBytes) {
+    why = "a frame too short to carry a MAC";
+    return false;
+  }
+  const size_t body = sealed.size() - 8 - kTagBytes;
+  const uint64_t got = get_u64(sealed.data() + body);
+  if (got != seq) {
+    why = fmt::format("sequence number {} where {} was due (a replayed or reordered message)", got, seq);
+    return false;
+  }
+  payload = sealed.substr(0, body);
+  if (!crypto::equal(frame_tag(k_conn, direction, seq, payload), sealed.substr(body + 8))) {
+    why = "its MAC does not verify (altered in transit, or sealed under another connection's key)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace store_auth
 
 std::string derive_job_token(const std::string& shared_text) {
   Checksum c;
@@ -119,7 +205,8 @@ struct StoreServer::State {
   mutable std::mutex m;
   std::condition_variable changed;
   std::map<std::string, std::string> kv;
-  JobIdentity job;
+  JobIdentity job;     // its secret stays empty: the secret is below
+  std::string secret;  // set before the server starts, never changed: read without the lock
 
   Reply apply(StoreOp op, const std::vector<std::string>& f) {
     std::lock_guard<std::mutex> lock(m);
@@ -180,14 +267,16 @@ struct StoreServer::State {
     }
   }
 
-  // The first token presented pins the job when the host gave none.
-  Reply hello(const std::vector<std::string>& f) {
+  // The first token presented pins the job when the host gave none (with a secret: the first
+  // token of a client that proved it, pin = true).
+  Reply hello(const std::vector<std::string>& f, bool pin = true) {
     if (f.size() != 2) throw Error("malformed hello");
     std::lock_guard<std::mutex> lock(m);
-    if (job.token.empty()) job = {f[0], f[1]};
+    if (job.token.empty() && !pin) return {};
+    if (job.token.empty()) job.token = f[0], job.label = f[1];
     if (f[0] == job.token) return {};
     return {StoreStatus::kError,
-            {fmt::format("this store serves {}, not {}", describe_job(job), describe_job({f[0], f[1]}))}};
+            {fmt::format("this store serves {}, not {}", describe_job(job), describe_job({f[0], f[1], {}}))}};
   }
 };
 
@@ -199,6 +288,12 @@ struct ServerLoop {
     int fd = -1;
     std::string in, out;
     bool greeted = false;
+    std::string peer;      // its address, for the log
+    bool closing = false;  // closed once `out` is sent; nothing more is read
+    // With a secret (store_auth): where the handshake stands, and the connection's keys.
+    enum class Phase { kNew, kChallenged, kAuthed } phase = Phase::kNew;
+    std::string token, label, id, k_store, n_s, k_conn;
+    uint64_t seq = 0;  // the next request's sequence number
   };
   std::shared_ptr<StoreServer::State> state;
   int listen_fd = -1, port = 0;
@@ -219,6 +314,13 @@ struct ServerLoop {
   Reply serve(Client& c, uint8_t code, const std::vector<std::string>& fields) {
     try {
       const auto op = static_cast<StoreOp>(code);
+      if (op == StoreOp::kAuthHello) {
+        c.closing = true;
+        return {StoreStatus::kError,
+                {"this store has no secret, but the client presented one (cluster.secret_file): start the store's host "
+                 "with the same secret (gasloc launch --secret-file FILE, gasloc store --secret-file FILE)",
+                 "auth"}};
+      }
       if (op == StoreOp::kHello) {
         Reply r = state->hello(fields);
         c.greeted = r.status == StoreStatus::kOk;
@@ -231,17 +333,111 @@ struct ServerLoop {
     }
   }
 
+  // A refusal that the client reads before its connection is closed.
+  void refuse(Client& c, const std::string& why, const char* kind = "auth") {
+    c.out += encode_frame(static_cast<uint8_t>(StoreStatus::kError), {why, kind});
+    c.closing = true;
+  }
+  std::string who(const Client& c) const { return c.id.empty() ? c.peer : fmt::format("{} ({})", c.peer, c.id); }
+
+  // One frame's payload on a store with a secret (store_auth); false: close the connection now,
+  // nothing applied.
+  bool serve_secured(Client& c, const std::string& p) {
+    using Phase = Client::Phase;
+    uint8_t code = 0;
+    std::vector<std::string> f;
+    if (c.phase == Phase::kAuthed) {
+      std::string payload, why;
+      if (!store_auth::open_payload(c.k_conn, 'q', c.seq, p, payload, why)) {
+        spdlog::warn("gasloc store: closed the connection of {}: a request failed its check: {}; nothing applied", who(c),
+                     why);
+        return false;
+      }
+      if (!parse_payload(payload, code, f)) return false;
+      const auto op = static_cast<StoreOp>(code);
+      Reply r;
+      if (op == StoreOp::kHello || op == StoreOp::kAuthHello || op == StoreOp::kAuthProof) {
+        r = {StoreStatus::kError, {"already authenticated"}};
+      } else {
+        try {
+          r = state->apply(op, f);
+        } catch (const std::exception& e) {
+          r = {StoreStatus::kError, {e.what()}};
+        }
+      }
+      c.out += store_auth::seal_frame(c.k_conn, 'r', c.seq++, static_cast<uint8_t>(r.status), r.fields);
+      return true;
+    }
+    if (!parse_payload(p, code, f)) return false;
+    const auto op = static_cast<StoreOp>(code);
+    if (c.phase == Phase::kNew && op == StoreOp::kHello) {
+      spdlog::warn("gasloc store: refused {}: it presented no secret, and this job has one", who(c));
+      refuse(c, fmt::format("this store's job has a secret: a process takes part only with the job's secret file "
+                            "(cluster.secret_file)"));
+      return true;
+    }
+    if (c.phase == Phase::kNew && op == StoreOp::kAuthHello && f.size() == 2) {
+      if (Reply r = state->hello(f, /*pin=*/false); r.status != StoreStatus::kOk) {
+        refuse(c, r.fields.at(0), "job");
+        return true;
+      }
+      c.token = f[0];
+      c.label = f[1];
+      c.k_store = store_auth::store_key(state->secret, c.token);
+      c.n_s = crypto::random_bytes(store_auth::kNonceBytes);
+      c.out += encode_frame(static_cast<uint8_t>(StoreStatus::kOk), {c.n_s});
+      c.phase = Phase::kChallenged;
+      return true;
+    }
+    if (c.phase == Phase::kChallenged && op == StoreOp::kAuthProof && f.size() == 3 &&
+        f[1].size() == store_auth::kNonceBytes) {
+      c.id = f[0].substr(0, 256);
+      const std::string& n_c = f[1];
+      if (!crypto::equal(store_auth::client_proof(c.k_store, c.n_s, n_c, f[0], c.token), f[2])) {
+        spdlog::warn("gasloc store: refused {}: its proof of the job's secret did not verify (another secret file)", who(c));
+        refuse(c, "the client's proof of the job's secret did not verify: it holds another secret than this store "
+                  "(cluster.secret_file)");
+        return true;
+      }
+      if (Reply r = state->hello({c.token, c.label}, /*pin=*/true); r.status != StoreStatus::kOk) {
+        refuse(c, r.fields.at(0), "job");
+        return true;
+      }
+      c.k_conn = store_auth::connection_key(c.k_store, c.n_s, n_c, f[0]);
+      c.out += encode_frame(static_cast<uint8_t>(StoreStatus::kOk),
+                            {store_auth::server_proof(c.k_store, c.n_s, n_c, f[0], c.token)});
+      c.phase = Phase::kAuthed;
+      return true;
+    }
+    spdlog::warn("gasloc store: closed the connection of {}: a request (code {}) before it proved the job's secret; "
+                 "nothing applied",
+                 who(c), static_cast<int>(code));
+    return false;
+  }
+
   // Handles every complete frame in c.in; false when the client sent garbage (drop it).
   bool handle_input(Client& c) {
     for (;;) {
+      if (c.closing) {
+        c.in.clear();
+        return true;
+      }
       if (c.in.size() < 4) return true;
       const uint32_t len = get_u32(c.in.data());
       if (len > kMaxFrameBytes) return false;
+      // Before it proved the secret, a client sends only the short frames of the handshake: it
+      // cannot make the store hold a gigabyte for it.
+      if (!state->secret.empty() && c.phase != Client::Phase::kAuthed && len > kMaxHandshakeBytes) return false;
       if (c.in.size() < 4 + static_cast<size_t>(len)) return true;
+      const std::string p = c.in.substr(4, len);
+      c.in.erase(0, 4 + static_cast<size_t>(len));
+      if (!state->secret.empty()) {
+        if (!serve_secured(c, p)) return false;
+        continue;
+      }
       uint8_t code = 0;
       std::vector<std::string> fields;
-      if (!parse_payload(c.in.substr(4, len), code, fields)) return false;
-      c.in.erase(0, 4 + static_cast<size_t>(len));
+      if (!parse_payload(p, code, fields)) return false;
       const Reply r = serve(c, code, fields);
       c.out += encode_frame(static_cast<uint8_t>(r.status), r.fields);
     }
@@ -255,11 +451,17 @@ struct ServerLoop {
       if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) break;
       if (fds[0].revents) break;
       if (fds[1].revents & POLLIN) {
-        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        sockaddr_storage ss{};
+        socklen_t sl = sizeof ss;
+        const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
           const int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
           clients[fd].fd = fd;
+          char host[NI_MAXHOST] = {0}, serv[NI_MAXSERV] = {0};
+          if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), sl, host, sizeof host, serv, sizeof serv,
+                            NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+            clients[fd].peer = ss.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, serv) : fmt::format("{}:{}", host, serv);
         }
       }
       for (size_t k = 2; k < fds.size(); ++k) {
@@ -280,6 +482,7 @@ struct ServerLoop {
           if (n > 0) c.out.erase(0, static_cast<size_t>(n));
           else if (n < 0 && errno != EAGAIN && errno != EINTR) drop = true;
         }
+        if (c.closing && c.out.empty()) drop = true;
         if (drop) {
           ::close(c.fd);
           clients.erase(fds[k].fd);
@@ -339,7 +542,8 @@ class LocalStore final : public c10d::Store {
 
 StoreServer::StoreServer(const StoreServerOptions& o)
     : state_(std::make_shared<State>()), loop_(std::make_unique<ServerLoop>()) {
-  state_->job = o.job;
+  state_->job = {o.job.token, o.job.label, {}};
+  state_->secret = o.job.secret;
   loop_->state = state_;
   const bool any = o.all_interfaces || o.addr.empty();
   addrinfo hints{};
@@ -386,6 +590,10 @@ StoreServer::StoreServer(const StoreServerOptions& o)
     throw CommError(fmt::format("cannot host the rendezvous store on {}: {}", where, errno_text(err)));
   }
   set_nonblocking(loop_->listen_fd);
+  if (state_->secret.empty() && !is_loopback(loop_->address))
+    spdlog::warn("gasloc store: listening on {}:{} without a job secret: whoever reaches this port can join the job and "
+                 "read or write its keys (set cluster.secret_file; gasloc secret --out FILE writes one)",
+                 loop_->address, loop_->port);
   if (::pipe2(loop_->wake, O_CLOEXEC) != 0) throw CommError("cannot host the rendezvous store: pipe failed");
   loop_->thread = std::thread([l = loop_.get()] { l->run(); });
 }
@@ -408,6 +616,8 @@ struct StoreClient::Conn {
   int port = 0;
   int fd = -1;
   std::string broken;  // the first failure; the connection is unusable after it
+  std::string k_conn;  // with a secret, once authenticated: requests and replies are sealed under it
+  uint64_t seq = 0;    // the next request's sequence number
 
   ~Conn() {
     if (fd >= 0) ::close(fd);
@@ -450,7 +660,9 @@ struct StoreClient::Conn {
       throw CommError(fmt::format("{} on a store connection that already failed: {}", what, broken),
                       "the rendezvous store cannot be used after a failure; restart the run");
     const auto start = Clock::now(), deadline = start + timeout;
-    const std::string frame = encode_frame(static_cast<uint8_t>(op), fields);
+    const bool sealed = !k_conn.empty();
+    const std::string frame = sealed ? store_auth::seal_frame(k_conn, 'q', seq, static_cast<uint8_t>(op), fields)
+                                     : encode_frame(static_cast<uint8_t>(op), fields);
     for (size_t done = 0; done < frame.size();) {
       await(POLLOUT, start, deadline, what, timeout);
       const ssize_t n = ::send(fd, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
@@ -478,9 +690,17 @@ struct StoreClient::Conn {
       fail(fmt::format("the rendezvous store at {} answered {} with garbage", where(), what),
            "is another program listening on that port?");
     read_until(4 + static_cast<size_t>(len));
+    std::string payload = in.substr(4), why;
+    if (sealed) {
+      const std::string reply = std::move(payload);
+      if (!store_auth::open_payload(k_conn, 'r', seq, reply, payload, why))
+        fail(fmt::format("the rendezvous store's reply at {} to {} failed its check: {}", where(), what, why),
+             "something on the path altered or replayed it; this connection is closed");
+      ++seq;
+    }
     uint8_t code = 0;
     Reply r;
-    if (!parse_payload(in.substr(4), code, r.fields) || code > static_cast<uint8_t>(StoreStatus::kError))
+    if (!parse_payload(payload, code, r.fields) || code > static_cast<uint8_t>(StoreStatus::kError))
       fail(fmt::format("the rendezvous store at {} answered {} with garbage", where(), what),
            "is another program listening on that port?");
     r.status = static_cast<StoreStatus>(code);
@@ -542,15 +762,47 @@ StoreClient::StoreClient(const std::string& addr, int port, std::chrono::millise
   conn_->addr = addr;
   conn_->port = port;
   conn_->connect(timeout);
-  const Reply r = conn_->request(StoreOp::kHello, {job.token, job.label}, "the greeting", timeout);
-  // Another job's store: the rank's configuration (its port or job) is wrong, not a peer.
-  if (r.status != StoreStatus::kOk) {
+  // Another job's store, or a secret that differs: the rank's configuration is wrong, not a peer.
+  auto refused = [&](const Reply& r) {
     const std::string what =
         fmt::format("refused by the rendezvous store at {}: {}", where(), r.fields.empty() ? "" : r.fields[0]);
     conn_->close(what);
+    if (r.fields.size() >= 2 && r.fields[1] == "auth")
+      throw AuthError(what, job.secret.empty()
+                                ? "start this process with the job's secret: cluster.secret_file = FILE (or --set "
+                                  "cluster.secret_file=FILE; gasloc launch --secret-file FILE passes it to its ranks, "
+                                  "gasloc comm-check takes --secret-file FILE)"
+                                : "every rank and the store's host (gasloc launch --secret-file, gasloc store "
+                                  "--secret-file) must use the same cluster.secret_file; compare them with sha256sum");
     throw ConfigError(what, "two jobs meet on one port: give each its own MASTER_PORT (gasloc launch picks a free one), or "
                             "start every rank of a job with the same configuration and train.run_dir");
+  };
+  if (job.secret.empty()) {
+    const Reply r = conn_->request(StoreOp::kHello, {job.token, job.label}, "the greeting", timeout);
+    if (r.status != StoreStatus::kOk) refused(r);
+    return;
   }
+  // store_auth (store.hpp): the client proves the secret first, then the store.
+  const std::string k_store = store_auth::store_key(job.secret, job.token);
+  Reply r = conn_->request(StoreOp::kAuthHello, {job.token, job.label}, "the greeting", timeout);
+  if (r.status != StoreStatus::kOk) refused(r);
+  if (r.fields.size() != 1 || r.fields[0].size() != store_auth::kNonceBytes)
+    conn_->fail(fmt::format("the rendezvous store at {} answered the greeting with garbage", where()),
+                "is another program listening on that port?");
+  const std::string n_s = r.fields[0], n_c = crypto::random_bytes(store_auth::kNonceBytes);
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string id = fmt::format("{} pid {}", host, ::getpid());
+  r = conn_->request(StoreOp::kAuthProof, {id, n_c, store_auth::client_proof(k_store, n_s, n_c, id, job.token)},
+                     "the proof of the job's secret", timeout);
+  if (r.status != StoreStatus::kOk) refused(r);
+  if (r.fields.size() != 1 || !crypto::equal(r.fields[0], store_auth::server_proof(k_store, n_s, n_c, id, job.token))) {
+    const std::string what = fmt::format("the rendezvous store at {} did not prove that it holds the job's secret", where());
+    conn_->close(what);
+    throw AuthError(what, "its host was started with another secret than this process's cluster.secret_file (gasloc "
+                          "launch --secret-file, gasloc store --secret-file), or another program answers on that port");
+  }
+  conn_->k_conn = store_auth::connection_key(k_store, n_s, n_c, id);
 }
 
 StoreClient::~StoreClient() = default;

@@ -10,7 +10,12 @@
 //   then throws CommError naming the call and the store's address;
 // - the server binds to the address it is given (every interface only when asked);
 // - a job token: each client presents one when it connects; the server serves one job (the
-//   token it was made with, or the first one presented) and refuses another, naming both jobs.
+//   token it was made with, or the first one presented) and refuses another, naming both jobs;
+// - a job secret (cluster.secret_file, core/secret.hpp), when the job has one: both ends prove
+//   they hold it before any request is applied, and every request and reply then carries a
+//   sequence number and a MAC under a key of that connection (store_auth below). A failed check
+//   closes that connection only; a client without the secret, or with another, is refused at
+//   once with an AuthError (a ConfigError) naming cluster.secret_file.
 // get() waits for its key like TCPStore's; wait() polls check().
 //
 // Wire format (both directions): u32 payload length, then the payload: u8 code, u32 field
@@ -28,10 +33,11 @@
 namespace gasloc::comm {
 
 // Who may use a store: a job's token and, for messages, what the job is ("gasloc launch pid 42",
-// "train run_dir=runs/a").
+// "train run_dir=runs/a"); with a secret, only its holders.
 struct JobIdentity {
   std::string token;
   std::string label;
+  std::string secret;  // the job's secret (read_secret_file's bytes); empty: no authentication
 };
 
 // Derives a job token from text that every rank of one job shares (its resolved configuration
@@ -127,15 +133,48 @@ class ReconnectingStore final : public c10d::Store {
   int64_t reconnects_ = 0;
 };
 
+// True for an address that only this host reaches ("localhost", 127.x.y.z, "::1").
+bool is_loopback(const std::string& addr);
+
 // A store value from text and back (c10d stores hold bytes).
 std::vector<uint8_t> to_bytes(const std::string& s);
 std::string to_text(const std::vector<uint8_t>& b);
 
 // Codes of the wire format (exposed for tests that speak it by hand).
-enum class StoreOp : uint8_t { kHello = 1, kSet, kGet, kAdd, kCompareSet, kDelete, kCheck, kNumKeys };
+enum class StoreOp : uint8_t { kHello = 1, kSet, kGet, kAdd, kCompareSet, kDelete, kCheck, kNumKeys, kAuthHello, kAuthProof };
 enum class StoreStatus : uint8_t { kOk = 0, kNotFound = 1, kError = 2 };
 constexpr uint32_t kMaxFrameBytes = 1u << 30;
 // One frame of the wire format.
 std::string encode_frame(uint8_t code, const std::vector<std::string>& fields);
+
+// The store's authentication with a job secret (docs/communication.md, "Authenticated jobs";
+// ../shared design section 13), exposed for tests that speak it by hand:
+//   client: kAuthHello {token, label}          server: kOk {N_s}      (16 random bytes)
+//   client: kAuthProof {id, N_c, client_proof} server: kOk {server_proof}
+// with K_store = HKDF(secret, "gasloc store" | len(job) | job) and the proofs HMACs under it of
+// ("c" | N_s | N_c | id | job) and ("s" | N_c | N_s | id | job): the client proves first, so the
+// server answers nobody's challenge before they proved the secret. The connection's key is
+// K_c = HMAC(K_store, "conn" | N_s | N_c | id); every later frame is sealed under it. The server
+// pins its job only once a client proved the secret. A refusal of the secret is a kError reply
+// whose second field is "auth".
+namespace store_auth {
+constexpr size_t kNonceBytes = 16;
+constexpr size_t kTagBytes = 16;  // a truncated HMAC-SHA256
+std::string store_key(const std::string& secret, const std::string& job_token);
+std::string client_proof(const std::string& k_store, const std::string& n_s, const std::string& n_c, const std::string& id,
+                         const std::string& job_token);
+std::string server_proof(const std::string& k_store, const std::string& n_s, const std::string& n_c, const std::string& id,
+                         const std::string& job_token);
+std::string connection_key(const std::string& k_store, const std::string& n_s, const std::string& n_c, const std::string& id);
+// A sealed frame: a frame whose payload (code, fields) is followed by the sequence number (u64,
+// little-endian) and kTagBytes of HMAC(K_c, direction | sequence | payload). Direction 'q': a
+// request (the client's n-th carries n, from 0), 'r': the reply (the request's number).
+std::string seal_frame(const std::string& k_conn, char direction, uint64_t seq, uint8_t code,
+                       const std::vector<std::string>& fields);
+// Opens a sealed frame's payload (the bytes after its length) into `payload` (code and fields);
+// false, with `why` set, when its sequence number is not `seq` or its tag does not verify.
+bool open_payload(const std::string& k_conn, char direction, uint64_t seq, const std::string& sealed, std::string& payload,
+                  std::string& why);
+}  // namespace store_auth
 
 }  // namespace gasloc::comm

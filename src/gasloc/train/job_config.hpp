@@ -196,6 +196,7 @@ struct ClusterSection {
   bool elastic = false;
   double heartbeat_timeout_s = 10.0;
   bool join = false;
+  std::string secret_file;
 
   template <class V>
   void visit(V&& v) {
@@ -213,6 +214,9 @@ struct ClusterSection {
     v("join", join,
       "elastic gloo: this rank joins the running job with a running worker's state instead of starting or resuming "
       "one (gasloc launch --elastic sets it for ranks beyond the workers a resumed run was saved by)");
+    v("secret_file", secret_file,
+      "gloo, nccl: the job's secret (gasloc secret --out FILE; mode 0600): only its holders use the job's rendezvous "
+      "store (empty = none)");
   }
 };
 

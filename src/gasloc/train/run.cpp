@@ -267,7 +267,7 @@ namespace {
 // Keys that may differ between ranks (paths and thread counts of each host).
 const std::vector<std::pair<std::string, std::string>> kRankLocal = {
     {"train", "run_dir"}, {"train", "threads"}, {"train", "blas_threads"}, {"data", "dir"}, {"cluster", "timeout_s"},
-    {"cluster", "workers"}, {"cluster", "store_all_interfaces"}, {"cluster", "join"}};
+    {"cluster", "workers"}, {"cluster", "store_all_interfaces"}, {"cluster", "join"}, {"cluster", "secret_file"}};
 
 // The settings every rank of a job shares: the resolved job without the keys that may differ
 // between ranks (paths and thread counts of each host, the timeout, the world).

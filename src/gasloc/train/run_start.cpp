@@ -8,6 +8,7 @@
 
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/secret.hpp"
 
 namespace gasloc::train {
 
@@ -19,8 +20,8 @@ namespace {
 // setting: ranks of one job whose settings differ must meet, so that agree_on_config names the
 // key that differs.
 comm::JobIdentity job_identity(const TrainRequest& req, const JobConfig& job) {
-  if (!req.job_id.empty()) return {req.job_id, "--job-id " + req.job_id};
-  return {comm::derive_job_token("gasloc train run_dir=" + job.train.run_dir), "gasloc train run_dir=" + job.train.run_dir};
+  if (!req.job_id.empty()) return {req.job_id, "--job-id " + req.job_id, {}};
+  return {comm::derive_job_token("gasloc train run_dir=" + job.train.run_dir), "gasloc train run_dir=" + job.train.run_dir, {}};
 }
 
 }  // namespace
@@ -31,6 +32,9 @@ std::unique_ptr<comm::Cluster> open_cluster(const TrainRequest& req, const JobCo
   comm::ClusterOptions o{job.cluster.backend, static_cast<int>(job.cluster.workers), job.cluster.timeout_s,
                          [&job](int w) { return job.network.model(w); }, job.network.throttle_gloo};
   o.job = job_identity(req, job);
+  // Only a process backend meets through the store; its secret is read (and checked) here.
+  if (!job.cluster.secret_file.empty() && job.cluster.backend.str() != "inproc")
+    o.job.secret = read_secret_file(job.cluster.secret_file);
   o.handed_in = !req.job_id.empty();
   o.store_all_interfaces = job.cluster.store_all_interfaces;
   o.elastic = job.cluster.elastic;
