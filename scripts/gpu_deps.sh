@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Packs the build dependencies a GPU machine without a package registry lacks into DIR, for
 # scripts/gpu_check.sh (GASLOC_DEPS=DIR): the headers of toml++, CLI11, nlohmann-json, spdlog,
-# fmt, SentencePiece and Gloo from this machine's Debian packages (scripts/setup.sh installs
+# fmt and SentencePiece from this machine's Debian packages (scripts/setup.sh installs
 # them), and CMake package files that make each library header-only (fmt: FMT_HEADER_ONLY,
 # spdlog: no SPDLOG_COMPILED_LIB, toml++: TOML_HEADER_ONLY=1). No shared library is carried:
 # nothing then depends on this machine's glibc, libstdc++ or C++ ABI (pip's LibTorch may use
-# the old one). SentencePiece's library is dlopen()ed only for SentencePiece datasets; Gloo's
-# headers are used only when the LibTorch there ships none (its own Gloo is linked in).
+# the old one). SentencePiece's library is dlopen()ed only for SentencePiece datasets. Gloo's
+# headers are not carried: Debian's are older than a LibTorch 2.x's Gloo (CMakeLists.txt builds
+# without the Gloo backend where the LibTorch ships none).
 #   scripts/gpu_deps.sh DIR      (about 4 MB)
 set -euo pipefail
 out=${1:?usage: scripts/gpu_deps.sh DIR}
-mkdir -p "$out/include" "$out/include-gloo" "$out/lib/cmake"
+mkdir -p "$out/include" "$out/lib/cmake"
 for h in toml++ CLI nlohmann spdlog fmt sentencepiece_processor.h sentencepiece_trainer.h; do
   [ -e "/usr/include/$h" ] || { echo "gpu_deps: /usr/include/$h missing (scripts/setup.sh installs it)" >&2; exit 1; }
   cp -r "/usr/include/$h" "$out/include/"
 done
-[ -d /usr/include/gloo ] && cp -r /usr/include/gloo "$out/include-gloo/"
 shim() {  # name target definitions [link]
   mkdir -p "$out/lib/cmake/$1"
   cat >"$out/lib/cmake/$1/$1Config.cmake" <<EOF
