@@ -35,6 +35,7 @@ struct Args {
   std::vector<int64_t> batches = {8, 16, 32, 64, 128};
   double lr = 1e-3, peak_tflops = 989.4, gemm_tflops = 0;
   uint64_t seed = 1234;
+  std::string device = "cuda";  // cpu: a dry run of the same code (checks the program, not CUDA)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -92,17 +93,17 @@ double rel_err(const torch::Tensor& a, const torch::Tensor& ref) {
 }
 
 int parity(const Args& a) {
-  if (!torch::cuda::is_available()) {
+  if (a.device == "cuda" && !torch::cuda::is_available()) {
     fmt::print("parity: no CUDA device visible to LibTorch\n");
     return 2;
   }
   auto cfg = model::LlamaConfig::preset(a.preset.empty() ? "tiny" : a.preset);
   cfg.max_seq_len = std::max(cfg.max_seq_len, a.seq);
   cfg.fused = false;  // the reference ops on both sides (CUDA always uses them)
-  const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);
-  fmt::print("parity: preset {} ({:.2f}M parameters), batch {}x{}, vocab {}, seed {}, lr {:g}, {} steps; "
+  const torch::Device cpu(torch::kCPU), gpu = a.device == "cuda" ? torch::Device(torch::kCUDA, 0) : cpu;
+  fmt::print("parity (device {}): preset {} ({:.2f}M parameters), batch {}x{}, vocab {}, seed {}, lr {:g}, {} steps; "
              "CPU fp32 reference (reference ops, AdamW reference ops)\n",
-             a.preset.empty() ? "tiny" : a.preset, cfg.num_params() / 1e6, a.batch, a.seq, cfg.vocab_size, a.seed,
+             a.device, a.preset.empty() ? "tiny" : a.preset, cfg.num_params() / 1e6, a.batch, a.seq, cfg.vocab_size, a.seed,
              a.lr, a.steps);
   // Tolerances. fp32: CUDA sums in other orders than the CPU (cuBLAS, SDPA kernels; TF32 is off
   // by default in LibTorch), so logits agree to ~1e-6 relative; 1e-4 leaves room. The curve
@@ -176,21 +177,26 @@ int parity(const Args& a) {
 }
 
 int throughput(const Args& a) {
-  if (!torch::cuda::is_available()) {
+  if (a.device == "cuda" && !torch::cuda::is_available()) {
     fmt::print("throughput: no CUDA device visible to LibTorch\n");
     return 2;
   }
   auto cfg = model::LlamaConfig::preset(a.preset.empty() ? "134m" : a.preset);
   cfg.max_seq_len = std::max(cfg.max_seq_len, a.seq);
   cfg.fused = false;
-  const torch::Device gpu(torch::kCUDA, 0);
+  const torch::Device gpu = a.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const double fpt = cfg.flops_per_token(a.seq);
   const double attn_palm = 12.0 * static_cast<double>(cfg.n_layers * a.seq * cfg.dim);
   const double fpt_palm = fpt - 6.0 * static_cast<double>(cfg.n_layers * a.seq * cfg.dim) + attn_palm;
-  fmt::print("throughput: preset {} ({:.1f}M parameters, {:.1f}M embedding), seq {}, bf16 autocast, "
-             "at::scaled_dot_product_attention (TORCH_VERSION {}.{}), AdamW reference ops on fp32 master weights\n",
+#if TORCH_VERSION_MAJOR >= 2
+  const char* attention = "at::scaled_dot_product_attention";
+#else
+  const char* attention = "matmul + softmax (no SDPA before LibTorch 2)";
+#endif
+  fmt::print("throughput: preset {} ({:.1f}M parameters, {:.1f}M embedding), seq {}, bf16 autocast, attention {} "
+             "(LibTorch {}.{}), AdamW reference ops on fp32 master weights, device {}\n",
              a.preset.empty() ? "134m" : a.preset, cfg.num_params() / 1e6, cfg.num_embedding_params() / 1e6, a.seq,
-             TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
+             attention, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, a.device);
   fmt::print("throughput: FLOPs/token {:.4g} (6 x matmul params + 6*L*T*C causal attention, LlamaConfig::flops_per_token); "
              "{:.4g} with PaLM's 12*L*T*C; peak {:g} TFLOP/s (dense bf16 datasheet), measured GEMM {:g} TFLOP/s\n",
              fpt, fpt_palm, a.peak_tflops, a.gemm_tflops);
@@ -253,6 +259,7 @@ int main(int argc, char** argv) {
   par->add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
   par->add_option("--steps", a.steps, "steps of the loss curve")->capture_default_str();
   par->add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
+  par->add_option("--device", a.device, "cuda, or cpu for a dry run of this program")->capture_default_str();
   auto* thr = app.add_subcommand("throughput", "bf16 training tokens/s and MFU on CUDA");
   thr->add_option("--preset", a.preset, "model preset (default 134m)");
   thr->add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
@@ -262,6 +269,7 @@ int main(int argc, char** argv) {
   thr->add_option("--peak-tflops", a.peak_tflops, "dense bf16 peak (H100/H200 SXM datasheet: 989.4)")
       ->capture_default_str();
   thr->add_option("--gemm-tflops", a.gemm_tflops, "measured large bf16 GEMM rate (0 = not given)");
+  thr->add_option("--device", a.device, "cuda, or cpu for a dry run of this program")->capture_default_str();
   app.require_subcommand(1);
   CLI11_PARSE(app, argc, argv);
   try {

@@ -59,6 +59,7 @@ if torch.cuda.is_available():
     print("device", p.name, "sm", f"{p.major}.{p.minor}", "SMs", p.multi_processor_count, "memory GiB", round(p.total_memory / 2**30, 1))
 inc = os.path.join(os.path.dirname(torch.__file__), "include")
 print("torch ships gloo headers:", os.path.exists(os.path.join(inc, "gloo", "algorithm.h")),
+      "| fmt headers:", os.path.exists(os.path.join(inc, "fmt", "format.h")),
       "| ProcessGroupNCCL.hpp:", os.path.exists(os.path.join(inc, "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp")))
 site = os.path.dirname(os.path.dirname(torch.__file__))
 print("nccl.h:", sorted(glob.glob(os.path.join(site, "nvidia", "**", "nccl.h"), recursive=True))[:3])
