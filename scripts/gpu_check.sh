@@ -133,7 +133,8 @@ if [ -n "$prefix" ]; then
     rc=$?
     grep -E "warning: .*deprecated" build-gpu/build.log | sort -u | head -10
     if [ $rc -eq 0 ]; then build_ok=1; result build PASS; else
-      grep -E "error|Error" -A3 build-gpu/build.log | head -80
+      echo "-- failed targets:"; grep -E "^FAILED:" build-gpu/build.log | cut -c1-200 | head -20
+      echo "-- distinct errors:"; grep -E "error:|Error [0-9]|fatal" build-gpu/build.log | sed 's|^.*/src/gasloc/|src/gasloc/|' | sort -u | head -60
       result build FAIL "exit $rc; full log build-gpu/build.log, tail below"
       tail -15 build-gpu/build.log
     fi
