@@ -112,8 +112,8 @@ if [ -n "$deps" ] && [ -d "$deps" ]; then
   deps=$(cd "$deps" && pwd)
   echo "carried headers: $deps (scripts/gpu_deps.sh)"
   prefixes="$prefix;$deps"
-  # Ahead of every other system directory, so that a fmt or spdlog elsewhere is never mixed in.
-  cxx_flags="-isystem $deps/include"
+  # -I: ahead of every -isystem directory, LibTorch's too, whose fmt (newer) spdlog 1.10 cannot use.
+  cxx_flags="-I$deps/include"
   cmake_args+=(-DSENTENCEPIECE_INCLUDE_DIR="$deps/include")
 fi
 gen=()
