@@ -29,6 +29,10 @@ class PairStore final : public c10d::Store {
  public:
   PairStore(c10::intrusive_ptr<c10d::Store> base, std::string prefix, ElasticRoster& roster, int peer, int64_t peer_inc)
       : base_(std::move(base)), prefix_(std::move(prefix)), roster_(roster), peer_(peer), peer_inc_(peer_inc) {}
+  // LibTorch 2.x declares c10d::Store::clone() (a handle to the same store for another thread);
+  // written without `override` so that 1.13, which has none, compiles it as a new function.
+  // Pair groups are Gloo's, which uses the store from the thread that made the group: itself.
+  virtual c10::intrusive_ptr<c10d::Store> clone() { return c10::intrusive_ptr<c10d::Store>::reclaim_copy(this); }
   void set(const std::string& k, const std::vector<uint8_t>& v) override { base_->set(prefix_ + k, v); }
   std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& e, const std::vector<uint8_t>& d) override {
     return base_->compareSet(prefix_ + k, e, d);

@@ -28,9 +28,12 @@ BuiltBackend nccl_backend(const GlooOptions& o, const c10::intrusive_ptr<c10d::S
   c10::cuda::set_device(index);
   // Without blocking wait, c10d's Work::wait only orders CUDA streams and returns at once; with
   // it, wait(timeout) blocks the CPU and throws on timeout, which the contract requires. The
-  // user's own setting wins (overwrite = 0). Both spellings: TORCH_ (2.2+) and the older one.
+  // user's own setting wins (overwrite = 0). TORCH_NCCL_BLOCKING_WAIT from 2.2 on; the older
+  // name only before (2.11 warns that it is deprecated when it is set: seen on the H200).
   ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 2)
   ::setenv("NCCL_BLOCKING_WAIT", "1", 0);
+#endif
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   BuiltBackend b;

@@ -181,6 +181,10 @@ class HostedStore final : public c10d::Store {
       : c10d::Store(timeout), server_(std::move(server)), keys_(server_->local()) {
     keys_->setTimeout(timeout);
   }
+  // LibTorch 2.x declares c10d::Store::clone() (a handle to the same store for another thread);
+  // written without `override` so that 1.13, which has none, compiles it as a new function.
+  // Its keys are the server's locked state (StoreServer::local()): this store is its own clone.
+  virtual c10::intrusive_ptr<c10d::Store> clone() { return c10::intrusive_ptr<c10d::Store>::reclaim_copy(this); }
   void set(const std::string& k, const std::vector<uint8_t>& v) override { keys_->set(k, v); }
   std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& e, const std::vector<uint8_t>& d) override {
     return keys_->compareSet(k, e, d);

@@ -499,6 +499,10 @@ namespace {
 class LocalStore final : public c10d::Store {
  public:
   explicit LocalStore(std::shared_ptr<StoreServer::State> s) : s_(std::move(s)) {}
+  // LibTorch 2.x declares c10d::Store::clone() (a handle to the same store for another thread);
+  // written without `override` so that 1.13, which has none, compiles it as a new function.
+  // The keys' state is locked by every call: this store is its own clone.
+  virtual c10::intrusive_ptr<c10d::Store> clone() { return c10::intrusive_ptr<c10d::Store>::reclaim_copy(this); }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     s_->apply(StoreOp::kSet, {key, to_text(value)});
   }
@@ -758,7 +762,7 @@ struct StoreClient::Conn {
 };
 
 StoreClient::StoreClient(const std::string& addr, int port, std::chrono::milliseconds timeout, const JobIdentity& job)
-    : c10d::Store(timeout), conn_(std::make_unique<Conn>()) {
+    : c10d::Store(timeout), conn_(std::make_unique<Conn>()), job_(job) {
   conn_->addr = addr;
   conn_->port = port;
   conn_->connect(timeout);
@@ -807,6 +811,9 @@ StoreClient::StoreClient(const std::string& addr, int port, std::chrono::millise
 
 StoreClient::~StoreClient() = default;
 std::string StoreClient::where() const { return conn_->where(); }
+c10::intrusive_ptr<c10d::Store> StoreClient::clone() {
+  return c10::make_intrusive<StoreClient>(conn_->addr, conn_->port, getTimeout(), job_);
+}
 
 namespace {
 // The answer's one field, or a CommError for a refused request.
@@ -881,6 +888,8 @@ void StoreClient::wait(const std::vector<std::string>& keys, const std::chrono::
 ReconnectingStore::ReconnectingStore(Open open) : open_(std::move(open)), conn_(open_()) {
   setTimeout(conn_->getTimeout());
 }
+
+c10::intrusive_ptr<c10d::Store> ReconnectingStore::clone() { return c10::make_intrusive<ReconnectingStore>(open_); }
 
 template <class F>
 auto ReconnectingStore::with(F&& f) -> decltype(f(std::declval<c10d::Store&>())) {

@@ -94,11 +94,16 @@ class StoreClient final : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   std::string where() const;
+  // LibTorch 2.x declares c10d::Store::clone() (a handle to the same store for another thread);
+  // written without `override` so that 1.13, which has none, compiles it as a new function.
+  // A new connection to the same store, presenting the same job (a connection is one thread's).
+  virtual c10::intrusive_ptr<c10d::Store> clone();
 
   struct Conn;
 
  private:
   std::unique_ptr<Conn> conn_;
+  JobIdentity job_;
 };
 
 // A connection that is opened again after a failure: a StoreClient is unusable once a call on it
@@ -124,6 +129,10 @@ class ReconnectingStore final : public c10d::Store {
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   // Connections opened after the first (each after a failure).
   int64_t reconnects() const { return reconnects_; }
+  // LibTorch 2.x declares c10d::Store::clone() (a handle to the same store for another thread);
+  // written without `override` so that 1.13, which has none, compiles it as a new function.
+  // A store of its own connections, opened the same way.
+  virtual c10::intrusive_ptr<c10d::Store> clone();
 
  private:
   template <class F>

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -434,7 +435,12 @@ std::vector<torch::Tensor> linear_group(const torch::Tensor& x, const torch::Ten
 }
 
 bool eligible(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kFloat32 && t.device().is_cpu() && !at::autocast::is_cpu_enabled();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);  // 2.4+; the old name warns
+#else
+  const bool autocast = at::autocast::is_cpu_enabled();
+#endif
+  return t.scalar_type() == torch::kFloat32 && t.device().is_cpu() && !autocast;
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {

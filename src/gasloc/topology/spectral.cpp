@@ -1,7 +1,7 @@
 #include "gasloc/topology/spectral.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/linalg.h>
+#include <ATen/ATen.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -43,7 +43,7 @@ double spectral_gap(const Topology& topo, int64_t rounds) {
   // lambda_2, with no need to identify which computed eigenvalue is "the" 1.
   for (auto& v : m) v = v / static_cast<double>(count) - 1.0 / n;
   const auto mat = torch::from_blob(m.data(), {n, n}, torch::kFloat64);
-  const double lambda2 = torch::linalg::eigvalsh(mat, "L").max().item<double>();
+  const double lambda2 = at::linalg_eigvalsh(mat, "L").max().item<double>();
   return 1.0 - std::max(lambda2, 0.0);
 }
 

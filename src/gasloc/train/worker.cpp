@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,13 @@ AutocastGuard::AutocastGuard(torch::Device device, const std::string& dtype) {
   if (dtype != "bf16") return;
   enabled_ = true;
   cuda_ = device.is_cuda();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // 2.4+: one API per device type; the per-device names below warn there as deprecated.
+  const auto type = cuda_ ? at::kCUDA : at::kCPU;
+  prev_ = at::autocast::is_autocast_enabled(type);
+  at::autocast::set_autocast_dtype(type, at::kBFloat16);
+  at::autocast::set_autocast_enabled(type, true);
+#else
   if (cuda_) {
     prev_ = at::autocast::is_enabled();
     at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
@@ -26,12 +34,17 @@ AutocastGuard::AutocastGuard(torch::Device device, const std::string& dtype) {
     at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
     at::autocast::set_cpu_enabled(true);
   }
+#endif
 }
 
 AutocastGuard::~AutocastGuard() {
   if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(cuda_ ? at::kCUDA : at::kCPU, prev_);
+#else
   if (cuda_) at::autocast::set_enabled(prev_);
   else at::autocast::set_cpu_enabled(prev_);
+#endif
   at::autocast::clear_cache();
 }
 

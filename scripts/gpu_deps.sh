@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs the build dependencies a GPU machine without a package registry lacks into DIR, for
+# scripts/gpu_check.sh (GASLOC_DEPS=DIR): the headers of toml++, CLI11, nlohmann-json, spdlog,
+# fmt and SentencePiece from this machine's Debian packages (scripts/setup.sh installs
+# them), and CMake package files that make each library header-only (fmt: FMT_HEADER_ONLY,
+# spdlog: no SPDLOG_COMPILED_LIB, toml++: TOML_HEADER_ONLY=1). No shared library is carried:
+# nothing then depends on this machine's glibc, libstdc++ or C++ ABI (pip's LibTorch may use
+# the old one). SentencePiece's library is dlopen()ed only for SentencePiece datasets. Gloo's
+# headers are not carried: Debian's are older than a LibTorch 2.x's Gloo (CMakeLists.txt builds
+# without the Gloo backend where the LibTorch ships none).
+#   scripts/gpu_deps.sh DIR      (about 4 MB)
+set -euo pipefail
+out=${1:?usage: scripts/gpu_deps.sh DIR}
+mkdir -p "$out/include" "$out/lib/cmake"
+for h in toml++ CLI nlohmann spdlog fmt sentencepiece_processor.h sentencepiece_trainer.h; do
+  [ -e "/usr/include/$h" ] || { echo "gpu_deps: /usr/include/$h missing (scripts/setup.sh installs it)" >&2; exit 1; }
+  cp -r "/usr/include/$h" "$out/include/"
+done
+shim() {  # name target definitions [link]
+  mkdir -p "$out/lib/cmake/$1"
+  cat >"$out/lib/cmake/$1/$1Config.cmake" <<EOF
+# Written by scripts/gpu_deps.sh: $2, header-only, from the headers beside this folder.
+get_filename_component(_gasloc_deps "\${CMAKE_CURRENT_LIST_DIR}/../../../include" ABSOLUTE)
+if(NOT TARGET $2)
+  add_library($2 INTERFACE IMPORTED)
+  set_target_properties($2 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "\${_gasloc_deps}"
+                        INTERFACE_COMPILE_DEFINITIONS "$3" INTERFACE_LINK_LIBRARIES "${4:-}")
+endif()
+set($1_FOUND TRUE)
+EOF
+}
+shim fmt fmt::fmt "FMT_HEADER_ONLY=1"
+shim spdlog spdlog::spdlog "SPDLOG_FMT_EXTERNAL;FMT_HEADER_ONLY=1" fmt::fmt
+shim tomlplusplus tomlplusplus::tomlplusplus "TOML_HEADER_ONLY=1"
+shim nlohmann_json nlohmann_json::nlohmann_json ""
+shim CLI11 CLI11::CLI11 ""
+du -sh "$out"
