@@ -4,12 +4,12 @@
 # each gossip codec, on 1peer and 2peer graphs. One seed and no tuning: it compares what each
 # codec does to the workers' consensus and to the bytes they send, not final losses (all runs
 # pass the unigram baseline; their losses differ by under 0.5%). About 3 minutes on 2 cores.
-#   scripts/results_gossip_codecs.sh [OUT_DIR]   (default runs/gossip_codecs)
+#   scripts/table_gossip_codecs.sh [OUT_DIR]   (default runs/gossip_codecs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gossip_codecs}
 G=${GASLOC:-build/gasloc}
-[ -x "$G" ] || { echo "results_gossip_codecs: build gasloc first (cmake --build build)" >&2; exit 1; }
+[ -x "$G" ] || { echo "table_gossip_codecs: build gasloc first (cmake --build build)" >&2; exit 1; }
 [ -f data/micro1024/dataset.json ] || { source scripts/lib/results.sh; research_data; }
 mkdir -p "$out"
 run() {
