@@ -254,6 +254,28 @@ TEST(InProcClock, PairsOfOneCallMaySendDifferentSizesEachPricedByItsOwn) {
   }), CommError);
 }
 
+TEST(InProcClock, TreeAllReducePaysLogarithmicLatencies) {
+  // network.allreduce = tree: 2 ceil(log2 n) latencies, the ring's bytes. n = 4: 4 latencies
+  // (the ring pays 6); n = 5: 6 (the ring 8); n = 1,024 on 50 ms links: 1 s against 102.3 s.
+  for (int n : {4, 5}) {
+    NetworkModel m;
+    m.allreduce = AllReducePattern::tree;
+    InProcCluster cluster(n, m);
+    cluster.run([](int, Communicator& c) {
+      auto t = torch::ones({1000});
+      c.all_reduce_mean(t);
+    });
+    const double latencies = n == 4 ? 4 : 6, share = 2.0 * (n - 1) / n;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_NEAR(cluster.clock(r), latencies * 1e-3 + share * 4000 / 125e6, kTol) << n;
+      EXPECT_EQ(cluster.stats(r).bytes_sent, ring_allreduce_bytes(4000, n));
+    }
+  }
+  EXPECT_NEAR(tree_allreduce_seconds(0, 1024, 1, 0.05), 1.0, 1e-12);
+  EXPECT_NEAR(ring_allreduce_seconds(0, 1024, 1, 0.05), 102.3, 1e-9);
+  EXPECT_EQ(tree_allreduce_seconds(1e6, 1, 1, 0.05), 0.0);
+}
+
 TEST(InProcClock, RingAllReduce) {
   NetworkModel m;
   InProcCluster cluster(4, m);

@@ -43,6 +43,11 @@ TEST(Config, DefaultsAreValid) {
   EXPECT_EQ(job.train.dtype, "fp32");
 }
 
+TEST(Config, NetworkAllreducePicksHowTheModelPricesAllReduces) {
+  EXPECT_EQ(load_job("", {}).network.model(8).allreduce, comm::AllReducePattern::ring);
+  EXPECT_EQ(load_job("", {"network.allreduce=tree"}).network.model(8).allreduce, comm::AllReducePattern::tree);
+}
+
 TEST(Config, TomlAndOverridesApplyInOrder) {
   auto job = job_from_json(toml("[optim]\nlr = 0.01\n[train]\nsteps = 40\ndevice = \"cpu\"\n"),
                            {"optim.lr=2e-3", "train.run_dir=runs/x", "model.tie_embeddings=true", "data.dir=\"d\""});

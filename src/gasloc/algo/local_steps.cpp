@@ -25,7 +25,7 @@ double LocalSteps::exchange_seconds(int rank, int64_t round, int64_t actual_byte
   if (!topo_) {
     double min_B = m.bandwidth(0);
     for (int r = 1; r < world_; ++r) min_B = std::min(min_B, m.bandwidth(r));
-    return comm::ring_allreduce_seconds(P, world_, min_B, m.latency_s);
+    return comm::allreduce_seconds(m, P, world_, min_B);
   }
   // Transfers to all neighbours run at once; the worker is done when the slowest one is.
   const auto peers = topo_->peers(rank, round);
@@ -45,7 +45,7 @@ double LocalSteps::round_seconds(int64_t actual_bytes) const {
   double c_ref = 0.0;
   if (world_ > 1) {
     if (!topo_) {
-      c_ref = comm::ring_allreduce_seconds(P, world_, m.bandwidth_Bps, m.latency_s);
+      c_ref = comm::allreduce_seconds(m, P, world_, m.bandwidth_Bps);
     } else {
       const int k = topology::max_degree(*topo_);
       if (k > 0) c_ref = comm::pair_exchange_seconds(P, m.bandwidth_Bps, m.bandwidth_Bps, k, k, m.latency_s);

@@ -1,6 +1,7 @@
 #include "gasloc/comm/network_model.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -82,6 +83,17 @@ double ring_allreduce_seconds(double P, int n, double min_B, double latency_s) {
   return 2.0 * (n - 1) * latency_s + 2.0 * (n - 1) / n * P / min_B;
 }
 
+double tree_allreduce_seconds(double P, int n, double min_B, double latency_s) {
+  if (n <= 1) return 0.0;
+  const int steps = std::bit_width(static_cast<unsigned>(n - 1));  // ceil(log2 n)
+  return 2.0 * steps * latency_s + 2.0 * (n - 1) / n * P / min_B;
+}
+
+double allreduce_seconds(const NetworkModel& m, double P, int n, double min_B) {
+  return m.allreduce == AllReducePattern::tree ? tree_allreduce_seconds(P, n, min_B, m.latency_s)
+                                               : ring_allreduce_seconds(P, n, min_B, m.latency_s);
+}
+
 double broadcast_seconds(double P, int n, double min_B, double latency_s) {
   if (n <= 1) return 0.0;
   return latency_s + P / min_B;
@@ -125,7 +137,7 @@ std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, const std::vecto
 std::vector<ClockUpdate> all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t) {
   const int n = static_cast<int>(t.size());
   if (n == 0) return {};
-  return synchronized(t, ring_allreduce_seconds(P, n, min_bandwidth(m, n), m.latency_s));
+  return synchronized(t, allreduce_seconds(m, P, n, min_bandwidth(m, n)));
 }
 
 std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const std::vector<double>& t) {
@@ -144,7 +156,7 @@ std::vector<ClockUpdate> member_all_reduce_clocks(const NetworkModel& m, double 
   if (members.empty()) return out;
   double start = t[members.front()], min_B = m.bandwidth(members.front());
   for (int r : members) start = std::max(start, t[r]), min_B = std::min(min_B, m.bandwidth(r));
-  const double end = start + ring_allreduce_seconds(P, static_cast<int>(members.size()), min_B, m.latency_s);
+  const double end = start + allreduce_seconds(m, P, static_cast<int>(members.size()), min_B);
   for (int r : members) out[r] = {end, start - t[r]};
   return out;
 }

@@ -8,6 +8,11 @@
 
 namespace gasloc::comm {
 
+// How an all-reduce is priced (network.allreduce): a ring, 2(n-1) latencies, or recursive
+// halving-doubling (a tree of pair exchanges), 2 ceil(log2 n) latencies; both move 2(n-1)/n of
+// the message per worker, so they differ in latency only.
+enum class AllReducePattern { ring, tree };
+
 struct NetworkModel {
   double step_time_s = 0.1;               // compute time of one inner step on an unimpeded worker
   double bandwidth_Bps = 125e6;           // bytes/s per worker (1 Gbit/s), full duplex
@@ -17,6 +22,7 @@ struct NetworkModel {
   int64_t simulated_message_bytes = 0;    // price every message as this many bytes (0 = actual bytes)
   int64_t parameter_message_bytes = 0;    // with the above: the run's own fp32 parameter message, so that a
                                           // message of b bytes is priced b / this of it (compressed rounds)
+  AllReducePattern allreduce = AllReducePattern::ring;  // how all-reduces are priced
 
   // Throws ConfigError naming the field when a value is out of range, not finite, or a per-rank
   // list is neither empty nor `world` long.
@@ -42,6 +48,12 @@ double pair_exchange_seconds(double P, double B_i, double B_j, int k_i, int k_j,
 // Seconds of a bandwidth-optimal ring all-reduce of P bytes over n workers:
 // 2(n-1) l + 2(n-1)/n * P / min_B (reduce-scatter then all-gather, each n-1 steps); 0 for n = 1.
 double ring_allreduce_seconds(double P, int n, double min_B, double latency_s);
+// Seconds of recursive halving-doubling (Rabenseifner's reduce-scatter then all-gather):
+// 2 ceil(log2 n) l + 2(n-1)/n * P / min_B; 0 for n = 1. (A non-power-of-two n pays one more
+// step each way, folded into the ceiling; its bytes are priced as the ring's.)
+double tree_allreduce_seconds(double P, int n, double min_B, double latency_s);
+// The all-reduce of P bytes over n workers with m's pattern.
+double allreduce_seconds(const NetworkModel& m, double P, int n, double min_B);
 // Seconds of a broadcast of P bytes: l + P / min_B (a pipelined chain, whose throughput is that
 // of its slowest link); 0 for n = 1.
 double broadcast_seconds(double P, int n, double min_B, double latency_s);
@@ -66,8 +78,8 @@ std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, double P, const 
 // their shapes, as the backends do).
 std::vector<ClockUpdate> exchange_clocks(const NetworkModel& m, const std::vector<double>& P,
                                          const std::vector<std::vector<int>>& peers, const std::vector<double>& t);
-// All-reduce: starts at max t, takes ring_allreduce_seconds with the slowest bandwidth; every
-// clock ends there.
+// All-reduce: starts at max t, takes allreduce_seconds with the slowest bandwidth; every clock
+// ends there.
 std::vector<ClockUpdate> all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t);
 // Broadcast: starts at max t, takes broadcast_seconds with the slowest bandwidth.
 std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const std::vector<double>& t);
@@ -75,7 +87,7 @@ std::vector<ClockUpdate> broadcast_clocks(const NetworkModel& m, double P, const
 std::vector<ClockUpdate> barrier_clocks(const std::vector<double>& t);
 
 // Elastic rounds (docs/design.md section 10). An all-reduce over `members` (ids into t) only:
-// it starts at their latest clock and takes ring_allreduce_seconds over them with their slowest
+// it starts at their latest clock and takes allreduce_seconds over them with their slowest
 // bandwidth; every other clock stays. Over every rank it is all_reduce_clocks.
 std::vector<ClockUpdate> member_all_reduce_clocks(const NetworkModel& m, double P, const std::vector<double>& t,
                                                   const std::vector<int>& members);

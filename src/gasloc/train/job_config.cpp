@@ -49,6 +49,12 @@ const config::Choices& scenario_choices() {
   return c;
 }
 
+const config::Choices& allreduce_pattern_choices() {
+  static const config::Choices c("all-reduce pattern", {{"ring", "2(n-1) latencies + 2(n-1)/n P/B"},
+                                                        {"tree", "recursive halving-doubling: 2 ceil(log2 n) latencies + 2(n-1)/n P/B"}});
+  return c;
+}
+
 const OptimSection::Docs& OptimSection::docs() {
   static const Docs d = [] {
     const std::string mu = optimizer_names(&OptimizerEntry::uses_mu), avg = optimizer_names(&OptimizerEntry::averages);
@@ -145,6 +151,7 @@ comm::NetworkModel NetworkSection::model(int world) const {
   m.step_time_s = step_time_s;
   m.bandwidth_Bps = bandwidth_gbit * 1e9 / 8;
   m.latency_s = latency_s;
+  m.allreduce = allreduce == "tree" ? comm::AllReducePattern::tree : comm::AllReducePattern::ring;
   m.simulated_message_bytes = simulated_model_bytes;
   m.parameter_message_bytes = parameter_message_bytes;
   std::vector<Straggler> all;

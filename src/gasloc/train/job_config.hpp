@@ -26,6 +26,7 @@ const config::Choices& dtype_choices();
 const config::Choices& decay_on_choices();
 const config::Choices& backend_choices();
 const config::Choices& scenario_choices();
+const config::Choices& allreduce_pattern_choices();
 const config::Choices& eval_model_choices();
 
 struct ModelSection {
@@ -295,6 +296,7 @@ struct NetworkSection {
   double step_time_s = 0.1;
   double bandwidth_gbit = 1.0;
   double latency_s = 1e-3;
+  config::Choice allreduce{allreduce_pattern_choices(), "ring"};
   std::vector<Straggler> stragglers;
   std::string simulated_model;
   int64_t simulated_model_bytes = 0;
@@ -311,6 +313,7 @@ struct NetworkSection {
     v("step_time_s", step_time_s, "compute seconds of one inner step on an unimpeded worker");
     v("bandwidth_gbit", bandwidth_gbit, "each worker's link in Gbit/s, full duplex");
     v("latency_s", latency_s, "seconds per message");
+    v("allreduce", allreduce, "how the virtual clock prices all-reduces: ring (2(n-1) latencies) or tree (2 ceil(log2 n)); the bytes are the same");
     v("stragglers", stragglers, "per-rank overrides: [{ rank = 3, bandwidth = 0.1, slowdown = 1.0 }] (win over the preset)");
     v("simulated_model", simulated_model, "price messages as this model: PRESET:DTYPE, e.g. \"134m:bf16\" (sets simulated_model_bytes)");
     v("simulated_model_bytes", simulated_model_bytes, "price every parameter message as this many bytes (0 = actual size)");

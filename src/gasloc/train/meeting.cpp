@@ -27,7 +27,7 @@ double eval_seconds(const comm::NetworkModel& network, int64_t params, int world
   double min_B = network.bandwidth(0);
   for (int r = 1; r < world; ++r) min_B = std::min(min_B, network.bandwidth(r));
   const auto P = static_cast<double>(network.message_bytes(params * static_cast<int64_t>(sizeof(float))));
-  return comm::ring_allreduce_seconds(P, world, min_B, network.latency_s);
+  return comm::allreduce_seconds(network, P, world, min_B);
 }
 
 EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker, int64_t step) {
