@@ -48,6 +48,18 @@ TEST(Config, NetworkAllreducePicksHowTheModelPricesAllReduces) {
   EXPECT_EQ(load_job("", {"network.allreduce=tree"}).network.model(8).allreduce, comm::AllReducePattern::tree);
 }
 
+TEST(Config, MoreInProcessWorkersThanOpenBlasServesAreRefusedNotCrashed) {
+  EXPECT_EQ(load_job("", {"cluster.workers=250", "algo.name=gasloc"}).cluster.workers, 250);
+  try {
+    load_job("", {"cluster.workers=1024", "algo.name=gasloc"});
+    ADD_FAILURE() << "1,024 in-process workers must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.workers"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at most 250 in-process workers"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(load_job("", {"cluster.workers=1024", "algo.name=gasloc", "cluster.backend=gloo"}).cluster.workers, 1024);
+}
+
 TEST(Config, TomlAndOverridesApplyInOrder) {
   auto job = job_from_json(toml("[optim]\nlr = 0.01\n[train]\nsteps = 40\ndevice = \"cpu\"\n"),
                            {"optim.lr=2e-3", "train.run_dir=runs/x", "model.tie_embeddings=true", "data.dir=\"d\""});
