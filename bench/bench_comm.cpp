@@ -16,7 +16,7 @@
 //
 //   build/bench_comm --codec [--elements-m 1,100] [--reps 3]
 //
-// --auth: HMAC-SHA256 beside memcpy, and a store request and connection with and without a job
+// --auth: HMAC-SHA256 and AES-256-GCM beside memcpy, and a store request and connection with and without a job
 // secret (bench/auth_bench.hpp); no ranks.
 //
 //   build/bench_comm --auth [--reps 5]
@@ -82,7 +82,7 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--codec", a.codec, "the codecs' encode and decode speed on one thread, against memcpy");
-  app.add_flag("--auth", a.auth, "HMAC-SHA256 against memcpy, and store requests with and without a job secret");
+  app.add_flag("--auth", a.auth, "HMAC-SHA256 and AES-256-GCM against memcpy, and store requests with and without a job secret");
   app.add_option("--elements-m", a.elements_m, "with --codec: buffer sizes in millions of fp32 elements, comma-separated")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)

@@ -16,7 +16,7 @@ studies=("$@")
 # E2b (16 and 32 workers) and E6 (32 workers) are left out of the quick suite: their many
 # workers alone would take most of its 20 minutes. E8 (churn) too: on 4 workers its schedule has
 # too few failures to say anything. E9 (overlap, 126 runs, about 95 min) too, and E10 (compression,
-# 105 runs; its quick form alone takes most of the quick suite's 20 minutes).
+# 140 runs, about 3.5 h; its quick form alone takes most of the quick suite's 20 minutes).
 if [ ${#studies[@]} -eq 0 ]; then
   if [ -n "$suffix" ]; then studies=(e1 e2 e3 e4 e5 e7); else studies=(e1 e2 e2b e3 e4 e5 e6 e7 e8 e9 e10); fi
 fi

@@ -555,3 +555,79 @@ TEST(InProc, SixtyFourWorkers) {
     EXPECT_TRUE(torch::equal(mean[r], torch::full({1000}, 31.5f))) << "rank " << r;
   }
 }
+
+TEST(InProcClock, LatencyPerLinkAndRegionsPriceEachLink) {
+  // Worker 1's link has 50 ms: its pair pays it, the other pair 1 ms. Then two regions {0, 1} and
+  // {2, 3} joined by 100 ms, 10 Mbit/s links: a pair inside a region is priced as before, a pair
+  // across pays the inter-region latency and moves its 4000 bytes at 1.25e6 B/s.
+  {
+    NetworkModel m;
+    m.latency_per_rank = {1e-3, 0.05, 1e-3, 1e-3};
+    InProcCluster cluster(4, m);
+    cluster.run([](int r, Communicator& c) {
+      std::vector<torch::Tensor> recv;
+      c.exchange({r ^ 1}, torch::zeros({1000}), recv);
+    });
+    EXPECT_NEAR(cluster.clock(0), 0.05 + 4000 / 125e6, kTol);
+    EXPECT_NEAR(cluster.clock(1), 0.05 + 4000 / 125e6, kTol);
+    EXPECT_NEAR(cluster.clock(2), 1e-3 + 4000 / 125e6, kTol);
+  }
+  NetworkModel regions;
+  regions.region = {0, 0, 1, 1};
+  regions.inter_region_latency_s = 0.1;
+  regions.inter_region_Bps = 1.25e6;
+  for (int across : {1, 2}) {
+    InProcCluster cluster(4, regions);
+    cluster.run([&](int r, Communicator& c) {
+      std::vector<torch::Tensor> recv;
+      c.exchange({r ^ across}, torch::zeros({1000}), recv);
+    });
+    const double want = across == 1 ? 1e-3 + 4000 / 125e6 : 0.1 + 4000 / 1.25e6;
+    for (int r = 0; r < 4; ++r) EXPECT_NEAR(cluster.clock(r), want, kTol) << "partner r ^ " << across;
+  }
+  // All-reduces over the two regions, 4000 bytes, 1.5 x 4000 moved per worker at the cap:
+  // ring: links 0-1, 1-2, 2-3, 3-0; two cross, so each of its 6 steps pays 100 ms;
+  // tree: distance 1 pairs (0, 1), (2, 3) stay inside (1 ms), distance 2 pairs cross (100 ms),
+  // each twice.
+  const double bytes = 1.5 * 4000 / 1.25e6;
+  EXPECT_NEAR(members_allreduce_seconds(regions, 4000, {0, 1, 2, 3}), 6 * 0.1 + bytes, 1e-12);
+  regions.allreduce = AllReducePattern::tree;
+  EXPECT_NEAR(members_allreduce_seconds(regions, 4000, {0, 1, 2, 3}), 2 * (1e-3 + 0.1) + bytes, 1e-12);
+  InProcCluster cluster(4, regions);
+  cluster.run([](int, Communicator& c) {
+    auto t = torch::ones({1000});
+    c.all_reduce_mean(t);
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_NEAR(cluster.clock(r), 2 * (1e-3 + 0.1) + bytes, kTol);
+  // Members inside one region pay no inter-region price.
+  EXPECT_NEAR(members_allreduce_seconds(regions, 4000, {2, 3}), 2 * 1e-3 + 4000 / 125e6, 1e-12);
+}
+
+TEST(InProcClock, UniformLinksPriceAllReducesByTheClosedForms) {
+  // Bit for bit: the per-link path must not move any clock of a run without per-link settings.
+  for (auto pattern : {AllReducePattern::ring, AllReducePattern::tree}) {
+    NetworkModel m;
+    m.allreduce = pattern;
+    m.bandwidth_scale = {1, 0.5, 1, 1, 0.25, 1, 1, 1, 1};
+    for (int n = 1; n <= 9; ++n) {
+      std::vector<int> members;
+      double min_B = m.bandwidth(0);
+      for (int r = 0; r < n; ++r) members.push_back(r), min_B = std::min(min_B, m.bandwidth(r));
+      EXPECT_EQ(members_allreduce_seconds(m, 12345, members), allreduce_seconds(m, 12345, n, min_B)) << n;
+    }
+  }
+}
+
+TEST(InProcClock, ThousandWorkersInFourRegions) {
+  // 1,024 workers in four regions of 256, 5 ms inside, 80 ms between, no bytes: the tree pays
+  // 8 distances inside (1..128) and 2 across (256, 512), each twice: 2 (8 x 5 + 2 x 80) ms = 0.4 s;
+  // the ring's 2046 steps each pay the 80 ms of its slowest link: 163.68 s.
+  NetworkModel m;
+  m.latency_s = 5e-3;
+  m.inter_region_latency_s = 0.08;
+  std::vector<int> members;
+  for (int r = 0; r < 1024; ++r) m.region.push_back(r / 256), members.push_back(r);
+  EXPECT_NEAR(members_allreduce_seconds(m, 0, members), 163.68, 1e-9);
+  m.allreduce = AllReducePattern::tree;
+  EXPECT_NEAR(members_allreduce_seconds(m, 0, members), 0.4, 1e-12);
+}

@@ -12,7 +12,9 @@
 #include <set>
 
 #include "gasloc/algo/algo_config.hpp"
+#include "gasloc/algo/compressed_consensus.hpp"
 #include "gasloc/algo/compression.hpp"
+#include "gasloc/algo/consensus.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
 #include "gasloc/algo/round_sync.hpp"
 #include "gasloc/comm/codec.hpp"
@@ -567,6 +569,81 @@ TEST_F(Compressed, FeedbackGridsAndReferencesResumeBitExactly) {
     const auto saved = train::load_checkpoint(ck.file(ck.committed(0).at(0), 0));
     EXPECT_EQ(saved.tensors.count(setting.saved), 1u);
   }
+}
+
+// The compressed consensus simulation (`gasloc topo --consensus --compression`) runs the
+// training synchronizers with frozen parameters: uncompressed, it is the float64 simulation.
+algo::AlgoConfig gossip_config(const std::string& topology, const std::string& compression, const std::string& codec) {
+  algo::AlgoConfig a;
+  a.name = "gasloc";
+  a.topology = topology;
+  a.outer_lr = 1.0;
+  a.outer_momentum = 0.0;
+  a.compression = compression;
+  a.gossip_codec = codec;
+  return a;
+}
+
+TEST(CompressedConsensus, UncompressedIsTheFloat64Simulation) {
+  // fp32 against float64: 1e-4 relative, as Algo.GossipSyncWithFrozenParametersIsTheConsensusSimulation.
+  const int n = 6;
+  const int64_t dim = 16, rounds = 8;
+  const uint64_t seed = 5;
+  auto a = gossip_config("2peer", "none", "delta");
+  a.outer_lr = 0.7;
+  a.outer_momentum = 0.9;
+  const auto got = algo::simulate_compressed_consensus(a, n, rounds, dim, seed, 0.0);
+  const auto want = algo::simulate_consensus(topology::Topology(topology::Kind::two_peer, n, seed), rounds, dim, seed,
+                                             algo::OuterStep{0.7, 0.9, algo::Form::anchor, 1.0});
+  ASSERT_EQ(got.distance.size(), want.size());
+  for (int64_t t = 1; t <= rounds; ++t) {
+    EXPECT_NEAR(got.distance[t], want[t], 1e-4 * want[t] + 1e-7) << "round " << t;
+    EXPECT_DOUBLE_EQ(got.bits[t], 64.0) << "2peer sends its fp32 parameters to two peers";
+  }
+  EXPECT_LT(want[rounds], 0.5);  // it mixed
+}
+
+TEST(CompressedConsensus, ModuloFollowsTheGapWhereDirectStallsAndBytesAreTheCodecs) {
+  // 6 workers on 1peer (everyone paired every round; not a power of two, so that no sequence of
+  // matchings averages exactly), x_i = c + e_i with |c| 10x the disagreement.
+  const int n = 6;
+  const int64_t dim = 1024, rounds = 12;
+  const uint64_t seed = 3;
+  const double common = 10.0;
+  const auto fp32 = algo::simulate_compressed_consensus(gossip_config("1peer", "none", "delta"), n, rounds, dim, seed, common);
+  const auto direct = algo::simulate_compressed_consensus(gossip_config("1peer", "int8", "direct"), n, rounds, dim, seed, common);
+  const auto modulo = algo::simulate_compressed_consensus(gossip_config("1peer", "int8", "modulo"), n, rounds, dim, seed, common);
+  const auto delta = algo::simulate_compressed_consensus(gossip_config("1peer", "int8", "delta"), n, rounds, dim, seed, common);
+  for (int64_t t = 1; t <= rounds; ++t) {
+    SCOPED_TRACE("round " + std::to_string(t));
+    // Direct sends one int8 payload a round: 8 + 32/256 bits a parameter.
+    EXPECT_DOUBLE_EQ(direct.bits[t], 8.0 * comm::payload_bytes(comm::Codec::int8(), dim) / dim);
+    EXPECT_DOUBLE_EQ(fp32.bits[t], 32.0);
+  }
+  // Modulo: round 1 in fp32; then per chunk two floats of grid (gap, max |s|), the residues and
+  // their checksum, and 256 fp32 values for each chunk resent after a wrap (the count is per end).
+  EXPECT_DOUBLE_EQ(modulo.bits[1], 32.0);
+  double later = 0;
+  for (int64_t t = 2; t <= rounds; ++t) later += modulo.bits[t];
+  const double chunks = dim / 256.0;
+  const double per_round = 8.0 * (8.0 * chunks + algo::modulo_payload_bytes(algo::ModuloGrid{}, dim)) / dim;
+  EXPECT_NEAR(later, (rounds - 1) * per_round + 8.0 * 4.0 * 256.0 * modulo.resends / n / dim, 1e-9);
+  // Direct's grid is set by |c|: its rounding error stays while fp32 gossip keeps contracting.
+  // Modulo's grid follows the pair's gap, so its distance tracks fp32's; delta's error is that of
+  // x - r, the reference refreshed towards the mean every 5 rounds, between the two.
+  const double f = fp32.distance[rounds];
+  EXPECT_LT(f, 1e-2);
+  EXPECT_GT(direct.distance[rounds], 10 * f) << "direct should stall at its rounding floor";
+  EXPECT_LT(modulo.distance[rounds], 2 * f);
+  EXPECT_LT(delta.distance[rounds], direct.distance[rounds]);
+}
+
+TEST(CompressedConsensus, NonsenseIsRefused) {
+  EXPECT_THROW(algo::simulate_compressed_consensus(gossip_config("complete", "int8", "delta"), 4, 2, 8, 1, 1.0), ConfigError);
+  EXPECT_THROW(algo::simulate_compressed_consensus(gossip_config("1peer", "int8", "delta"), 1, 2, 8, 1, 1.0), ConfigError);
+  EXPECT_THROW(algo::simulate_compressed_consensus(gossip_config("1peer", "int8", "delta"), 251, 2, 8, 1, 1.0), ConfigError);
+  EXPECT_THROW(algo::simulate_compressed_consensus(gossip_config("1peer", "topk", "delta"), 4, 2, 8, 1, 1.0), ConfigError);
+  EXPECT_THROW(algo::simulate_compressed_consensus(gossip_config("1peer", "int8", "delta"), 4, 2, 8, 1, -1.0), ConfigError);
 }
 
 TEST(CompressionSettings, NonsenseIsRefusedNamingTheKey) {

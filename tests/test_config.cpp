@@ -15,6 +15,7 @@
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/core/shipped_files.hpp"
 #include "gasloc/train/job_config.hpp"
+#include "gasloc/train/run_start.hpp"
 #include "gasloc/train/optimizers.hpp"
 
 using namespace gasloc;
@@ -46,6 +47,47 @@ TEST(Config, DefaultsAreValid) {
 TEST(Config, NetworkAllreducePicksHowTheModelPricesAllReduces) {
   EXPECT_EQ(load_job("", {}).network.model(8).allreduce, comm::AllReducePattern::ring);
   EXPECT_EQ(load_job("", {"network.allreduce=tree"}).network.model(8).allreduce, comm::AllReducePattern::tree);
+}
+
+TEST(Config, NetworkLatenciesAndRegionsReachTheModelOrAreRefusedNamingTheKey) {
+  const auto m = load_job("", {"cluster.workers=8", "algo.name=gasloc", "network.regions=[4, 4]", "network.inter_region_latency_s=0.08",
+                               "network.inter_region_bandwidth_gbit=0.08"})
+                     .network.model(8);
+  EXPECT_EQ(m.region, (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_DOUBLE_EQ(m.inter_region_latency_s, 0.08);
+  EXPECT_DOUBLE_EQ(m.inter_region_Bps, 1e7);
+  EXPECT_DOUBLE_EQ(m.link_latency(3, 4), 0.08);
+  EXPECT_DOUBLE_EQ(m.link_latency(2, 3), 1e-3);
+  const auto l = load_job("", {"cluster.workers=2", "algo.name=gasloc", "network.latencies_s=[0.001, 0.05]"}).network.model(2);
+  EXPECT_DOUBLE_EQ(l.link_latency(0, 1), 0.05);
+  auto refused = [](std::vector<std::string> o, const std::string& key) {
+    try {
+      load_job("", o).network.model(8);
+      ADD_FAILURE() << "expected a ConfigError naming " << key;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  };
+  refused({"cluster.workers=8", "algo.name=gasloc", "network.regions=[4, 3]"}, "network.regions");
+  refused({"cluster.workers=8", "algo.name=gasloc", "network.regions=[8, 0]"}, "network.regions[1]");
+  refused({"cluster.workers=8", "algo.name=gasloc", "network.inter_region_latency_s=0.1"}, "network.inter_region_latency_s");
+  refused({"cluster.workers=8", "algo.name=gasloc", "network.latencies_s=[0.1, 0.1]"}, "network.latencies_s");
+  refused({"cluster.workers=8", "algo.name=gasloc", "network.latencies_s=[0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, -1]"}, "network.latencies_s[7]");
+}
+
+TEST(Config, ARunSaysHowMuchOfItsDataEachWorkerDraws) {
+  // 1,024 disjoint slices of a 1M-token stream: ~977 tokens each; 300 steps x 8 windows x 64
+  // tokens = 153,600 drawn per worker, 157 passes over its slice.
+  const auto disjoint = train::data_coverage(1'000'000, 1024, 300, 8, 63, true);
+  EXPECT_NE(disjoint.find("1024 disjoint slices of ~977 tokens"), std::string::npos) << disjoint;
+  EXPECT_NE(disjoint.find("draws up to 153600 tokens"), std::string::npos) << disjoint;
+  EXPECT_NE(disjoint.find("157 passes over it, so its windows repeat"), std::string::npos) << disjoint;
+  // Shared: 4 x 51,200 of 10M tokens, a fiftieth of a pass: nothing repeats by necessity.
+  const auto shared = train::data_coverage(10'000'000, 4, 100, 8, 63, false);
+  EXPECT_NE(shared.find("0.00512 passes each, 0.0205 for all together"), std::string::npos) << shared;
+  EXPECT_EQ(shared.find("repeat"), std::string::npos) << shared;
+  const auto reused = train::data_coverage(100'000, 4, 100, 8, 63, false);
+  EXPECT_NE(reused.find("2.05 for all together, so windows repeat across workers"), std::string::npos) << reused;
 }
 
 TEST(Config, MoreInProcessWorkersThanOpenBlasServesAreRefusedNotCrashed) {

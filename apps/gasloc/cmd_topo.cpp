@@ -7,6 +7,7 @@
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/algorithms.hpp"
 #include "gasloc/algo/compression.hpp"
+#include "gasloc/algo/compressed_consensus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/topology/spectral.hpp"
@@ -69,6 +70,7 @@ struct TopoOptions {
   std::string form = "anchor";
   bool optimize = false;
   int64_t dim = 0;
+  double common_scale = 10.0;
 };
 
 // The message and what a worker sends per round.
@@ -189,6 +191,50 @@ void print_consensus(const topology::Topology& t, const TopoOptions& o, algo::Fo
     fmt::print("note: without training mix_after's pseudo-gradient theta - phi is 0, so its round is plain gossip\n");
 }
 
+// --consensus with --compression on a gossip graph: the codec's consensus beside uncompressed
+// gossip, both through the synchronizers a training run uses (compressed_consensus.hpp).
+void print_compressed_consensus(const topology::Topology& t, const TopoOptions& o) {
+  constexpr int64_t kMaxRounds = 200;  // threads exchanging real payloads: seconds, not the float64 simulation's thousands
+  const int64_t rounds = std::min(o.consensus, kMaxRounds);
+  const int64_t dim = o.dim > 0 ? o.dim : 4096;
+  algo::AlgoConfig a;
+  a.name = "gasloc";
+  a.topology = o.topology;
+  a.form = o.form;
+  a.outer_lr = o.outer_lr;
+  a.outer_momentum = o.outer_momentum;
+  a.gossip_step = o.gossip_step;
+  auto plain = a;
+  a.compression = o.compression;
+  a.gossip_codec = o.gossip_codec;
+  a.reference_every = o.reference_every;
+  const auto base = algo::simulate_compressed_consensus(plain, t.size(), rounds, dim, o.seed, o.common_scale);
+  const auto comp = algo::simulate_compressed_consensus(a, t.size(), rounds, dim, o.seed, o.common_scale);
+  fmt::print("compressed gossip, no training: the {} codec over {} ({} entries per worker, each x_i = c + e_i with a "
+             "shared c of std {} and a disagreement e_i of std 1; consensus distance / initial, and what the mean "
+             "worker sent that round){}:\n",
+             o.gossip_codec, o.compression, dim, o.common_scale,
+             rounds < o.consensus ? fmt::format(", the first {} of the --consensus rounds", rounds) : "");
+  fmt::print("  {:>5} {:>12} {:>12} {:>8} {:>10} {:>10}\n", "round", "fp32", o.compression + " " + o.gossip_codec, "ratio",
+             "fp32 bits", "bits/param");
+  for (int64_t r = 0; r <= rounds; ++r) {
+    const bool shown = rounds <= 40 || r <= 10 || r % 10 == 0 || r == rounds;
+    if (!shown) continue;
+    const double f = base.distance[r], q = comp.distance[r];
+    fmt::print("  {:>5} {:>12.4e} {:>12.4e} {:>8.3f} {:>10.2f} {:>10.2f}\n", r, f, q, f > 0 ? q / f : 0.0, base.bits[r],
+               comp.bits[r]);
+  }
+  double bits = 0, fp32_bits = 0;
+  for (int64_t r = 1; r <= rounds; ++r) bits += comp.bits[r], fp32_bits += base.bits[r];
+  if (rounds > 0)
+    fmt::print("after {} rounds: {} {} at {:.3g}x fp32's consensus distance, {:.2f} bits per parameter per round on "
+               "average ({:.1f}x fewer than fp32){}\n",
+               rounds, o.compression, o.gossip_codec,
+               base.distance[rounds] > 0 ? comp.distance[rounds] / base.distance[rounds] : 0.0, bits / rounds,
+               bits > 0 ? fp32_bits / bits : 0.0,
+               o.gossip_codec == "modulo" ? fmt::format("; {} chunk(s) resent in fp32 after a wrap", comp.resends) : "");
+}
+
 // --optimize: each form's best per-round contraction over a grid of its outer step.
 void print_optimized(const topology::Topology& t, const TopoOptions& o) {
   const int64_t dim = o.dim > 0 ? o.dim : 64;
@@ -238,6 +284,10 @@ Action add_topo(CLI::App& app) {
   app.add_flag("--optimize", o->optimize,
                "scan (eta, mu) for anchor and (alpha, gamma) for accelerated and print each form's best per-round "
                "contraction over --consensus rounds (default 2000)");
+  app.add_option("--common-scale", o->common_scale,
+                 "with --consensus and --compression: std of the vector every worker shares, in units of their "
+                 "disagreement's (direct and delta codecs' error grows with it)")
+      ->capture_default_str();
   app.add_option("--dim", o->dim, "entries per worker's vector in the consensus runs (default 4096; 64 with --optimize)");
   return [o]() {
     if (!(o->outer_lr > 0) || !(o->outer_momentum >= 0 && o->outer_momentum < 1))
@@ -260,6 +310,7 @@ Action add_topo(CLI::App& app) {
     print_cost(t, *o, wire);
     const double closed = print_gap(t, *o);
     if (o->consensus > 0) print_consensus(t, *o, form, closed);
+    if (o->consensus > 0 && o->compression != "none" && !t.is_all_reduce()) print_compressed_consensus(t, *o);
     if (o->optimize) print_optimized(t, *o);
     return 0;
   };

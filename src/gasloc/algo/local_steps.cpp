@@ -23,17 +23,19 @@ double LocalSteps::exchange_seconds(int rank, int64_t round, int64_t actual_byte
   const auto& m = *model_;
   const double P = static_cast<double>(m.message_bytes(actual_bytes));
   if (!topo_) {
-    double min_B = m.bandwidth(0);
-    for (int r = 1; r < world_; ++r) min_B = std::min(min_B, m.bandwidth(r));
-    return comm::allreduce_seconds(m, P, world_, min_B);
+    std::vector<int> everyone(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) everyone[r] = r;
+    return comm::members_allreduce_seconds(m, P, everyone);
   }
   // Transfers to all neighbours run at once; the worker is done when the slowest one is.
   const auto peers = topo_->peers(rank, round);
   double c = 0.0;
   for (int j : peers) {
     const int k_j = static_cast<int>(topo_->peers(j, round).size());
-    c = std::max(c, comm::pair_exchange_seconds(P, m.bandwidth(rank), m.bandwidth(j), static_cast<int>(peers.size()),
-                                                k_j, m.latency_s));
+    const int k_i = static_cast<int>(peers.size());
+    const double cap = m.link_cap(rank, j);  // as comm::exchange_clocks prices the link
+    c = std::max(c, comm::pair_exchange_seconds(P, std::min(m.bandwidth(rank), cap * k_i), std::min(m.bandwidth(j), cap * k_j),
+                                                k_i, k_j, m.link_latency(rank, j)));
   }
   return c;
 }

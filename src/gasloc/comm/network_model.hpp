@@ -23,6 +23,13 @@ struct NetworkModel {
   int64_t parameter_message_bytes = 0;    // with the above: the run's own fp32 parameter message, so that a
                                           // message of b bytes is priced b / this of it (compressed rounds)
   AllReducePattern allreduce = AllReducePattern::ring;  // how all-reduces are priced
+  // Per-link latency (docs/heterogeneity.md "Latency per link"): a link's latency is the larger of
+  // its two ends' latency(rank), and between regions at least inter_region_latency_s; its bytes
+  // move no faster than inter_region_Bps (0 = no cap). Empty lists: latency_s everywhere, one region.
+  std::vector<double> latency_per_rank;   // seconds per message on each rank's link
+  std::vector<int> region;                // each rank's region, from 0
+  double inter_region_latency_s = 0.0;
+  double inter_region_Bps = 0.0;
 
   // Throws ConfigError naming the field when a value is out of range, not finite, or a per-rank
   // list is neither empty nor `world` long.
@@ -31,6 +38,15 @@ struct NetworkModel {
   double step_time(int rank) const;
   // Bandwidth of `rank` in bytes/s (bandwidth_Bps * bandwidth_scale[rank]).
   double bandwidth(int rank) const;
+  // Latency of `rank`'s own link (latency_per_rank[rank], else latency_s).
+  double latency(int rank) const;
+  // The link between ranks i and j: its latency (max of both ends', and of the inter-region
+  // latency when their regions differ) and its bytes/s cap (inter_region_Bps between regions,
+  // else infinity; each end's own bandwidth applies as well).
+  double link_latency(int i, int j) const;
+  double link_cap(int i, int j) const;
+  // True when every link has latency_s and no cap: the closed forms below are then exact.
+  bool uniform_links() const { return latency_per_rank.empty() && region.empty(); }
   // The size a message of `actual_bytes` is priced (and counted in CommStats) as. Callers pass
   // the bytes actually sent: the parameter count times the wire dtype's size (algo.wire_dtype).
   int64_t message_bytes(int64_t actual_bytes) const {
@@ -54,6 +70,12 @@ double ring_allreduce_seconds(double P, int n, double min_B, double latency_s);
 double tree_allreduce_seconds(double P, int n, double min_B, double latency_s);
 // The all-reduce of P bytes over n workers with m's pattern.
 double allreduce_seconds(const NetworkModel& m, double P, int n, double min_B);
+// The all-reduce of P bytes over `members` (ranks, in the ring's order) with m's pattern and
+// links: a ring pays its slowest link's latency at each of its 2(n-1) steps; recursive
+// halving-doubling pays, at each of its ceil(log2 n) distances d, the slowest latency among the
+// pairs (k, k xor d), twice. Bytes move at the slowest member's bandwidth or link cap among the
+// links used. With uniform links it is allreduce_seconds, bit for bit.
+double members_allreduce_seconds(const NetworkModel& m, double P, const std::vector<int>& members);
 // Seconds of a broadcast of P bytes: l + P / min_B (a pipelined chain, whose throughput is that
 // of its slowest link); 0 for n = 1.
 double broadcast_seconds(double P, int n, double min_B, double latency_s);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -40,6 +41,10 @@ using Mac = std::unique_ptr<EVP_MAC, MacFree>;
 using MacCtx = std::unique_ptr<EVP_MAC_CTX, MacCtxFree>;
 using Kdf = std::unique_ptr<EVP_KDF, KdfFree>;
 using KdfCtx = std::unique_ptr<EVP_KDF_CTX, KdfCtxFree>;
+struct CipherCtxFree {
+  void operator()(EVP_CIPHER_CTX* p) const { EVP_CIPHER_CTX_free(p); }
+};
+using CipherCtx = std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree>;
 
 // OpenSSL's last error, for a message.
 std::string openssl_error() {
@@ -128,6 +133,76 @@ std::string to_hex(const std::string& bytes) {
     out.push_back(digits[c & 15]);
   }
   return out;
+}
+
+namespace {
+
+// EVP takes int lengths: a payload moves through it in pieces of at most 1 GiB.
+constexpr size_t kPiece = size_t{1} << 30;
+
+CipherCtx gcm_context(const std::string& key, const std::string& nonce, bool encrypt) {
+  if (key.size() != 32 || nonce.size() != 12)
+    throw Error(fmt::format("AES-256-GCM needs a 32-byte key and a 12-byte nonce, not {} and {}", key.size(), nonce.size()));
+  CipherCtx ctx(EVP_CIPHER_CTX_new());
+  if (!ctx) fail("EVP_CIPHER_CTX_new");
+  const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+  const auto* iv = reinterpret_cast<const unsigned char*>(nonce.data());
+  const int ok = encrypt ? EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, k, iv)
+                         : EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, k, iv);
+  if (ok != 1) fail("AES-256-GCM init");
+  return ctx;
+}
+
+}  // namespace
+
+void aes256gcm_seal(const std::string& key, const std::string& nonce, std::span<const uint8_t> aad, std::span<const uint8_t> in,
+                    std::span<uint8_t> out) {
+  if (out.size() != in.size() + kGcmTagBytes)
+    throw Error(fmt::format("AES-256-GCM seal: {} bytes of output for {} of input (needs {})", out.size(), in.size(),
+                            in.size() + kGcmTagBytes));
+  const CipherCtx ctx = gcm_context(key, nonce, true);
+  int len = 0;
+  for (size_t at = 0; at < aad.size(); at += kPiece)
+    if (EVP_EncryptUpdate(ctx.get(), nullptr, &len, aad.data() + at, static_cast<int>(std::min(kPiece, aad.size() - at))) != 1)
+      fail("AES-256-GCM aad");
+  size_t written = 0;
+  for (size_t at = 0; at < in.size(); at += kPiece) {
+    if (EVP_EncryptUpdate(ctx.get(), out.data() + written, &len, in.data() + at,
+                          static_cast<int>(std::min(kPiece, in.size() - at))) != 1)
+      fail("AES-256-GCM encrypt");
+    written += static_cast<size_t>(len);
+  }
+  if (EVP_EncryptFinal_ex(ctx.get(), out.data() + written, &len) != 1) fail("AES-256-GCM final");
+  written += static_cast<size_t>(len);
+  if (written != in.size()) fail("AES-256-GCM length");
+  if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, static_cast<int>(kGcmTagBytes), out.data() + written) != 1)
+    fail("AES-256-GCM tag");
+}
+
+bool aes256gcm_open(const std::string& key, const std::string& nonce, std::span<const uint8_t> aad, std::span<const uint8_t> in,
+                    std::span<uint8_t> out) {
+  if (in.size() < kGcmTagBytes || out.size() != in.size() - kGcmTagBytes) {
+    std::fill(out.begin(), out.end(), uint8_t{0});
+    return false;
+  }
+  const size_t n = in.size() - kGcmTagBytes;
+  const CipherCtx ctx = gcm_context(key, nonce, false);
+  int len = 0;
+  bool ok = true;
+  for (size_t at = 0; ok && at < aad.size(); at += kPiece)
+    ok = EVP_DecryptUpdate(ctx.get(), nullptr, &len, aad.data() + at, static_cast<int>(std::min(kPiece, aad.size() - at))) == 1;
+  size_t written = 0;
+  for (size_t at = 0; ok && at < n; at += kPiece) {
+    ok = EVP_DecryptUpdate(ctx.get(), out.data() + written, &len, in.data() + at, static_cast<int>(std::min(kPiece, n - at))) == 1;
+    written += static_cast<size_t>(len);
+  }
+  std::array<uint8_t, kGcmTagBytes> tag;
+  std::copy(in.begin() + static_cast<std::ptrdiff_t>(n), in.end(), tag.begin());
+  ok = ok && EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, static_cast<int>(kGcmTagBytes), tag.data()) == 1;
+  ok = ok && EVP_DecryptFinal_ex(ctx.get(), out.data() + written, &len) == 1;
+  ERR_clear_error();  // a tag that does not verify leaves nothing worth keeping in OpenSSL's queue
+  if (!ok) std::fill(out.begin(), out.end(), uint8_t{0});
+  return ok;
 }
 
 }  // namespace crypto

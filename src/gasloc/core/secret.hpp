@@ -6,6 +6,8 @@
 // FILE` writes one with mode 0600. Processes hand each other the file's path, never its content.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 
 #include "gasloc/core/error.hpp"
@@ -41,6 +43,15 @@ std::string hkdf_sha256(const std::string& ikm, const std::string& salt, const s
 // a == b in time that does not depend on where they differ (CRYPTO_memcmp); false for sizes
 // that differ.
 bool equal(const std::string& a, const std::string& b);
+// AES-256-GCM with a 16-byte tag. seal: out (in.size() + 16 bytes) = ciphertext || tag of `in`
+// under a 32-byte key and a 12-byte nonce, with `aad` authenticated but not encrypted. open: the
+// reverse into out (in.size() - 16 bytes); false, with out zeroed, when the tag does not verify
+// (an altered ciphertext, aad, key or nonce). Throws Error on a key or nonce of the wrong size.
+constexpr size_t kGcmTagBytes = 16;
+void aes256gcm_seal(const std::string& key, const std::string& nonce, std::span<const uint8_t> aad,
+                    std::span<const uint8_t> in, std::span<uint8_t> out);
+bool aes256gcm_open(const std::string& key, const std::string& nonce, std::span<const uint8_t> aad,
+                    std::span<const uint8_t> in, std::span<uint8_t> out);
 std::string to_hex(const std::string& bytes);
 
 }  // namespace crypto

@@ -37,6 +37,7 @@ struct RunSummary {
   std::string compression = "none";  // algo.compression
   int64_t priced_params = 0;     // the parameters messages are priced as: network.simulated_model's, else 0 (this model's)
   double bits_per_param_round = -1;  // bits sent per (priced) parameter per communication round by the average worker; < 0: unknown
+  int64_t resends = -1;          // modulo gossip: chunks resent in fp32 after a wrap, summed over workers; < 0: not logged
   double idle_fraction = 0;      // mean over workers of idle / virtual time at their last line
   double utilization = -1;       // mean over workers of their compute utilization at their last line; < 0: not logged (metrics before version 4)
   int64_t min_local_steps = -1;  // fewest steps any worker computed (time_budget skips some)

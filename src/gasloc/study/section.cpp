@@ -376,23 +376,24 @@ std::string budget_md(const SweepSpec& spec, Group& grp, double budget) {
 // One row per variant: its chosen point's runs summarized over seeds.
 std::string results_table(const SweepSpec& spec, Group& grp, double unigram, double target) {
   // Elastic runs: how many workers died and rejoined, only where some did.
-  bool churn = false, own = false;
+  bool churn = false, own = false, resent = false;
   for (const auto& [name, rs] : grp.finals)
     for (const auto& x : rs) {
       churn = churn || x.summary.deaths > 0 || x.summary.rejoins > 0;
       own = own || x.summary.own_models;
+      resent = resent || x.summary.resends >= 0;  // the modulo codec's fp32 resends, where some run logs them
     }
   std::string md;
   md += "| variant | point | runs | finished | " + val_loss_header(own) +
         " | below unigram | consensus distance | steps to target "
         "| virtual s to target | virtual time (s) | MB sent per worker | idle | compute utilization |";
-  md += churn ? " deaths | rejoins |\n" : "\n";
+  md += std::string(resent ? " resends |" : "") + (churn ? " deaths | rejoins |\n" : "\n");
   md += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |";
-  md += churn ? " --- | --- |\n" : "\n";
+  md += std::string(resent ? " --- |" : "") + (churn ? " --- | --- |\n" : "\n");
   for (const auto& v : spec.variants) {
     if (!spec.runs_in(v.name, grp.point)) continue;
     const auto& rs = grp.finals[v.name];
-    std::vector<double> l, below, cd, vt, mb, idle, util, st, tt, deaths, rejoins;
+    std::vector<double> l, below, cd, vt, mb, idle, util, st, tt, deaths, rejoins, resends;
     int finished = 0;
     bool variant_own = false;
     for (const auto& x : rs) {
@@ -410,6 +411,7 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
       if (r.utilization >= 0) util.push_back(100 * r.utilization);
       deaths.push_back(static_cast<double>(r.deaths));
       rejoins.push_back(static_cast<double>(r.rejoins));
+      if (r.resends >= 0) resends.push_back(static_cast<double>(r.resends));
       if (auto hit = target > 0 ? reach_target(r.curve, target) : std::nullopt) {
         st.push_back(hit->first);
         tt.push_back(hit->second);
@@ -424,6 +426,7 @@ std::string results_table(const SweepSpec& spec, Group& grp, double unigram, dou
                       fmt_stats(stats_of(st), "{:.0f}"), partial, fmt_stats(stats_of(tt), "{:.1f}"), partial,
                       fmt_stats(stats_of(vt), "{:.1f}"), fmt_stats(stats_of(mb), "{:.1f}"), fmt_stats(stats_of(idle), "{:.1f}"),
                       utilization);
+    if (resent) md += fmt::format(" {} |", resends.empty() ? "-" : fmt_stats(stats_of(resends), "{:.0f}"));
     md += churn ? fmt::format(" {} | {} |\n", fmt_stats(stats_of(deaths), "{:.0f}"), fmt_stats(stats_of(rejoins), "{:.0f}")) : "\n";
   }
   return md;

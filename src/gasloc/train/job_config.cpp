@@ -134,6 +134,23 @@ void NetworkSection::validate(int world) const {
   require(std::isfinite(bandwidth_gbit) && bandwidth_gbit > 0, "network.bandwidth_gbit", "must be > 0");
   require(std::isfinite(latency_s) && latency_s >= 0, "network.latency_s", "must be >= 0");
   require(simulated_model_bytes >= 0, "network.simulated_model_bytes", "must be >= 0 (0 = actual size)");
+  require(world <= 0 || latencies_s.empty() || static_cast<int>(latencies_s.size()) == world, "network.latencies_s",
+          fmt::format("has {} entries; it needs one per worker ({}) or none", latencies_s.size(), world));
+  for (size_t i = 0; i < latencies_s.size(); ++i)
+    require(std::isfinite(latencies_s[i]) && latencies_s[i] >= 0, fmt::format("network.latencies_s[{}]", i), "must be >= 0");
+  int64_t in_regions = 0;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    require(regions[i] > 0, fmt::format("network.regions[{}]", i), "must be >= 1 (a region's number of workers)");
+    in_regions += regions[i];
+  }
+  require(world <= 0 || regions.empty() || in_regions == world, "network.regions",
+          fmt::format("adds up to {} workers but the cluster has {}", in_regions, world));
+  require(std::isfinite(inter_region_latency_s) && inter_region_latency_s >= 0, "network.inter_region_latency_s", "must be >= 0");
+  require(std::isfinite(inter_region_bandwidth_gbit) && inter_region_bandwidth_gbit >= 0, "network.inter_region_bandwidth_gbit",
+          "must be >= 0 (0 = no cap)");
+  require(!regions.empty() || (inter_region_latency_s == 0 && inter_region_bandwidth_gbit == 0),
+          inter_region_latency_s != 0 ? "network.inter_region_latency_s" : "network.inter_region_bandwidth_gbit",
+          "applies between regions, but network.regions is empty (e.g. regions = [4, 4])");
   for (size_t i = 0; i < stragglers.size(); ++i) {
     const auto& st = stragglers[i];
     const std::string key = fmt::format("network.stragglers[{}]", i);
@@ -151,6 +168,10 @@ comm::NetworkModel NetworkSection::model(int world) const {
   m.step_time_s = step_time_s;
   m.bandwidth_Bps = bandwidth_gbit * 1e9 / 8;
   m.latency_s = latency_s;
+  m.latency_per_rank = latencies_s;
+  for (size_t k = 0; k < regions.size(); ++k) m.region.insert(m.region.end(), static_cast<size_t>(regions[k]), static_cast<int>(k));
+  m.inter_region_latency_s = inter_region_latency_s;
+  m.inter_region_Bps = inter_region_bandwidth_gbit * 1e9 / 8;
   m.allreduce = allreduce == "tree" ? comm::AllReducePattern::tree : comm::AllReducePattern::ring;
   m.simulated_message_bytes = simulated_model_bytes;
   m.parameter_message_bytes = parameter_message_bytes;

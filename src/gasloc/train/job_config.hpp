@@ -297,6 +297,10 @@ struct NetworkSection {
   double bandwidth_gbit = 1.0;
   double latency_s = 1e-3;
   config::Choice allreduce{allreduce_pattern_choices(), "ring"};
+  std::vector<double> latencies_s;
+  std::vector<int64_t> regions;
+  double inter_region_latency_s = 0.0;
+  double inter_region_bandwidth_gbit = 0.0;
   std::vector<Straggler> stragglers;
   std::string simulated_model;
   int64_t simulated_model_bytes = 0;
@@ -314,6 +318,10 @@ struct NetworkSection {
     v("bandwidth_gbit", bandwidth_gbit, "each worker's link in Gbit/s, full duplex");
     v("latency_s", latency_s, "seconds per message");
     v("allreduce", allreduce, "how the virtual clock prices all-reduces: ring (2(n-1) latencies) or tree (2 ceil(log2 n)); the bytes are the same");
+    v("latencies_s", latencies_s, "per-worker link latency in seconds, one entry per worker (empty: latency_s for all); a link takes the larger of its ends'");
+    v("regions", regions, "region sizes: [256, 768] puts workers 0..255 in region 0 and 256..1023 in region 1 (empty: one region); they must add up to cluster.workers");
+    v("inter_region_latency_s", inter_region_latency_s, "with regions: a link between regions has at least this latency");
+    v("inter_region_bandwidth_gbit", inter_region_bandwidth_gbit, "with regions: a link between regions carries at most this many Gbit/s (0 = no cap beyond its ends')");
     v("stragglers", stragglers, "per-rank overrides: [{ rank = 3, bandwidth = 0.1, slowdown = 1.0 }] (win over the preset)");
     v("simulated_model", simulated_model, "price messages as this model: PRESET:DTYPE, e.g. \"134m:bf16\" (sets simulated_model_bytes)");
     v("simulated_model_bytes", simulated_model_bytes, "price every parameter message as this many bytes (0 = actual size)");

@@ -24,10 +24,10 @@ Meeting::Meeting(const std::vector<data::Batch>* val, int local_ranks, int world
     : val_(val), one_process_(local_ranks == world), check_every_(stop_check_every), local_(local) {}
 
 double eval_seconds(const comm::NetworkModel& network, int64_t params, int world) {
-  double min_B = network.bandwidth(0);
-  for (int r = 1; r < world; ++r) min_B = std::min(min_B, network.bandwidth(r));
+  std::vector<int> everyone(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) everyone[r] = r;
   const auto P = static_cast<double>(network.message_bytes(params * static_cast<int64_t>(sizeof(float))));
-  return comm::allreduce_seconds(network, P, world, min_B);
+  return comm::members_allreduce_seconds(network, P, everyone);
 }
 
 EvalResult Meeting::evaluate(comm::Communicator& control, Worker& worker, int64_t step) {

@@ -147,6 +147,25 @@ void warn_two_pools(const JobConfig& job) {
 
 // What one worker keeps in memory besides the model, from the tensors it holds: in metrics once
 // per run (not again on resume), and on the terminal.
+std::string data_coverage(int64_t train_tokens, int world, int64_t steps, int64_t batch_size, int64_t seq_len, bool disjoint) {
+  const double drawn = static_cast<double>(steps) * static_cast<double>(batch_size) * static_cast<double>(seq_len + 1);
+  const double n = static_cast<double>(train_tokens);
+  if (disjoint) {
+    const double slice = n / world;
+    const double passes = drawn / slice;
+    return fmt::format("data: {} training tokens in {} disjoint slices of ~{:.0f} tokens; each worker draws up to {:.0f} tokens "
+                       "({} steps x {} windows of {} tokens, random starts) from its own slice: {:.3g} passes over it{}",
+                       train_tokens, world, slice, drawn, steps, batch_size, seq_len + 1, passes,
+                       passes > 1 ? ", so its windows repeat" : "");
+  }
+  const double all = drawn * world / n;
+  return fmt::format("data: {} training tokens shared by {} worker(s); each draws up to {:.0f} tokens ({} steps x {} windows of "
+                     "{} tokens, random starts over the whole stream, its own seed): {:.3g} passes each, {:.3g} for all "
+                     "together{}",
+                     train_tokens, world, drawn, steps, batch_size, seq_len + 1, drawn / n, all,
+                     all > 1 ? ", so windows repeat across workers" : "");
+}
+
 void report_worker_memory(const Worker& w, const JobConfig& job, MetricsLog& metrics, int rank, int64_t step, bool resumed,
                           bool quiet) {
   const int64_t pbytes = w.numel() * 4;

@@ -75,6 +75,12 @@ void warn_two_pools(const JobConfig& job);
 void report_worker_memory(const Worker& w, const JobConfig& job, MetricsLog& metrics, int rank, int64_t step, bool resumed,
                           bool quiet);
 
+// What the workers draw from `train_tokens` training tokens over `steps` steps of `batch_size`
+// windows of seq_len + 1 tokens (data/sampler.hpp: i.i.d. window starts over the whole stream, or
+// over each worker's own slice with disjoint sampling): printed at the start of a run, so that a
+// large world reusing a small corpus is never silent.
+std::string data_coverage(int64_t train_tokens, int world, int64_t steps, int64_t batch_size, int64_t seq_len, bool disjoint);
+
 // The job's membership (elastic in-process runs), saying how faults given in seconds landed.
 std::optional<algo::Membership> fault_membership(const JobSetup& s, const algo::Arrivals& arrivals);
 // An in-process id beyond the workers that saved a resumed run: its donor's checkpoint until it is healed.

@@ -146,6 +146,9 @@ TrainSummary run_training(const TrainRequest& req) {
   const auto coord = make_coordination(*cluster, job);
   coord->agree_config(run.resolved(), dataset.fingerprint);
   const comm::NetworkModel network = job.network.model(world);
+  if (coord->leader() && !req.quiet)
+    fmt::print("{}\n", data_coverage(dataset.train->size(), world, job.train.steps, job.data.batch_size, job.data.seq_len,
+                                     job.data.sampling == "disjoint"));
   const std::vector<int>& ranks = cluster->local_ranks();
   // Each step calls the next, so that what a step holds (the set-up here, the run directory's
   // lock, the BLAS threads, the workers) outlives the steps after it and is let go in reverse.
