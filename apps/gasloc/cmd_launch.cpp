@@ -550,13 +550,13 @@ class Supervisor : public comm::ProcessControl {
         write_all(2, "launch: " + e.line + "\n");
       } else if (k) {
         stop_job(*k, e.line);
-      }
+      }  // tend() never stops the job: only an exit does (k set)
     }
   }
 
-  // A running rank whose heartbeat stalled is stopped, frozen or cut off: its peers would wait
-  // for it until cluster.timeout_s. Killing it makes it a failure like any other, named now.
-  // Judged five times a second (so a hang is named within 0.2 s of its timeout plus a beat's
+  // Without --elastic (elastic: the host judges). A running rank whose heartbeat stalled is
+  // stopped, frozen or cut off: its peers would wait for it until cluster.timeout_s. Killing it
+  // makes it a failure like any other, named now, which stops the job. Judged five times a second (so a hang is named within 0.2 s of its timeout plus a beat's
   // interval), while the job runs normally (not while it stops).
   void check_heartbeats() {
     if (!judge_heartbeats_ || interrupted || first_failed >= 0) return;
@@ -567,15 +567,12 @@ class Supervisor : public comm::ProcessControl {
       // The newest incarnation of rank r.
       auto it = std::find_if(ranks_.rbegin(), ranks_.rend(), [r](const Rank& x) { return x.index == r; });
       if (it == ranks_.rend() || !it->running) continue;
-      Rank& rank = *it;
       const std::string what = fmt::format("rank {} sent no heartbeat for {:g} s (stopped, frozen or cut off from the store); "
                                            "gasloc launch killed it",
                                            r, heartbeats_.timeout_s());
       comm::publish_failure(store_, r, {r, what});
       write_all(2, "launch: " + what + "\n");
-      killed_why_[rank.pid] = fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s());
-      ::kill(-rank.pid, SIGKILL);
-      ::kill(-rank.pid, SIGCONT);  // a stopped process group dies at once
+      kill(r, fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s()));
     }
   }
 
