@@ -12,7 +12,8 @@
 // judged dead is only dropped from the roster: a stopped one finds itself out of the next view
 // and leaves (fencing without a kill). As a drop cannot be undone by a restart, a peer's report
 // alone drops nobody then: only once the reported rank's counter has also been still for
-// kSuspectSilenceS (comm/roster_host.hpp); a rank that goes on beating was a failed edge.
+// kSuspectSilenceS (comm/roster_host.hpp; at most half the heartbeat timeout); a rank that goes on
+// beating was a failed edge.
 //
 // The caller does the process plumbing (fork, exec, waitpid, signals) and reports what it saw;
 // the host answers with typed events, each with the line the launcher prints.
