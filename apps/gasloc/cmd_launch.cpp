@@ -28,7 +28,7 @@
 #include <optional>
 
 #include "commands.hpp"
-#include "gasloc/comm/elastic_roster.hpp"
+#include "gasloc/comm/elastic_host.hpp"
 #include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/atomic_file.hpp"
@@ -365,34 +365,41 @@ Clock::time_point after_seconds(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-// A rank's error that a restart would meet again (configuration, data, a full disk): gasloc exits
-// 2 for those (apps/gasloc/main.cpp), so the job stops with that error instead of looping.
-constexpr int kNoRestartStatus = 2;
-
-// What --elastic adds to the supervision: the roster of incarnations (the one writer of the job's
-// membership, comm/elastic_roster.hpp), restarts of dead ranks, and the floor of live ranks.
-struct ElasticPolicy {
-  comm::RosterWriter roster;
-  int restarts_left = 0;
-  int min_ranks = 1;
-  std::vector<int64_t> incarnation;                 // by id: the newest started
-  std::function<Rank(int id, int64_t inc)> spawn;  // starts incarnation inc of rank id
-  std::vector<std::vector<std::string>> story;      // by id: what each incarnation did, for the summary
-  std::vector<bool> ended_well;                     // by id: its newest incarnation exited 0
-};
+// Starts incarnation inc of rank id (elastic restarts).
+using Spawn = std::function<Rank(int id, int64_t inc)>;
 
 // Watches the ranks until all have exited and their output is read: forwards signals, stops
-// every rank when one fails (elastic: restarts it, and stops the job only when fewer than
-// --min-ranks are left), and records each failure in the store.
-class Supervisor {
+// every rank when one fails, and records each failure in the store. Elastic, the policy is the
+// library's (comm::ElasticHost: roster, heartbeats, fencing, restarts, --min-ranks); this is its
+// process control, the plumbing of fork/exec (spawn), kill and waitpid.
+class Supervisor : public comm::ProcessControl {
  public:
-  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, double grace, double heartbeat_timeout,
-             ElasticPolicy* elastic = nullptr)
+  // Elastic, the host writes the roster here, before the caller starts the ranks into `ranks`.
+  Supervisor(std::vector<Rank>& ranks, c10d::Store& store, int world, double grace, double heartbeat_timeout,
+             std::optional<comm::ElasticHost::Options> elastic = {}, Spawn spawn = {})
       : ranks_(ranks), store_(store), grace_(grace), t_start_(Clock::now()),
-        heartbeats_(static_cast<int>(ranks.size()), heartbeat_timeout), judge_heartbeats_(heartbeat_timeout > 0),
-        elastic_(elastic) {}
+        heartbeats_(world, heartbeat_timeout),
+        judge_heartbeats_(heartbeat_timeout > 0 && !elastic), spawn_(std::move(spawn)) {
+    if (elastic) {
+      elastic->heartbeat_timeout_s = heartbeat_timeout;
+      elastic_.emplace(store, *elastic, this);
+    }
+  }
   int first_failed = -1;  // the entry of `ranks` whose failure stopped the job
   bool interrupted = false;
+  const comm::ElasticHost* elastic() const { return elastic_ ? &*elastic_ : nullptr; }
+
+  // comm::ProcessControl, for the elastic host.
+  std::string name() const override { return "gasloc launch"; }
+  void start(int id, int64_t inc) override { ranks_.push_back(spawn_(id, inc)); }
+  void kill(int id, const std::string& why) override {
+    for (auto& r : ranks_) {
+      if (!r.running || r.index != id) continue;
+      killed_why_[r.pid] = why;
+      ::kill(-r.pid, SIGKILL);
+      ::kill(-r.pid, SIGCONT);  // a stopped process group dies at once
+    }
+  }
 
   void run() {
     for (;;) {
@@ -445,6 +452,7 @@ class Supervisor {
         continue;
       }
       interrupted = true;
+      if (elastic_) elastic_->interrupt();
       write_all(2, fmt::format("launch: got {}; forwarding it to every rank\n", ::strsignal(sig)));
       signal_all(ranks_, sig == SIGHUP ? SIGTERM : sig);
       // Ctrl+C lets the ranks checkpoint for as long as they need (a second Ctrl+C kills);
@@ -472,7 +480,7 @@ class Supervisor {
     }
     write_all(2, fmt::format("launch: status at {:.1f} s: rank(s) {} running{}; store: {} keys; launcher RSS {}\n",
                              seconds(), fmt::join(running, ", "),
-                             elastic_ ? fmt::format("; {} restart(s) left", elastic_->restarts_left) : "", keys, rss));
+                             elastic_ ? fmt::format("; {} restart(s) left", elastic_->restarts_left()) : "", keys, rss));
   }
 
   void reap() {
@@ -522,87 +530,33 @@ class Supervisor {
     stop_all();
   }
 
-  // Elastic: an exited rank leaves the roster at once (its peers stop waiting for it); a failed
-  // one is started again as the next incarnation while restarts are left, and joins.
+  // Elastic: the host decides what an exit means (the roster, a restart, the end of the job).
+  // ranks_ may grow inside (a restart), so rank k is named by its index only.
   void elastic_exit(size_t k) {
-    const int id = ranks_[k].index;
     const int status = ranks_[k].status;
-    const int64_t inc = elastic_->incarnation[id];
-    elastic_->roster.exited(id, inc);
-    elastic_->ended_well[id] = !failed(status);
-    auto tell = [&](const std::string& what) { elastic_->story[id].push_back(fmt::format("incarnation {} {}", inc, what)); };
-    if (!failed(status)) return tell(interrupted ? "stopped as asked" : "finished");
-    if (interrupted && WIFEXITED(status) && WEXITSTATUS(status) == 130) return tell("stopped as asked, its checkpoint committed");
-    if (interrupted || first_failed >= 0) return tell("ended with " + ending(ranks_[k]) + " while the job stopped");
-    comm::publish_failure(store_, id, {id, fmt::format("rank {} exited with {} (seen by gasloc launch)", id, describe_status(status))});
-    if (WIFEXITED(status) && WEXITSTATUS(status) == kNoRestartStatus) {
-      tell("failed with exit status 2 (not restarted)");
-      return stop_job(k, fmt::format("rank {} (incarnation {}) failed with exit status 2: its error (above) is about the "
-                                     "job's configuration, data or disk, which a restart would meet again; stopping the job",
-                                     id, inc));
-    }
-    if (elastic_->roster.count(comm::RankState::member) == 0) {
-      tell("failed with " + ending(ranks_[k]));
-      return stop_job(k, fmt::format("rank {} (incarnation {}) failed with {}, and no member of the job is left to give a "
-                                     "restarted rank its state; stopping the job (resume it from its checkpoints with "
-                                     "gasloc launch --elastic ... -- gasloc train --resume RUN)",
-                                     id, inc, ending(ranks_[k])));
-    }
-    if (elastic_->restarts_left > 0) {
-      --elastic_->restarts_left;
-      tell(fmt::format("failed with {}; restarted", ending(ranks_[k])));
-      write_all(2, fmt::format("launch: rank {} (incarnation {}) failed with {} after {:.1f} s; the others go on, and it "
-                               "restarts as incarnation {} ({} restart(s) left)\n",
-                               id, inc, ending(ranks_[k]), seconds(), inc + 1, elastic_->restarts_left));
-      elastic_->incarnation[id] = inc + 1;
-      failed_at_[id] = seconds();
-      heartbeats_.forget(id);
-      elastic_->roster.started(id, inc + 1, /*member=*/false);
-      ranks_.push_back(elastic_->spawn(id, inc + 1));
-      return;
-    }
-    const auto alive = static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
-    tell(fmt::format("failed with {}; no restart left", ending(ranks_[k])));
-    write_all(2, fmt::format("launch: rank {} (incarnation {}) failed with {} after {:.1f} s and no restart is left "
-                             "(--max-restarts); {} rank(s) go on without it\n",
-                             id, inc, ending(ranks_[k]), seconds(), alive));
-    if (alive >= elastic_->min_ranks) return;
-    std::vector<int> missing;
-    for (size_t j = 0; j < elastic_->incarnation.size(); ++j) {
-      const bool running = std::any_of(ranks_.begin(), ranks_.end(), [&](const Rank& r) { return r.running && r.index == static_cast<int>(j); });
-      if (!running) missing.push_back(static_cast<int>(j));
-    }
-    stop_job(k, fmt::format("only {} rank(s) alive, fewer than --min-ranks {}: no view can form without rank(s) {}; "
-                            "stopping the job",
-                            alive, elastic_->min_ranks, fmt::join(missing, ", ")));
+    const comm::ProcessEnd end{WIFEXITED(status) ? std::optional<int>(WEXITSTATUS(status)) : std::nullopt,
+                               describe_status(status), ending(ranks_[k])};
+    act(elastic_->exited(ranks_[k].index, end, seconds()), k);
   }
 
-  // Elastic: announcements into the roster, and ranks a peer reported (a link that failed while
-  // the rank looked alive): fenced by a kill, they restart and rejoin.
-  void tend_roster() {
-    for (int id : elastic_->roster.poll()) {
-      const int64_t inc = elastic_->incarnation[id];
-      const auto failed = failed_at_.find(id);
-      write_all(2, failed == failed_at_.end() || inc == 0
-                       ? fmt::format("launch: rank {} (incarnation {}) joined {:.1f} s into the job\n", id, inc, seconds())
-                       : fmt::format("launch: rank {} (incarnation {}) rejoined {:.1f} s after it failed\n", id, inc,
-                                     seconds() - failed->second));
-    }
-    for (const auto& [id, inc] : elastic_->roster.take_suspects()) {
-      if (elastic_->incarnation[id] != inc) continue;
-      for (auto& r : ranks_) {
-        if (!r.running || r.index != id) continue;
-        write_all(2, fmt::format("launch: a peer reported its link to rank {} broken; killing rank {} (it restarts)\n", id, id));
-        killed_why_[r.pid] = "a peer reported its link broken";
-        ::kill(-r.pid, SIGKILL);
-        ::kill(-r.pid, SIGCONT);
-      }
+  // Announcements, peers' reports and heartbeats, judged by the host.
+  void tend_roster() { act(elastic_->tend(seconds()), std::nullopt); }
+
+  // Prints what the host did; stops every rank when it says the job cannot go on (caused by rank
+  // entry k: the one whose failure the summary reports).
+  void act(const std::vector<comm::HostEvent>& events, std::optional<size_t> k) {
+    for (const auto& e : events) {
+      if (e.kind != comm::HostEvent::Kind::stop) {
+        write_all(2, "launch: " + e.line + "\n");
+      } else if (k) {
+        stop_job(*k, e.line);
+      }  // tend() never stops the job: only an exit does (k set)
     }
   }
 
-  // A running rank whose heartbeat stalled is stopped, frozen or cut off: its peers would wait
-  // for it until cluster.timeout_s. Killing it makes it a failure like any other, named now.
-  // Judged five times a second (so a hang is named within 0.2 s of its timeout plus a beat's
+  // Without --elastic (elastic: the host judges). A running rank whose heartbeat stalled is
+  // stopped, frozen or cut off: its peers would wait for it until cluster.timeout_s. Killing it
+  // makes it a failure like any other, named now, which stops the job. Judged five times a second (so a hang is named within 0.2 s of its timeout plus a beat's
   // interval), while the job runs normally (not while it stops).
   void check_heartbeats() {
     if (!judge_heartbeats_ || interrupted || first_failed >= 0) return;
@@ -613,15 +567,12 @@ class Supervisor {
       // The newest incarnation of rank r.
       auto it = std::find_if(ranks_.rbegin(), ranks_.rend(), [r](const Rank& x) { return x.index == r; });
       if (it == ranks_.rend() || !it->running) continue;
-      Rank& rank = *it;
       const std::string what = fmt::format("rank {} sent no heartbeat for {:g} s (stopped, frozen or cut off from the store); "
                                            "gasloc launch killed it",
                                            r, heartbeats_.timeout_s());
       comm::publish_failure(store_, r, {r, what});
       write_all(2, "launch: " + what + "\n");
-      killed_why_[rank.pid] = fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s());
-      ::kill(-rank.pid, SIGKILL);
-      ::kill(-rank.pid, SIGCONT);  // a stopped process group dies at once
+      kill(r, fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s()));
     }
   }
 
@@ -646,14 +597,14 @@ class Supervisor {
   c10d::Store& store_;
   double grace_;
   Clock::time_point t_start_;
-  std::map<int, double> failed_at_;  // elastic, by id: when its newest incarnation's predecessor failed (seconds())
   std::map<pid_t, std::string> killed_why_;  // processes the launcher killed, and why
   std::optional<Clock::time_point> kill_at_;  // SIGKILL whoever is left at this time
   std::optional<Clock::time_point> drain_until_;
-  comm::HeartbeatWatch heartbeats_;
+  comm::HeartbeatWatch heartbeats_;  // without --elastic (elastic: the host's)
   bool judge_heartbeats_;
   double next_heartbeat_check_ = 0;
-  ElasticPolicy* elastic_;
+  Spawn spawn_;
+  std::optional<comm::ElasticHost> elastic_;
 };
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
@@ -709,13 +660,13 @@ double heartbeat_timeout(const Opts& o) {
 // exit status: 0 only when every rank's newest incarnation ended well (finished, or found the
 // job finished), 130 after an interrupt, the stopping rank's status when the job was stopped,
 // else 1.
-int elastic_outcome(const ElasticPolicy& e, const Supervisor& s, const std::vector<Rank>& ranks, c10d::Store& store,
+int elastic_outcome(const comm::ElasticHost& e, const Supervisor& s, const std::vector<Rank>& ranks, c10d::Store& store,
                     int world) {
   const int code = s.first_failed >= 0 ? report_failure(ranks, s.first_failed, store, world) : 0;
   std::vector<int> unfinished;
   for (int id = 0; id < world; ++id) {
-    write_all(2, fmt::format("launch: rank {}: {}\n", id, e.story[id].empty() ? "never ended" : fmt::format("{}", fmt::join(e.story[id], "; "))));
-    if (!e.ended_well[id]) unfinished.push_back(id);
+    write_all(2, fmt::format("launch: rank {}: {}\n", id, e.story(id).empty() ? "never ended" : fmt::format("{}", fmt::join(e.story(id), "; "))));
+    if (!e.ended_well(id)) unfinished.push_back(id);
   }
   if (code != 0) return code;
   if (s.interrupted) {
@@ -765,7 +716,6 @@ int run_launch(const Opts& o) {
     throw Error("launch --elastic runs gasloc train ranks only", "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
   if (self_cmd && o.cmd[1] == "train") say_world(o);
   const SignalCapture signals;
-  std::optional<ElasticPolicy> elastic;
   // A run resumed on more ranks than saved it: those beyond start as joiners, with a donor's state.
   int founders = o.n;
   if (o.elastic)
@@ -776,25 +726,22 @@ int run_launch(const Opts& o) {
     if (id >= founders && inc == 0) a.insert(a.begin() + 2, {"--set", "cluster.join=true"});
     return a;
   };
+  std::optional<comm::ElasticHost::Options> elastic;
   if (o.elastic) {
-    elastic.emplace(ElasticPolicy{comm::RosterWriter(store_host.store(), o.n), o.max_restarts, o.min_ranks,
-                                  std::vector<int64_t>(o.n, 0),
-                                  [&](int id, int64_t inc) {
-                                    return spawn_rank(exe, elastic_args(id, inc), envs[id], testbed.get(), id);
-                                  },
-                                  std::vector<std::vector<std::string>>(o.n), std::vector<bool>(o.n, false)});
-    for (int i = 0; i < o.n; ++i) elastic->roster.started(i, 0, /*member=*/i < founders);
+    elastic = comm::ElasticHost::Options{o.n, founders, o.max_restarts, o.min_ranks, 0};
     if (founders < o.n)
       write_all(1, fmt::format("launch: the run was saved by {} ranks; ranks {}..{} join it with a donor's state\n",
                                founders, founders, o.n - 1));
   }
   std::vector<Rank> ranks;
+  Supervisor supervisor(ranks, store_host.store(), o.n, o.grace, gasloc_ranks ? heartbeat_timeout(o) : 0.0, elastic,
+                        [&](int id, int64_t inc) {
+                          return spawn_rank(exe, elastic_args(id, inc), envs[id], testbed.get(), id);
+                        });
   for (int i = 0; i < o.n; ++i)
     ranks.push_back(spawn_rank(exe, o.elastic ? elastic_args(i, 0) : args, envs[i], testbed.get(), i));
-  Supervisor supervisor(ranks, store_host.store(), o.grace, gasloc_ranks ? heartbeat_timeout(o) : 0.0,
-                        elastic ? &*elastic : nullptr);
   supervisor.run();
-  if (elastic) return elastic_outcome(*elastic, supervisor, ranks, store_host.store(), o.n);
+  if (o.elastic) return elastic_outcome(*supervisor.elastic(), supervisor, ranks, store_host.store(), o.n);
   if (supervisor.first_failed >= 0) return report_failure(ranks, supervisor.first_failed, store_host.store(), o.n);
   if (supervisor.interrupted) {
     for (const auto& r : ranks)

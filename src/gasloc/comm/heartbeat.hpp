@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,6 +89,13 @@ class HeartbeatWatch {
     restarted_[rank] = -1;
   }
   double timeout_s() const { return timeout_s_; }
+  // Seconds at `now_s` since the counter of `rank` last moved, as of the last stalled() call
+  // (unset: not judged yet, see above).
+  std::optional<double> silence_s(int rank, double now_s) const {
+    const auto it = seen_.find(rank);
+    if (it == seen_.end()) return std::nullopt;
+    return now_s - it->second.since_s;
+  }
 
  private:
   struct Seen {
