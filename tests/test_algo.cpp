@@ -18,6 +18,7 @@
 #include "gasloc/data/dataset.hpp"
 #include "gasloc/data/sampler.hpp"
 #include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/metrics.hpp"
 #include "gasloc/train/trainer.hpp"
 #include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
@@ -788,4 +789,213 @@ TEST_F(Algo, EveryFormResumesBitExactly) {
         if (k != "rng.cpu") EXPECT_TRUE(torch::equal(t, b.tensors.at(k))) << k << " rank " << r;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// algo.clip_peers and faults.poison (docs/communication.md, "Poisoned peers").
+
+TEST(PeerClip, HandComputedMediansAndClips) {
+  EXPECT_EQ(algo::lower_median({3.0, 1.0, 2.0}), 2.0);
+  EXPECT_EQ(algo::lower_median({4.0, 1.0}), 1.0);  // a pair: the smaller
+  EXPECT_EQ(algo::lower_median({5.0, 1.0, 3.0, 100.0}), 3.0);
+  EXPECT_THROW(algo::lower_median({}), Error);
+  EXPECT_EQ(algo::l2_norm(torch::tensor({3.0f, 4.0f})), 5.0);
+
+  const auto d = torch::tensor({3.0f, 4.0f});
+  bool clipped = true;
+  const auto same = algo::clip_to(d, 5.0, 5.0, &clipped);  // at the threshold: untouched
+  EXPECT_FALSE(clipped);
+  EXPECT_TRUE(same.is_same(d));
+  const auto half = algo::clip_to(d, 5.0, 2.5, &clipped);  // 5 -> 2.5: scaled by exactly 1/2
+  EXPECT_TRUE(clipped);
+  EXPECT_TRUE(torch::equal(half, torch::tensor({1.5f, 2.0f})));
+}
+
+TEST(PeerClip, GossipClipsToTheReceiversMedianAndRemembersIt) {
+  algo::PeerClip clip(2.0, 3);
+  const auto x = torch::zeros({2});
+  // Differences of norm 5 (from 1) and 50 (from 2): lower median 5, threshold 10.
+  const auto honest = torch::tensor({3.0f, 4.0f});
+  std::vector<torch::Tensor> recv = {honest, torch::tensor({30.0f, 40.0f})};
+  clip.clip_received({1, 2}, x, recv);
+  EXPECT_TRUE(recv[0].is_same(honest));  // below: the very tensor, bit for bit
+  EXPECT_TRUE(torch::equal(recv[1], torch::tensor({6.0f, 8.0f})));  // 50 -> 10
+  EXPECT_EQ(clip.clipped_from(), (std::vector<int64_t>{0, 0, 1}));
+  // The window holds 5 and 10 (the clipped one at the threshold, not 50): with 12 now, the
+  // lower median is 10 and the threshold 20, so 12 passes; a poisoned peer did not raise it.
+  std::vector<torch::Tensor> next = {torch::tensor({0.0f, 12.0f})};
+  clip.clip_received({1}, x, next);
+  EXPECT_TRUE(torch::equal(next[0], torch::tensor({0.0f, 12.0f})));
+  std::vector<torch::Tensor> far = {torch::tensor({0.0f, 25.0f})};  // window {5, 10, 12} + 25: median 10, threshold 20
+  clip.clip_received({2}, x, far);
+  EXPECT_TRUE(torch::equal(far[0], torch::tensor({0.0f, 20.0f})));
+  EXPECT_EQ(clip.clipped_from(), (std::vector<int64_t>{0, 0, 2}));
+
+  // The state round-trips: a restored clipper makes the same next decision.
+  algo::StateDict s;
+  clip.save(s);
+  algo::PeerClip back(2.0, 3);
+  back.load(s);
+  EXPECT_EQ(back.clipped_from(), clip.clipped_from());
+  std::vector<torch::Tensor> a = {torch::tensor({0.0f, 100.0f})}, b = {torch::tensor({0.0f, 100.0f})};
+  clip.clip_received({1}, x, a);
+  back.clip_received({1}, x, b);
+  EXPECT_TRUE(torch::equal(a[0], b[0]));
+  EXPECT_THROW(algo::PeerClip(1.0, 3), ConfigError);
+}
+
+TEST(PeerClip, AllReduceClipsEachPseudoGradientToTheRoundsMedian) {
+  // Pseudo-gradients theta - x_j: (3, 4), (0, 1), (30, 40); norms 5, 1, 50, lower median 5,
+  // threshold 10: the third becomes (6, 8). Mean (9, 13) / 3; theta - mean.
+  algo::PeerClip clip(2.0, 3);
+  const auto theta = torch::zeros({2});
+  const auto m = clip.clipped_mean(theta, {torch::tensor({-3.0f, -4.0f}), torch::tensor({0.0f, -1.0f}),
+                                           torch::tensor({-30.0f, -40.0f})});
+  EXPECT_FLOAT_EQ(m[0].item<float>(), -3.0f);
+  EXPECT_FLOAT_EQ(m[1].item<float>(), -13.0f / 3.0f);
+  EXPECT_EQ(clip.clipped_from(), (std::vector<int64_t>{0, 0, 1}));
+}
+
+TEST_F(Algo, ClipAndPoisonSettingsNameTheKey) {
+  auto expect_algo = [](algo::AlgoConfig a, const std::string& needle) {
+    try {
+      a.validate(4);
+      ADD_FAILURE() << "expected ConfigError mentioning " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto clipped = [](algo::AlgoConfig a) {
+    a.clip_peers = true;
+    return a;
+  };
+  auto bad_factor = cfg("gasloc");
+  bad_factor.clip_factor = 1.0;
+  expect_algo(bad_factor, "algo.clip_factor");
+  expect_algo(clipped(cfg("allreduce")), "algo.clip_peers");
+  auto compressed = clipped(cfg("diloco"));
+  compressed.compression = "int8";
+  expect_algo(compressed, "algo.clip_peers");
+  expect_algo(clipped(cfg("local_dadam", 5, 0.7, 0.9, "complete")), "algo.clip_peers");  // no anchor
+  auto overlapped = clipped(cfg("diloco"));
+  overlapped.overlap_steps = 1;
+  expect_algo(overlapped, "algo.clip_peers");
+  EXPECT_NO_THROW(clipped(cfg("gasloc")).validate(4));
+  EXPECT_NO_THROW(clipped(cfg("diloco")).validate(4));
+  EXPECT_NO_THROW(clipped(cfg("dadam")).validate(4));
+
+  auto expect_job = [&](std::vector<std::string> o, const std::string& needle) {
+    o.insert(o.begin(), "cluster.workers=4");
+    try {
+      test_util::nano_job(data_, o);
+      ADD_FAILURE() << "expected ConfigError mentioning " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_job({"algo.name=gasloc", "faults.poison=[{ worker = 4, round = 1 }]"}, "faults.poison[0].worker");
+  expect_job({"algo.name=gasloc", "faults.poison=[{ worker = 1, round = -1 }]"}, "faults.poison[0].round");
+  expect_job({"algo.name=gasloc", "faults.poison=[{ worker = 1, round = 1, factor = 1.0 }]"}, "faults.poison[0].factor");
+  expect_job({"algo.name=gasloc", "faults.poison=[{ worker = 1, round = 1, scale = 2.0 }]"}, "scale");
+  expect_job({"algo.name=allreduce", "faults.poison=[{ worker = 1, round = 1 }]"}, "faults.poison[0]");
+  expect_job({"algo.name=diloco", "algo.clip_peers=true", "cluster.elastic=true",
+              "faults.kill=[{ id = 1, round = 2 }]"}, "algo.clip_peers");
+  EXPECT_NO_THROW(test_util::nano_job(data_, {"cluster.workers=4", "algo.name=gasloc",
+                                              "faults.poison=[{ worker = 1, round = 1, factor = -3.0 }]"}));
+}
+
+// Issue 44, item 6: one worker's message scaled by 100 at one round. Without clipping the run ends
+// worse than the unigram baseline; with algo.clip_peers it ends within 3% of the fault-free run.
+// In-process, 4 workers of the nano job, H = 5, 150 steps (30 rounds), the poison at round 10;
+// gossip on 2peer and DiLoCo. Measured: gasloc 0.2509 fault-free, 0.2500 clipped (-0.4%);
+// diloco 0.2633 and 0.2680 (+1.8%); both unclipped above 2e4 (unigram 3.29).
+// Not shorter: at 60 steps the final loss is so sensitive to the weights' scale that one
+// harmless message scaled by 1.1, unclipped, moves it by 8% (diloco), and the clipped poison
+// (a bounded nudge along theta) moved it by -7% to +5% depending on the round; at 150 steps the
+// clipped poison stayed within 2% at rounds 10 and 15 and with factor -100.
+TEST_F(Algo, ClippingBoundsAPoisonedWorker) {
+  const double unigram = data::Dataset::open(data_).unigram_val_loss;
+  ASSERT_GT(unigram, 0.0);
+  struct Result {
+    double loss = 0;
+    std::vector<int64_t> clipped;  // summed over the workers' last train lines
+  };
+  auto run_job = [&](const std::string& dir, std::vector<std::string> extra) {
+    train::TrainRequest r;
+    r.quiet = true;
+    r.overrides = {"model.preset=nano", "data.dir=" + data_.string(), "data.seq_len=32", "data.batch_size=4",
+                   "data.val_batches=8", "train.steps=150", "train.eval_every=150", "train.checkpoint_every=0",
+                   "train.log_every=150", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
+                   "cluster.workers=4", "algo.H=5", "train.run_dir=" + (root_ / dir).string(),
+                   // The unclipped poisoned run is to be measured, not stopped by the divergence guard.
+                   "train.divergence_factor=0"};
+    r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+    Result out;
+    out.loss = train::run_training(r).final_val_loss;
+    for (const auto& e : train::read_metrics(root_ / dir))
+      if (const auto* t = std::get_if<train::TrainEvent>(&e); t && t->clipped_from && t->step == 150) {
+        out.clipped.resize(t->clipped_from->size(), 0);
+        for (size_t j = 0; j < t->clipped_from->size(); ++j) out.clipped[j] += (*t->clipped_from)[j];
+      }
+    return out;
+  };
+  const std::string poison = "faults.poison=[{ worker = 2, round = 10, factor = 100.0 }]";
+  for (const std::vector<std::string> algo : {std::vector<std::string>{"algo.name=gasloc", "algo.topology=2peer"},
+                                              std::vector<std::string>{"algo.name=diloco"}}) {
+    SCOPED_TRACE(algo[0]);
+    auto with = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), algo.begin(), algo.end());
+      return more;
+    };
+    const std::string tag = algo[0].substr(10);
+    const Result clean = run_job(tag + "_clean", with({}));
+    const Result poisoned = run_job(tag + "_poisoned", with({poison}));
+    const Result clipped = run_job(tag + "_clipped", with({poison, "algo.clip_peers=true"}));
+    std::printf("%s: unigram %.4f, fault-free %.4f, poisoned %.4f, poisoned and clipped %.4f (%+.2f%%)\n", tag.c_str(),
+                unigram, clean.loss, poisoned.loss, clipped.loss, 100 * (clipped.loss / clean.loss - 1));
+    EXPECT_LT(clean.loss, unigram);  // the run learned something the poison can take away
+    EXPECT_GT(poisoned.loss, unigram);
+    EXPECT_LT(std::abs(clipped.loss / clean.loss - 1), 0.03);
+    EXPECT_TRUE(clean.clipped.empty() && poisoned.clipped.empty());  // no clip_peers, no field
+    ASSERT_EQ(clipped.clipped.size(), 4u);
+    EXPECT_GE(clipped.clipped[2], 1);  // the poisoned message was clipped, and counted against its sender
+    // ... and no honest one here (measured: none in either run), so the threshold did not slow the others.
+    EXPECT_EQ(clipped.clipped[0] + clipped.clipped[1] + clipped.clipped[3], 0);
+  }
+}
+
+// The clipper's window and counts are in the checkpoint: a clipped, poisoned run stopped
+// mid-round resumes bit for bit (gossip, whose window carries over rounds).
+TEST_F(Algo, ClippedRunResumesBitExactly) {
+  auto request = [&](const std::string& dir, std::vector<std::string> extra) {
+    train::TrainRequest r;
+    r.quiet = true;
+    r.overrides = {"model.preset=nano", "data.dir=" + data_.string(), "data.seq_len=32", "data.batch_size=4",
+                   "data.val_batches=2", "train.steps=40", "train.eval_every=20", "train.checkpoint_every=0",
+                   "train.log_every=10", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
+                   "cluster.workers=2", "algo.name=gasloc", "algo.topology=1peer", "algo.H=5", "algo.clip_peers=true",
+                   "faults.poison=[{ worker = 1, round = 4, factor = 100.0 }]", "train.run_dir=" + (root_ / dir).string()};
+    r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+    return r;
+  };
+  const auto full = train::run_training(request("clip_full", {}));
+  train::run_training(request("clip_halves", {"train.stop_at=17"}));
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = (root_ / "clip_halves").string();
+  const auto second = train::run_training(again);
+  ASSERT_EQ(second.train_losses.size(), 23u);
+  for (size_t i = 0; i < 23; ++i) EXPECT_EQ(second.train_losses[i], full.train_losses[17 + i]) << "step " << 18 + i;
+  EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+  int64_t clipped = 0;
+  for (int r = 0; r < 2; ++r) {
+    const train::RunCheckpoints ca(root_ / "clip_full", 2), cb(root_ / "clip_halves", 2);
+    auto a = train::load_checkpoint(ca.file(ca.committed(r).at(0), r));
+    auto b = train::load_checkpoint(cb.file(cb.committed(r).at(0), r));
+    ASSERT_EQ(a.tensors.count("sync.clip_window"), 1u);
+    clipped += a.tensors.at("sync.clip_counts")[1].item<int64_t>();
+    for (const auto& [k, t] : a.tensors)
+      if (k != "rng.cpu") EXPECT_TRUE(torch::equal(t, b.tensors.at(k))) << k << " rank " << r;
+  }
+  EXPECT_GE(clipped, 1);  // worker 0 clipped its partner's poisoned round
 }

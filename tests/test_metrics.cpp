@@ -71,6 +71,14 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   modulo.codec_resends = 17;
   EXPECT_NE(line_of(modulo).find(R"({"bytes_sent":4096,"codec_resends":17,"compute_s":2.75,)"), std::string::npos) << line_of(modulo);
   EXPECT_EQ(std::get<TrainEvent>(*parse_metrics_line(line_of(modulo))).codec_resends, 17);
+  // algo.clip_peers: the messages clipped by sender, only on its lines.
+  EXPECT_EQ(line_of(train_event()).find("clipped_from"), std::string::npos);
+  TrainEvent clipping = train_event();
+  clipping.clipped_from = std::vector<int64_t>{0, 0, 3, 1};
+  EXPECT_NE(line_of(clipping).find(R"({"bytes_sent":4096,"clipped_from":[0,0,3,1],"compute_s":2.75,)"), std::string::npos)
+      << line_of(clipping);
+  EXPECT_EQ(std::get<TrainEvent>(*parse_metrics_line(line_of(clipping))).clipped_from, clipping.clipped_from);
+  EXPECT_FALSE(std::get<TrainEvent>(*parse_metrics_line(line_of(train_event()))).clipped_from.has_value());
 }
 
 TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {

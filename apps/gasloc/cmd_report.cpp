@@ -1,7 +1,7 @@
 // gasloc report: a table of runs (average-model validation loss beside the data's unigram
 // baseline, consensus distance, bytes sent per worker, virtual time, idle fraction, fewest local
 // steps of any worker, state kept per parameter, and optionally the step and virtual time at
-// which each first reaches a target loss), a validation-loss plot through gnuplot, and every
+// which each first reaches a target loss; the messages clipped per sender under algo.clip_peers), a validation-loss plot through gnuplot, and every
 // metric line as one CSV, and (--html) the dashboard page with the runs inside, as one file. Reading
 // runs is study/run_summary.hpp; the page is study/dashboard.hpp.
 #include <fmt/format.h>
@@ -66,18 +66,30 @@ bool any_own_models(const std::vector<study::RunSummary>& reports) {
   return std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
 }
 
+// "2: 7, 3: 1" (senders with clipped messages), "0" for a run that clips nothing, "-" for one that does not clip.
+std::string clipped_cell(const study::RunSummary& r) {
+  if (r.clipped_from.empty()) return "-";
+  std::string out;
+  for (size_t j = 0; j < r.clipped_from.size(); ++j)
+    if (r.clipped_from[j] > 0) out += fmt::format("{}{}: {}", out.empty() ? "" : ", ", j, r.clipped_from[j]);
+  return out.empty() ? "0" : out;
+}
+
 void print_table(const std::vector<study::RunSummary>& reports, const std::vector<std::string>& names, double target) {
   const bool with_target = std::isfinite(target);
   // Elastic runs: deaths, restarts (new incarnations) and heals (state transfers to a joiner; a
   // joiner listed by a view pinned ahead of its heal is healed again), only where some happened.
   const bool churn = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.deaths > 0 || r.rejoins > 0; });
   const bool own = any_own_models(reports);
+  // algo.clip_peers: the messages clipped, by sender, only where some run clips.
+  const bool clips = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return !r.clipped_from.empty(); });
   if (with_target) fmt::print("target validation loss: {:.4f}\n", target);
   fmt::print("| run | algorithm | optimizer | workers | steps | fewest local steps | {} | unigram baseline | consensus distance | MB sent per worker | bits/param/round | virtual time (s) | idle | compute utilization | state B/param |{}\n",
              study::val_loss_header(own),
-             std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | restarts | heals |" : ""));
+             std::string(with_target ? " steps to target | virtual s to target |" : "") + (churn ? " deaths | restarts | heals |" : "") +
+                 (clips ? " clipped messages (sender: count) |" : ""));
   fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |{}\n",
-             std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- | --- |" : ""));
+             std::string(with_target ? " --- | --- |" : "") + (churn ? " --- | --- | --- |" : "") + (clips ? " --- |" : ""));
   for (size_t i = 0; i < reports.size(); ++i) {
     const auto& r = reports[i];
     std::string cols;
@@ -86,6 +98,7 @@ void print_table(const std::vector<study::RunSummary>& reports, const std::vecto
       cols = hit ? fmt::format(" {:.0f} | {:.1f} |", hit->first, hit->second) : std::string(" - | - |");
     }
     if (churn) cols += fmt::format(" {} | {} | {} |", r.deaths, r.restarts, r.rejoins);
+    if (clips) cols += " " + clipped_cell(r) + " |";
     const std::string state = r.state_per_param >= 0 ? fmt::format("{:.1f}", r.state_per_param) : "-";
     const std::string loss = r.has_val_loss ? fmt::format("{:.4f}{}", r.val_loss, r.own_models ? " own" : "") : "-";
     const std::string unigram = r.unigram >= 0 ? fmt::format("{:.4f}", r.unigram) : "-";
@@ -102,6 +115,8 @@ study::PlotStyle plot_style(const ReportOptions& o, const std::vector<study::Run
   style.title = o.title;
   if (style.title.empty()) {
     const bool own = any_own_models(reports);
+  // algo.clip_peers: the messages clipped, by sender, only where some run clips.
+  const bool clips = std::any_of(reports.begin(), reports.end(), [](const auto& r) { return !r.clipped_from.empty(); });
     const std::string what = o.plot_x == "consensus" ? "Consensus distance"
                              : own                   ? "Validation loss (average model, or the mean of own models)"
                                                      : "Validation loss (average model)";

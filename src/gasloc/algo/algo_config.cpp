@@ -57,6 +57,7 @@ void AlgoConfig::validate(int world) const {
   require(wire_dtype == "fp32" || !algo.sends_gradients, "algo.wire_dtype",
           "applies to parameter messages; " + name.str() + " averages gradients in fp32");
   validate_compression();
+  validate_clip();
   if (world > 0)
     require(!algo.single_worker || world == 1, "algo.name",
             "'" + name.str() + "' trains one worker; choose one of " + algorithm_names(&AlgorithmEntry::single_worker, false) +
@@ -102,6 +103,34 @@ void AlgoConfig::validate_compression() const {
           "algo.compression sets the message's encoding; leave algo.wire_dtype = fp32 with algo.compression = " + compression.str());
   require(overlap_steps == 0, "algo.overlap_steps",
           "compressed rounds do not overlap yet; set algo.overlap_steps = 0 or algo.compression = none");
+}
+
+}  // namespace gasloc::algo
+
+namespace gasloc::algo {
+
+void AlgoConfig::validate_clip() const {
+  using config::require;
+  const AlgorithmEntry& algo = algorithm(name);
+  // Checked even while clip_peers is off, so that a job file's bad factor is found before it is turned on.
+  require(clip_factor > 1, "algo.clip_factor",
+          "must be > 1: honest messages reach the median norm, and a threshold at or below it would clip half of them");
+  if (!clip_peers) return;
+  require(algo.sends_parameters, "algo.clip_peers",
+          "clips the parameter messages of " + algorithm_names(&AlgorithmEntry::sends_parameters) + "; '" + name.str() +
+              (algo.sends_gradients ? "' averages every step's gradients in an all-reduce, which is not clipped"
+                                    : "' sends nothing") +
+              ": set algo.clip_peers = false");
+  require(compression == "none", "algo.clip_peers",
+          "compressed rounds are not clipped (a codec's message is not the peer's parameters until decoded against shared "
+          "state): set algo.clip_peers = false or algo.compression = none");
+  const bool all_reduces = algo.all_reduces(topology);
+  require(!all_reduces || algo.has_outer, "algo.clip_peers",
+          "an all-reduce is clipped on its pseudo-gradients theta - x, and '" + name.str() +
+              "' on the complete topology has no anchor theta; run diloco with algo.outer_lr = 1 and "
+              "algo.outer_momentum = 0, which is the same round");
+  require(!all_reduces || overlap_steps == 0, "algo.clip_peers",
+          "a clipped all-reduce does not overlap: set algo.overlap_steps = 0 or algo.clip_peers = false");
 }
 
 }  // namespace gasloc::algo

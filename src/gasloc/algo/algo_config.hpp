@@ -40,6 +40,8 @@ struct AlgoConfig {
   config::Choice gossip_codec{gossip_codec_choices(), "delta"};
   double modulo_margin = 4.0;
   int64_t reference_every = 5;
+  bool clip_peers = false;
+  double clip_factor = 2.0;
 
   template <class V>
   void visit(V&& v) {
@@ -63,11 +65,14 @@ struct AlgoConfig {
     v("gossip_codec", gossip_codec, "how gossip rounds compress: delta sends differences from a shared reference, modulo swaps residues on a per-pair grid (the mean kept exactly), direct (int8 only) decodes parameters");
     v("modulo_margin", modulo_margin, "modulo codec: the pair's grid spans this many times its last gap (>= 2)");
     v("reference_every", reference_every, "delta codec: K, the shared reference refreshed by an all-reduce every K rounds (0: first round only)");
+    v("clip_peers", clip_peers, "clip each peer's message to clip_factor times a median of recent norms, against poisoned peers (docs/communication.md); an all-reduce becomes an all-gather");
+    v("clip_factor", clip_factor, "clip_peers: the threshold as a multiple of the median norm (> 1)");
   }
   // Throws ConfigError naming the key; `world` is the number of workers (0 = not known yet:
   // the checks that depend on it are skipped).
   void validate(int world) const;
   void validate_compression() const;
+  void validate_clip() const;
 
  private:
   // The docs that name the algorithms a setting applies to, from the registry.
@@ -79,10 +84,13 @@ struct AlgoConfig {
 
 // The synchronizer for one worker. `seed` seeds the shared gossip graphs (same on every worker);
 // `network` prices rounds for h_policy = "time_budget" (required then, ignored otherwise).
+// `poisons`: faults.poison, this run's poisoned messages (ConfigError naming the key for an
+// algorithm that sends no parameters).
 // `membership`: an elastic run's (docs/design.md section 10; it must outlive the synchronizer),
 // for the algorithms of rounds (ConfigError for the others); nullptr for a fixed world.
 std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
                                                 const comm::NetworkModel* network = nullptr,
-                                                const Membership* membership = nullptr);
+                                                const Membership* membership = nullptr,
+                                                const std::vector<Poison>& poisons = {});
 
 }  // namespace gasloc::algo

@@ -111,12 +111,14 @@ RoundGraph RoundMixer::graph(int id, int64_t round) const {
   return g;
 }
 
-torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv) {
+torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv, PeerClip* clip) {
   for (size_t k = 0; k < g.peers.size(); ++k) {
     if (!recv[k].defined()) continue;  // a failed edge: the peer died at this exchange
     check_finite(recv[k], g.peers[k], "gossip exchange");
     if (recv[k].scalar_type() != x.scalar_type()) recv[k] = recv[k].to(x.scalar_type());
   }
+  // Beside the non-finite check: a finite message of any size is bounded here, before it is mixed.
+  if (clip) clip->clip_received(g.peers, x, recv);
   // The tensor behind each entry of the row (undefined for a failed edge), found once.
   std::vector<const torch::Tensor*> src;
   for (const auto& [j, w] : g.row)
@@ -143,6 +145,26 @@ void RoundMixer::compress(const CompressionOptions& o) {
   compressor_ = std::make_shared<Compressor>(o);
 }
 
+void RoundMixer::clip(double factor) {
+  if (compressor_)
+    throw ConfigError("config key 'algo.clip_peers': compressed rounds are not clipped (a codec's message is not the "
+                      "peer's parameters until decoded against shared state)",
+                      "set algo.clip_peers = false or algo.compression = none");
+  if (topo_.is_all_reduce() && membership_)
+    throw ConfigError("config key 'algo.clip_peers': a clipped all-reduce gathers every worker's message and is built "
+                      "for a fixed membership; an elastic run changes it at rounds",
+                      "set algo.clip_peers = false, or cluster.elastic = false without [faults]");
+  clip_ = std::make_shared<PeerClip>(factor, topo_.size());
+}
+
+void RoundMixer::poison(std::vector<Poison> p) {
+  if (compressor_ && !p.empty())
+    throw ConfigError("config key 'faults.poison': compressed rounds are not poisoned (a codec's message is not the "
+                      "worker's parameters)",
+                      "set algo.compression = none, or remove faults.poison");
+  poisons_ = std::move(p);
+}
+
 int64_t RoundMixer::message_bytes(int64_t p, torch::ScalarType wire) const {
   if (!compressor_) return p * static_cast<int64_t>(c10::elementSize(wire));
   if (topo_.is_all_reduce()) return static_cast<int64_t>(comm::payload_bytes(compressor_->options().codec, static_cast<size_t>(p)));
@@ -162,14 +184,44 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
     for (int id = 0; id < topo_.size(); ++id) graphs.push_back(graph(id, round));
     return compressor_->gossip(round, graphs, x, comm).to(x.scalar_type());
   }
-  if (topo_.is_all_reduce())
-    return membership_ ? all_reduce_mix_over(*membership_, view(round), x, comm, wire, "all-reduce")
-                       : all_reduce_mix(x, comm, wire, "all-reduce");
   const int me = comm.rank();
+  // faults.poison: what this worker sends is scaled; its own term stays x.
+  const double pf = poison_factor(poisons_, me, round);
+  const torch::Tensor sent = pf == 1.0 ? x : x * pf;
+  if (topo_.is_all_reduce() && clip_) return clipped_all_gather(x, sent, comm, wire, anchor);
+  if (topo_.is_all_reduce())
+    return membership_ ? all_reduce_mix_over(*membership_, view(round), sent, comm, wire, "all-reduce")
+                       : all_reduce_mix(sent, comm, wire, "all-reduce");
   const RoundGraph g = graph(me, round);
   std::vector<torch::Tensor> recv;
-  comm.exchange(g.peers, wire == x.scalar_type() ? x : x.to(wire), recv);
-  return combine(g, me, x, recv);
+  comm.exchange(g.peers, wire == sent.scalar_type() ? sent : sent.to(wire), recv);
+  return combine(g, me, x, recv, clip_.get());
+}
+
+torch::Tensor RoundMixer::clipped_all_gather(const torch::Tensor& x, const torch::Tensor& sent, comm::Communicator& comm,
+                                             torch::ScalarType wire, const torch::Tensor& anchor) const {
+  if (!anchor.defined()) throw Error("RoundMixer::mix: a clipped all-reduce needs the anchor", "internal: pass theta");
+  const int me = comm.rank(), n = topo_.size();
+  std::vector<int> others;
+  for (int id = 0; id < n; ++id)
+    if (id != me) others.push_back(id);
+  std::vector<torch::Tensor> recv;
+  comm.exchange(others, sent.to(wire), recv);
+  // Every worker's message as every other worker sees it (its own too: cast to the wire and back),
+  // so that all of them clip and sum the same bits.
+  std::vector<torch::Tensor> msgs;
+  for (int id = 0, k = 0; id < n; ++id) {
+    if (id == me) {
+      msgs.push_back(x.to(wire).to(x.scalar_type()));
+      continue;
+    }
+    torch::Tensor& r = recv[static_cast<size_t>(k++)];
+    if (!r.defined())
+      throw CommError(fmt::format("clipped all-reduce: worker {} sent nothing", id), "a clipped all-reduce needs every worker");
+    check_finite(r, id, "clipped all-reduce");
+    msgs.push_back(r.to(x.scalar_type()));
+  }
+  return clip_->clipped_mean(anchor.to(x.scalar_type()), msgs);
 }
 
 MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm,
@@ -178,14 +230,17 @@ MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::C
   TORCH_CHECK(!compressor_, "RoundMixer::start_mix: compressed rounds do not overlap (AlgoConfig refuses them)");
   torch::NoGradGuard no_grad;
   MixInFlight f;
+  TORCH_CHECK(!clip_ || !topo_.is_all_reduce(), "RoundMixer::start_mix: a clipped all-reduce does not overlap (AlgoConfig refuses it)");
   f.x = x;
+  const double pf = poison_factor(poisons_, comm.rank(), round);
+  const torch::Tensor sent = pf == 1.0 ? x : x * pf;
   if (topo_.is_all_reduce()) {
-    f.buf = x.to(wire, /*non_blocking=*/false, /*copy=*/true);
+    f.buf = sent.to(wire, /*non_blocking=*/false, /*copy=*/true);
     f.pending = comm.start_all_reduce_mean(f.buf);
     return f;
   }
   f.graph = graph(comm.rank(), round);
-  f.buf = wire == x.scalar_type() ? x : x.to(wire);  // kept alive while it travels
+  f.buf = wire == sent.scalar_type() ? sent : sent.to(wire);  // kept alive while it travels
   f.pending = comm.start_exchange(f.graph.peers, f.buf, f.recv);
   return f;
 }
@@ -195,7 +250,7 @@ torch::Tensor RoundMixer::finish_mix(MixInFlight& f, int me) const {
   f.pending->wait();
   f.pending.reset();
   if (topo_.is_all_reduce()) return checked_mean(f.buf, f.x, "all-reduce");
-  return combine(f.graph, me, f.x, f.recv);
+  return combine(f.graph, me, f.x, f.recv, clip_.get());
 }
 
 void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
@@ -245,6 +300,19 @@ void ViewSync::save_compression(StateDict& s) const {
 
 void ViewSync::load_compression(const StateDict& s) {
   if (Compressor* c = mixer_.compressor()) c->load_state(s);
+}
+
+std::optional<std::vector<int64_t>> ViewSync::clipped_from() const {
+  if (const PeerClip* c = mixer_.clipper()) return c->clipped_from();
+  return std::nullopt;
+}
+
+void ViewSync::save_clip(StateDict& s) const {
+  if (const PeerClip* c = mixer_.clipper()) c->save(s);
+}
+
+void ViewSync::load_clip(const StateDict& s) {
+  if (PeerClip* c = mixer_.clipper()) c->load(s);
 }
 
 std::optional<int64_t> ViewSync::codec_resends() const {

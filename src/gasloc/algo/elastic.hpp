@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gasloc/algo/membership.hpp"
+#include "gasloc/algo/peer_clip.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/topology/topology.hpp"
@@ -37,7 +38,9 @@ struct CompressionOptions;
 
 // m = sum_j W[me, j] x_j over g's row (own term x), from what arrived in `recv` (g.peers' order;
 // an undefined entry is a failed edge, whose weight moves onto W_ii). Non-finite peers are refused.
-torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv);
+// With `clip` (algo.clip_peers), each finite message is clipped first (PeerClip::clip_received).
+torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv,
+                      PeerClip* clip = nullptr);
 
 class RoundMixer {
  public:
@@ -72,6 +75,12 @@ class RoundMixer {
   // the rest).
   void compress(const CompressionOptions& o);
   Compressor* compressor() const { return compressor_.get(); }
+  // algo.clip_peers: what peers send is clipped (peer_clip.hpp). Uncompressed, blocking rounds;
+  // an all-reduce also needs a fixed membership and the anchor in mix() (AlgoConfig refuses the rest).
+  void clip(double factor);
+  PeerClip* clipper() const { return clip_.get(); }
+  // faults.poison: this worker's messages are scaled at the rounds given.
+  void poison(std::vector<Poison> p);
   // The bytes a round's message takes per neighbour (gossip) or as a ring all-reduce's P, for a
   // message of p parameters in `wire`: what the time-budget policy prices.
   int64_t message_bytes(int64_t p, torch::ScalarType wire) const;
@@ -85,10 +94,17 @@ class RoundMixer {
   void stand_by(int64_t round, comm::Communicator& comm) const;
 
  private:
+  // A clipped all-reduce: every worker's message to every other, each pseudo-gradient clipped,
+  // summed in id order (PeerClip::clipped_mean).
+  torch::Tensor clipped_all_gather(const torch::Tensor& x, const torch::Tensor& sent, comm::Communicator& comm,
+                                   torch::ScalarType wire, const torch::Tensor& anchor) const;
+
   topology::Topology topo_;
   const Membership* membership_;
   const Membership* restarts_;
   std::shared_ptr<Compressor> compressor_;  // shared by copies of the mixer, which one worker owns
+  std::shared_ptr<PeerClip> clip_;          // likewise
+  std::vector<Poison> poisons_;
 };
 
 // Worker `id`'s part in the state transfer after a round of `view`, when it has joiners.
@@ -103,6 +119,7 @@ class ViewSync : public Synchronizer {
   std::optional<View> take_ended_view() override;
   std::optional<std::vector<int>> holders() const override;
   std::optional<int64_t> codec_resends() const override;
+  std::optional<std::vector<int64_t>> clipped_from() const override;
 
  protected:
   // The round this worker is in now (the next to end).
@@ -118,10 +135,15 @@ class ViewSync : public Synchronizer {
   // The codec's state (error feedback, grids), which checkpoints carry.
   void save_compression(StateDict& s) const;
   void load_compression(const StateDict& s);
+  // algo.clip_peers' counts and window, which checkpoints carry (nothing without it).
+  void save_clip(StateDict& s) const;
+  void load_clip(const StateDict& s);
 
  public:
   // Every round of this worker goes through a codec (algo.compression).
   void compress(const CompressionOptions& o) { mixer_.compress(o); }
+  void clip(double factor) { mixer_.clip(factor); }
+  void poison(std::vector<Poison> p) { mixer_.poison(std::move(p)); }
 
  protected:
 

@@ -82,7 +82,8 @@ const AlgorithmEntry& algorithm(const std::string& name) { return algorithms().a
 std::string algorithm_names(bool AlgorithmEntry::*flag, bool value) { return config::names_where(algorithms(), flag, value); }
 
 std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world, uint64_t seed,
-                                                const comm::NetworkModel* network, const Membership* membership) {
+                                                const comm::NetworkModel* network, const Membership* membership,
+                                                const std::vector<Poison>& poisons) {
   cfg.validate(world);
   const AlgorithmEntry& entry = algorithm(cfg.name);
   if (membership && entry.single_worker)
@@ -97,6 +98,15 @@ std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world
     auto* rounds = dynamic_cast<ViewSync*>(sync.get());
     if (!rounds) throw ConfigError("config key 'algo.compression': " + cfg.name.str() + " sends no parameters", "set algo.compression = none");
     rounds->compress(*o);
+  }
+  if (cfg.clip_peers || !poisons.empty()) {
+    // allreduce averages gradients without a mixer of parameters (AlgoConfig refuses clip_peers there).
+    auto* views = dynamic_cast<ViewSync*>(sync.get());
+    if (!views || entry.sends_gradients)
+      throw ConfigError("config key 'faults.poison': " + cfg.name.str() + " sends no parameters to poison",
+                        "remove faults.poison, or choose one of " + algorithm_names(&AlgorithmEntry::sends_parameters));
+    if (cfg.clip_peers) views->clip(cfg.clip_factor);
+    views->poison(poisons);
   }
   return sync;
 }

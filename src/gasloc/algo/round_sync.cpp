@@ -65,7 +65,8 @@ void RoundSync::init(FlatParams& params) {
 }
 
 torch::Tensor RoundSync::anchor() const {
-  if (!mixer_.compressor() || !mixer_.topology().is_all_reduce()) return {};
+  // A compressed or a clipped all-reduce works on pseudo-gradients, theta - x.
+  if (!(mixer_.compressor() || mixer_.clipper()) || !mixer_.topology().is_all_reduce()) return {};
   const StateDict s = form().state();
   const auto it = s.find("theta");
   return it == s.end() ? torch::Tensor() : it->second;
@@ -169,6 +170,7 @@ StateDict RoundSync::state() const {
   save_restart_clock(s);
   save_flight(s);
   save_compression(s);
+  save_clip(s);
   return s;
 }
 
@@ -178,6 +180,7 @@ void RoundSync::load_state(const StateDict& s) {
   form().load_state(s);
   load_flight(s);
   load_compression(s);
+  load_clip(s);
 }
 
 void RoundSync::save_flight(StateDict& s) const {

@@ -99,7 +99,7 @@ class RoundSync : public ViewSync {
   void save_flight(StateDict& s) const;
   void load_flight(const StateDict& s);
   RoundForm& form() const;
-  // A compressed all-reduce's anchor: the form's theta, which every member holds (undefined otherwise).
+  // A compressed or clipped all-reduce's anchor: the form's theta, which every member holds (undefined otherwise).
   torch::Tensor anchor() const;
 
   RoundCounter rounds_;

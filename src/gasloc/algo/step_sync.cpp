@@ -9,6 +9,7 @@ StateDict StepSync::state() const {
   StateDict s;
   save_restart_clock(s);
   save_compression(s);
+  save_clip(s);
   return s;
 }
 

@@ -18,6 +18,7 @@ class StepSync : public ViewSync {
   void load_state(const StateDict& s) override {
     load_restart_clock(s);
     load_compression(s);
+    load_clip(s);
   }
 
  protected:

@@ -58,6 +58,8 @@ class Synchronizer {
   virtual std::optional<std::vector<int>> holders() const { return std::nullopt; }
   // Compressed gossip's modulo codec: the chunks this worker resent in fp32 after a wrap, so far.
   virtual std::optional<int64_t> codec_resends() const { return std::nullopt; }
+  // algo.clip_peers: the messages this worker clipped so far, by sender id; nullopt without it.
+  virtual std::optional<std::vector<int64_t>> clipped_from() const { return std::nullopt; }
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }
   virtual void load_state(const StateDict& state) {}

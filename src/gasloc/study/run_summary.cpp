@@ -102,6 +102,11 @@ class MetricsFold {
       util += l.utilization.value_or(0.0);
       r_.min_local_steps = r_.min_local_steps < 0 ? l.local_steps : std::min(r_.min_local_steps, l.local_steps);
       if (l.resends) r_.resends = std::max<int64_t>(r_.resends, 0) + *l.resends;
+      if (l.clipped_from) {
+        auto& c = r_.clipped_from;
+        if (c.size() < l.clipped_from->size()) c.resize(l.clipped_from->size(), 0);
+        for (size_t j = 0; j < l.clipped_from->size(); ++j) c[j] += (*l.clipped_from)[j];
+      }
     }
     if (!last_.empty()) {
       r_.mb_per_worker = total / static_cast<double>(last_.size()) / 1e6;
@@ -124,6 +129,7 @@ class MetricsFold {
     double idle_s = 0, virtual_s = 0;
     std::optional<double> utilization;
     std::optional<int64_t> resends;
+    std::optional<std::vector<int64_t>> clipped_from;
   };
 
   void add_memory(const train::MemoryEvent& m) {
@@ -167,7 +173,8 @@ class MetricsFold {
   void add_train(const train::TrainEvent& t) {
     auto& w = last_[t.worker];
     if (t.step >= w.step)
-      w = {t.step, t.bytes_sent, t.local_steps.value_or(t.step), t.idle_s, t.virtual_time_s, t.utilization, t.codec_resends};
+      w = {t.step, t.bytes_sent, t.local_steps.value_or(t.step), t.idle_s, t.virtual_time_s, t.utilization, t.codec_resends,
+           t.clipped_from};
     if (t.virtual_time_s >= r_.virtual_s) r_.eval_s = t.eval_time_s;
     r_.virtual_s = std::max(r_.virtual_s, t.virtual_time_s);
     if (t.step > r_.last_train_step || (t.step == r_.last_train_step && t.wall_time_s > r_.train_wall_s)) {

@@ -48,6 +48,9 @@ struct RunSummary {
   double unigram = -1;           // the data's unigram baseline (data/dataset.hpp); < 0: unknown
   int64_t deaths = 0, rejoins = 0;  // elastic runs: workers that died, and that rejoined healed (view lines)
   int64_t restarts = 0;             // elastic runs: new incarnations among the healed (in-process: every heal)
+  // algo.clip_peers: messages clipped, by sender id, summed over the workers that clipped them
+  // (their last train lines; in an all-reduce every worker clips every message); empty: not clipping.
+  std::vector<int64_t> clipped_from;
   std::vector<EvalPoint> curve;
   std::vector<ViewMark> views;  // elastic runs, in the file's order
   // Evaluated at train.steps: the run is complete.

@@ -104,6 +104,14 @@ void from_json(const nlohmann::json& j, GpaFromDiloco& g) { inline_table_from_js
 void to_json(nlohmann::json& j, const Straggler& s) { j = config::to_json(s); }
 void to_json(nlohmann::json& j, const FaultKill& k) { j = config::to_json(k); }
 void from_json(const nlohmann::json& j, FaultKill& k) { inline_table_from_json(j, k, "faults.kill"); }
+void to_json(nlohmann::json& j, const FaultPoison& p) { j = config::to_json(p); }
+void from_json(const nlohmann::json& j, FaultPoison& p) { inline_table_from_json(j, p, "faults.poison"); }
+
+std::vector<algo::Poison> FaultsSection::poisons() const {
+  std::vector<algo::Poison> out;
+  for (const FaultPoison& p : poison) out.push_back({p.worker, p.round, p.factor});
+  return out;
+}
 void from_json(const nlohmann::json& j, Straggler& s) { inline_table_from_json(j, s, "network.stragglers"); }
 
 void NetworkSection::resolve() {
@@ -320,6 +328,27 @@ void validate_faults_and_elastic(const JobConfig& job) {
   require(faults.churn_mtbf_s == 0 || faults.churn_mean_rounds == 0, "faults.churn_mtbf_s",
           "churn is given in rounds (churn_mean_rounds) or in seconds (churn_mtbf_s), not both");
   require(faults.churn_restart_s >= 0, "faults.churn_restart_s", "must be >= 0 (0 = never rejoin)");
+  const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
+  for (size_t i = 0; i < faults.poison.size(); ++i) {
+    const FaultPoison& p = faults.poison[i];
+    const std::string key = fmt::format("faults.poison[{}]", i);
+    require(p.worker >= 0 && (world == 0 || p.worker < world), key + ".worker",
+            world > 0 ? fmt::format("must be a worker id in [0, {}), got {}", world, p.worker)
+                      : fmt::format("must be a worker id >= 0, got {}", p.worker));
+    require(p.round >= 0, key + ".round", fmt::format("must be a round >= 0, got {}", p.round));
+    require(std::isfinite(p.factor) && p.factor != 1.0, key + ".factor",
+            fmt::format("must be finite and not 1 (1 sends the message unchanged), got {}", p.factor));
+    const algo::AlgorithmEntry& a = algo::algorithm(algo.name);
+    require(a.sends_parameters && !a.sends_gradients, key,
+            "poisons parameter messages (" + algo::algorithm_names(&algo::AlgorithmEntry::sends_parameters) + "); '" +
+                algo.name.str() + "' sends none");
+    require(algo.compression == "none", key, "compressed rounds are not poisoned: set algo.compression = none");
+  }
+  // A clipped all-reduce gathers every worker's message: built for a fixed membership.
+  require(!algo.clip_peers || !algo::algorithm(algo.name).all_reduces(algo.topology) || (!cluster.elastic && !faults.any()),
+          "algo.clip_peers",
+          "a clipped all-reduce gathers every worker's message and is built for a fixed membership: set cluster.elastic = "
+          "false without [faults] kill or churn, or algo.clip_peers = false");
   for (const auto& k : faults.kill) {
     require((k.round >= 0) != (k.time_s >= 0), "faults.kill",
             fmt::format("worker {}'s entry needs a round or a time_s (>= 0), not both", k.id));

@@ -243,10 +243,29 @@ struct FaultKill {
 void to_json(nlohmann::json& j, const FaultKill& k);
 void from_json(const nlohmann::json& j, FaultKill& k);
 
+// A poisoned worker: faults.poison = [{ worker = 2, round = 3, factor = 100.0 }]. At that round's
+// exchange it sends its parameters times factor (its own copy stays as it is): a bug or an attack
+// that algo.clip_peers bounds (docs/communication.md, "Poisoned peers").
+struct FaultPoison {
+  int64_t worker = -1;
+  int64_t round = -1;
+  double factor = 100.0;
+  bool operator==(const FaultPoison&) const = default;
+  template <class V>
+  void visit(V&& v) {
+    v("worker", worker, "the worker whose message is poisoned (its launch rank)");
+    v("round", round, "the round whose message it is (rounds count from 0; a step for dadam)");
+    v("factor", factor, "its sent parameters are multiplied by this (finite, not 1)");
+  }
+};
+void to_json(nlohmann::json& j, const FaultPoison& p);
+void from_json(const nlohmann::json& j, FaultPoison& p);
+
 // Faults injected into an elastic in-process run (docs/training.md, Elastic runs): deterministic,
 // given by round, so that a run with faults is as reproducible as one without.
 struct FaultsSection {
   std::vector<FaultKill> kill;
+  std::vector<FaultPoison> poison;
   double churn_mean_rounds = 0.0;
   int64_t churn_restart_rounds = 1;
   double churn_mtbf_s = 0.0;
@@ -258,6 +277,7 @@ struct FaultsSection {
   template <class V>
   void visit(V&& v) {
     v("kill", kill, "scheduled deaths: [{ id = 3, round = 4, restart_after_rounds = 2 }]");
+    v("poison", poison, "poisoned messages (any run, no cluster.elastic needed): [{ worker = 2, round = 3, factor = 100.0 }]");
     v("churn_mean_rounds", churn_mean_rounds, "random churn: each worker dies after a mean of this many rounds (0 = none)");
     v("churn_restart_rounds", churn_restart_rounds, "random churn: a dead worker rejoins this many rounds later (0 = never)");
     v("churn_mtbf_s", churn_mtbf_s, "random churn by time: each worker's mean seconds between failures (instead of churn_mean_rounds)");
@@ -267,7 +287,10 @@ struct FaultsSection {
       "instead of an elastic run: price stop-and-resume, every worker restarting from the last checkpoint at each failure");
     v("restart_delay_s", restart_delay_s, "restart_all: seconds to restart the job (processes, rendezvous, loading)");
   }
+  // Failures that change the membership (faults.poison does not).
   bool any() const { return !kill.empty() || churn_mean_rounds > 0 || churn_mtbf_s > 0; }
+  // faults.poison as the synchronizer takes it.
+  std::vector<algo::Poison> poisons() const;
   // Whether a fault is given in seconds: the membership then needs the round's duration.
   bool by_time() const;
 };

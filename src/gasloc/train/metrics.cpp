@@ -50,6 +50,7 @@ json of(const TrainEvent& e) {
           {"compute_s", e.compute_s ? json(*e.compute_s) : json(nullptr)},
           {"utilization", e.utilization ? json(*e.utilization) : json(nullptr)}};
   if (e.codec_resends) j["codec_resends"] = *e.codec_resends;
+  if (e.clipped_from) j["clipped_from"] = *e.clipped_from;
   return j;
 }
 json of(const EvalEvent& e) {
@@ -101,6 +102,11 @@ std::vector<int64_t> ids(const json& j, const char* key) {
     if (x.is_number_integer()) v.push_back(x.get<int64_t>());
   return v;
 }
+std::optional<std::vector<int64_t>> optional_ids(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return std::nullopt;
+  return ids(j, key);
+}
 std::vector<double> doubles(const json& j, const char* key) {
   std::vector<double> v;
   const auto it = j.find(key);
@@ -142,7 +148,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                       field(j, "eval_time_s", 0.0),
                       optional_field<double>(j, "compute_s"),
                       optional_field<double>(j, "utilization"),
-                      optional_field<int64_t>(j, "codec_resends")};
+                      optional_field<int64_t>(j, "codec_resends"),
+                      optional_ids(j, "clipped_from")};
   if (event == "eval")
     return EvalEvent{step,
                      worker,

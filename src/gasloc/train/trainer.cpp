@@ -78,7 +78,7 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(
         std::make_unique<Worker>(job, s.mc, s.dataset, s.cluster.comm(ranks[i]),
-                                 algo::make_synchronizer(job.algo, s.world, job.train.seed, &s.network, views)));
+                                 algo::make_synchronizer(job.algo, s.world, job.train.seed, &s.network, views, job.faults.poisons())));
     if (start.loaded.contains(ranks[i])) workers.back()->load_state(start.loaded.at(ranks[i]).tensors);
     else if (start.arrivals.contains(ranks[i])) stand_in_for_arrival(*workers.back(), ranks[i], start, *membership);
   }
