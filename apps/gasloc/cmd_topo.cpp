@@ -73,6 +73,21 @@ struct TopoOptions {
   double common_scale = 10.0;
 };
 
+// The [algo] keys these options stand for: GASLoC on --topology with --form and its step, and the codec.
+algo::AlgoConfig gossip_config(const TopoOptions& o) {
+  algo::AlgoConfig a;
+  a.name = "gasloc";
+  a.topology = o.topology;
+  a.form = o.form;
+  a.outer_lr = o.outer_lr;
+  a.outer_momentum = o.outer_momentum;
+  a.gossip_step = o.gossip_step;
+  a.compression = o.compression;
+  a.gossip_codec = o.gossip_codec;
+  a.reference_every = o.reference_every;
+  return a;
+}
+
 // The message and what a worker sends per round.
 void print_cost(const topology::Topology& t, const TopoOptions& o, c10::ScalarType wire) {
   const int n = t.size();
@@ -93,12 +108,7 @@ void print_cost(const topology::Topology& t, const TopoOptions& o, c10::ScalarTy
     return;
   }
   // A compressed round (algo.compression): the codec's payloads, as the trainer sends them.
-  algo::AlgoConfig a;
-  a.name = "gasloc";
-  a.topology = o.topology;
-  a.compression = o.compression;
-  a.gossip_codec = o.gossip_codec;
-  a.reference_every = o.reference_every;
+  const algo::AlgoConfig a = gossip_config(o);
   a.validate_compression();
   const auto opts = *algo::compression_options(a);
   const algo::Compressor codec(opts);
@@ -197,17 +207,9 @@ void print_compressed_consensus(const topology::Topology& t, const TopoOptions& 
   constexpr int64_t kMaxRounds = 200;  // threads exchanging real payloads: seconds, not the float64 simulation's thousands
   const int64_t rounds = std::min(o.consensus, kMaxRounds);
   const int64_t dim = o.dim > 0 ? o.dim : 4096;
-  algo::AlgoConfig a;
-  a.name = "gasloc";
-  a.topology = o.topology;
-  a.form = o.form;
-  a.outer_lr = o.outer_lr;
-  a.outer_momentum = o.outer_momentum;
-  a.gossip_step = o.gossip_step;
+  const algo::AlgoConfig a = gossip_config(o);
   auto plain = a;
-  a.compression = o.compression;
-  a.gossip_codec = o.gossip_codec;
-  a.reference_every = o.reference_every;
+  plain.compression = "none";
   const auto base = algo::simulate_compressed_consensus(plain, t.size(), rounds, dim, o.seed, o.common_scale);
   const auto comp = algo::simulate_compressed_consensus(a, t.size(), rounds, dim, o.seed, o.common_scale);
   fmt::print("compressed gossip, no training: the {} codec over {} ({} entries per worker, each x_i = c + e_i with a "
