@@ -53,7 +53,10 @@ grep -q "did not answer" r1.log || fail "rank 1 did not say the store did not an
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$G" train "${job[@]}" --set train.steps=5 \
   --set cluster.timeout_s=60 --set train.run_dir=term > term.log 2>&1 &
 waiter=$!; pids+=("$waiter")
-sleep 1.5
+# Signal it once it is connected to the stopped host, not after a fixed delay: under load a
+# rank 1.5 s old may still be loading, before its signal handlers exist.
+for _ in $(seq 1 400); do ss -tnpH "dport = :$port" | grep -q "\"gasloc\"" && break; sleep 0.05; done
+ss -tnpH "dport = :$port" | grep -q "\"gasloc\"" || fail "the rank never connected to the stopped store host: $(cat term.log)"
 t0=$SECONDS
 kill -TERM "$waiter"
 set +e; wait "$waiter"; rc=$?; set -e
