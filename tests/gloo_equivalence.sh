@@ -6,8 +6,8 @@
 # Jobs: the anchor form on 2peer (the default), mix_after on 2peer, and the accelerated
 # form on 1peer with bf16 messages (the cast on send is the same on both backends), and an
 # overlapped anchor round (algo.overlap_steps = 3: Gloo's exchange is performed at its start and
-# lands 3 steps later, as the in-process one, so the bits are the same), and two compressed ones
-# (algo.compression: three jobs). Both backends
+# lands 3 steps later, as the in-process one, so the bits are the same), and compressed ones
+# (algo.compression: three jobs blocking, two overlapped). Both backends
 # report every worker's own validation loss at each evaluation: the same models, the same numbers.
 #   tests/gloo_equivalence.sh path/to/gasloc
 set -euo pipefail
@@ -64,6 +64,11 @@ compare overlap_delayed --set algo.topology=2peer --set algo.overlap_steps=3 --s
 compare complete_int4 --set algo.topology=complete --set algo.compression=int4
 compare modulo_int8 --set algo.topology=2peer --set algo.compression=int8 --set algo.gossip_codec=modulo
 compare delta_int4 --set algo.topology=1peer --set algo.compression=int4 --set algo.gossip_codec=delta --set algo.reference_every=2
+# Overlapped compressed rounds (algo/relayed_mix.hpp): each of the round's exchanges is started
+# between steps once the last has landed, over Gloo on its own thread; the same bits.
+compare overlap_modulo_int8 --set algo.topology=2peer --set algo.compression=int8 --set algo.gossip_codec=modulo \
+  --set algo.overlap_steps=3
+compare overlap_complete_int8 --set algo.topology=complete --set algo.compression=int8 --set algo.overlap_steps=3
 # The bf16 job must differ from its fp32 twin (the setting reached the run).
 "$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
   --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 --set train.threads=1 \

@@ -413,7 +413,11 @@ TEST_F(Overlap, ACheckpointInFlightResumesBitExactly) {
     std::vector<std::string> settings;
   };
   for (const Case& c : {Case{"gasloc_eager", {"algo.name=gasloc", "algo.topology=1peer", "algo.form=mix_after"}},
-                        Case{"diloco_delayed", {"algo.name=diloco", "algo.overlap=delayed", "optim.name=gpa"}}}) {
+                        Case{"diloco_delayed", {"algo.name=diloco", "algo.overlap=delayed", "optim.name=gpa"}},
+                        // Compressed rounds, relayed: the codec's state and the finished mix both carry.
+                        Case{"gasloc_modulo", {"algo.name=gasloc", "algo.topology=1peer", "algo.compression=int8",
+                                               "algo.gossip_codec=modulo"}},
+                        Case{"diloco_int4", {"algo.name=diloco", "algo.compression=int4"}}}) {
     SCOPED_TRACE(c.name);
     const auto full = train::run_training(request(root_, c.name + "_full", c.settings));
     auto halves = c.settings;

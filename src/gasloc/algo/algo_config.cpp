@@ -101,8 +101,6 @@ void AlgoConfig::validate_compression() const {
           "direct sends parameters whole, where int4's 15 levels lose everything but the largest; use modulo or delta with int4");
   require(wire_dtype == "fp32", "algo.wire_dtype",
           "algo.compression sets the message's encoding; leave algo.wire_dtype = fp32 with algo.compression = " + compression.str());
-  require(overlap_steps == 0, "algo.overlap_steps",
-          "compressed rounds do not overlap yet; set algo.overlap_steps = 0 or algo.compression = none");
 }
 
 }  // namespace gasloc::algo

@@ -11,6 +11,7 @@
 
 #include "gasloc/algo/algorithms.hpp"
 #include "gasloc/algo/compression.hpp"
+#include "gasloc/algo/relayed_mix.hpp"
 #include "gasloc/comm/codec.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -171,19 +172,25 @@ int64_t RoundMixer::message_bytes(int64_t p, torch::ScalarType wire) const {
   return compressor_->gossip_bytes(p, 1);
 }
 
+std::function<torch::Tensor(comm::Communicator&)> RoundMixer::compressed_mix(int64_t round, const torch::Tensor& x,
+                                                                            const torch::Tensor& anchor) const {
+  if (topo_.is_all_reduce()) {
+    if (!anchor.defined()) throw Error("RoundMixer::mix: a compressed all-reduce needs the anchor", "internal: pass theta");
+    return [c = compressor_, x, anchor, members = view(round).members](comm::Communicator& comm) {
+      return c->all_reduce(x, anchor, members, comm).to(x.scalar_type());
+    };
+  }
+  std::vector<RoundGraph> graphs;
+  for (int id = 0; id < topo_.size(); ++id) graphs.push_back(graph(id, round));
+  return [c = compressor_, x, round, graphs = std::move(graphs)](comm::Communicator& comm) {
+    return c->gossip(round, graphs, x, comm).to(x.scalar_type());
+  };
+}
+
 torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
                               const torch::Tensor& anchor) const {
   torch::NoGradGuard no_grad;
-  if (compressor_) {
-    const View v = view(round);
-    if (topo_.is_all_reduce()) {
-      if (!anchor.defined()) throw Error("RoundMixer::mix: a compressed all-reduce needs the anchor", "internal: pass theta");
-      return compressor_->all_reduce(x, anchor, v.members, comm).to(x.scalar_type());
-    }
-    std::vector<RoundGraph> graphs;
-    for (int id = 0; id < topo_.size(); ++id) graphs.push_back(graph(id, round));
-    return compressor_->gossip(round, graphs, x, comm).to(x.scalar_type());
-  }
+  if (compressor_) return compressed_mix(round, x, anchor)(comm);
   const int me = comm.rank();
   // faults.poison: what this worker sends is scaled; its own term stays x.
   const double pf = poison_factor(poisons_, me, round);
@@ -224,12 +231,17 @@ torch::Tensor RoundMixer::clipped_all_gather(const torch::Tensor& x, const torch
   return clip_->clipped_mean(anchor.to(x.scalar_type()), msgs);
 }
 
-MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm,
-                                  torch::ScalarType wire) const {
+MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
+                                  const torch::Tensor& anchor) const {
   TORCH_CHECK(!membership_, "RoundMixer::start_mix: overlapped rounds have a fixed membership");
-  TORCH_CHECK(!compressor_, "RoundMixer::start_mix: compressed rounds do not overlap (AlgoConfig refuses them)");
   torch::NoGradGuard no_grad;
   MixInFlight f;
+  if (compressor_) {
+    // The anchor (theta) is copied: the relayed mix reads it while the worker trains.
+    f.x = x;
+    f.relay = std::make_shared<RelayedMix>(comm, compressed_mix(round, x, anchor.defined() ? anchor.clone() : anchor));
+    return f;
+  }
   TORCH_CHECK(!clip_ || !topo_.is_all_reduce(), "RoundMixer::start_mix: a clipped all-reduce does not overlap (AlgoConfig refuses it)");
   f.x = x;
   const double pf = poison_factor(poisons_, comm.rank(), round);
@@ -245,8 +257,17 @@ MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::C
   return f;
 }
 
+void RoundMixer::progress(MixInFlight& f) const {
+  if (f.relay) f.relay->progress();
+}
+
 torch::Tensor RoundMixer::finish_mix(MixInFlight& f, int me) const {
   torch::NoGradGuard no_grad;
+  if (f.relay) {
+    torch::Tensor m = f.relay->finish();
+    f.relay.reset();
+    return m;
+  }
   f.pending->wait();
   f.pending.reset();
   if (topo_.is_all_reduce()) return checked_mean(f.buf, f.x, "all-reduce");

@@ -6,6 +6,7 @@
 #pragma once
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -24,6 +25,8 @@ struct RoundGraph {
   topology::Row row;
 };
 
+class RelayedMix;
+
 // A round's mix started and not finished (algo.overlap_steps, fixed membership only).
 struct MixInFlight {
   torch::Tensor x;                  // the own term: the snapshot sent
@@ -31,6 +34,7 @@ struct MixInFlight {
   std::vector<torch::Tensor> recv;  // gossip: the peers' tensors, after wait
   torch::Tensor buf;                // x in the wire dtype as sent; all-reduce: the mean after wait
   std::unique_ptr<comm::Pending> pending;
+  std::shared_ptr<RelayedMix> relay;  // a compressed round instead: its exchanges in turn
 };
 
 class Compressor;
@@ -71,8 +75,7 @@ class RoundMixer {
   // member holds), and returns anchor - its mean.
   torch::Tensor mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
                     const torch::Tensor& anchor = {}) const;
-  // Rounds go through a codec from now on (fixed membership, blocking rounds: AlgoConfig refuses
-  // the rest).
+  // Rounds go through a codec from now on (fixed membership: AlgoConfig refuses the rest).
   void compress(const CompressionOptions& o);
   Compressor* compressor() const { return compressor_.get(); }
   // algo.clip_peers: what peers send is clipped (peer_clip.hpp). Uncompressed, blocking rounds;
@@ -86,8 +89,12 @@ class RoundMixer {
   int64_t message_bytes(int64_t p, torch::ScalarType wire) const;
   // mix() in two halves for a fixed membership: start_mix starts the exchange (or all-reduce) of
   // x, which must be a snapshot nothing modifies until finish_mix; finish_mix waits for it and
-  // returns the same m as mix(), bit for bit.
-  MixInFlight start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire) const;
+  // returns the same m as mix(), bit for bit. A compressed round's several exchanges go one after
+  // another (relayed_mix.hpp): progress(), between inner steps, starts each once the one before
+  // has landed. `anchor` as in mix(); start_mix keeps its own copy.
+  MixInFlight start_mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
+                        const torch::Tensor& anchor = {}) const;
+  void progress(MixInFlight& f) const;
   torch::Tensor finish_mix(MixInFlight& f, int me) const;
   // Round t's collectives for a worker that does not mix in it (it dies at its merge, is dead, or
   // joins): it sends nothing, so its partners see a failed edge.
@@ -98,6 +105,10 @@ class RoundMixer {
   // summed in id order (PeerClip::clipped_mean).
   torch::Tensor clipped_all_gather(const torch::Tensor& x, const torch::Tensor& sent, comm::Communicator& comm,
                                    torch::ScalarType wire, const torch::Tensor& anchor) const;
+  // A compressed round of x as a function of the communicator, holding what it reads (the
+  // codec's state is shared with this mixer): mix() calls it at once, start_mix() relays it.
+  std::function<torch::Tensor(comm::Communicator&)> compressed_mix(int64_t round, const torch::Tensor& x,
+                                                                   const torch::Tensor& anchor) const;
 
   topology::Topology topo_;
   const Membership* membership_;

@@ -95,6 +95,8 @@ void RoundSync::end_round(comm::Communicator& comm) {
 bool RoundSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm) {
   form();  // throws if init() was not called
   const bool round_end = rounds_.step_done();
+  // A compressed round in flight moves on to its next exchange once the last one has landed.
+  if (flight_.active && !flight_.mixed.defined()) mixer_.progress(flight_.mix);
   // tau < H_i: round t lands before round t + 1's send, so one round is in flight at most.
   if (flight_.active && rounds_.steps_in_round() == overlap_.steps) {
     optim::EvalScope at_x(optimizer());
@@ -125,7 +127,7 @@ void RoundSync::send(FlatParams& params, comm::Communicator& comm) {
   // A snapshot: the live parameters keep training while the message travels.
   const torch::Tensor phi_sent = phi.clone();
   flight_.sent = form().send(phi_sent);
-  flight_.mix = mixer_.start_mix(t, flight_.sent.x, comm, wire_);
+  flight_.mix = mixer_.start_mix(t, flight_.sent.x, comm, wire_, anchor());
   if (overlap_.variant == OverlapVariant::eager) {
     flight_.base = form().provisional(phi_sent, flight_.sent);
     phi.copy_(flight_.base);
