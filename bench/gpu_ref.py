@@ -25,6 +25,9 @@ on the matrices).
     host sync, torch.optim.AdamW(fused=True)). compile: torch, with the loss under torch.compile.
   profile    [--preset 134m] [--batch 64]
     torch.profiler over 3 mirror steps: the CUDA kernels by device time, grouped.
+  ablate     [--preset 134m] [--batch 64] [--steps 10]
+    The mirror step with one piece swapped at a time: ATen's fused rms_norm, or RMSNorm, RoPE,
+    the SwiGLU activation or the output layer with the loss under torch.compile, then all four.
 """
 import argparse
 import math
@@ -92,10 +95,36 @@ def rms_norm(x, w, eps):
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def rms_norm_aten(x, w, eps):  # ablate: ATen's rms_norm (x is the fp32 residual stream here)
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def rope_bf16(q, k, cos, sin):  # gasloc: the tables in q's dtype
+    return apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
+
+
+def rope_fp32(q, k, cos, sin):  # fp32 tables: bf16 * fp32 promotes to fp32
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def swiglu_act(a, b):
+    return F.silu(a) * b
+
+
+def head_loss(x, g, w, targets, eps):
+    logits = torch.matmul(rms_norm(x, g, eps), w.t())
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    return F.cross_entropy(logits.reshape(-1, w.shape[0]), targets.reshape(-1))
+
+
 class Llama(torch.nn.Module):
     def __init__(self, cfg, seed, device, rope="bf16", attn="sdpa"):
         super().__init__()
         self.cfg, self.rope, self.attn = cfg, rope, attn
+        # The pieces bench/gpu_ref.py ablate swaps (for ATen's fused op, or torch.compile).
+        self.parts = {"norm": rms_norm, "rope": rope_bf16 if rope == "bf16" else rope_fp32, "act": swiglu_act,
+                      "head": head_loss}
         gen = torch.Generator().manual_seed(seed)
         resid = cfg.std / math.sqrt(2.0 * cfg.layers)
         ps = []
@@ -137,11 +166,7 @@ class Llama(torch.nn.Module):
         q = F.linear(x, wq).view(B, T, c.heads, c.D).transpose(1, 2)
         k = F.linear(x, wk).view(B, T, c.kv, c.D).transpose(1, 2)
         v = F.linear(x, wv).view(B, T, c.kv, c.D).transpose(1, 2)
-        cos, sin = self.cos[:T], self.sin[:T]
-        if self.rope == "bf16":  # gasloc: the tables in q's dtype
-            q, k = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
-        else:  # fp32 tables: bf16 * fp32 promotes to fp32
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.parts["rope"](q, k, self.cos[:T], self.sin[:T])
         rep = c.heads // c.kv
         if rep > 1:
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -153,18 +178,15 @@ class Llama(torch.nn.Module):
         return F.linear(y.transpose(1, 2).reshape(B, T, c.heads * c.D), wo)
 
     def forward(self, tokens, targets):
-        c, ps = self.cfg, self.ps
+        c, ps, norm, act = self.cfg, self.ps, self.parts["norm"], self.parts["act"]
         T = tokens.shape[1]
         x = F.embedding(tokens, ps[0])
         for i in range(c.layers):
             wq, wk, wv, wo, wg, wu, wd, g1, g2 = [ps[1 + 9 * i + j] for j in range(9)]
-            h = x + self.attention(rms_norm(x, g1, c.eps), wq, wk, wv, wo, T)
-            n = rms_norm(h, g2, c.eps)
-            x = h + F.linear(F.silu(F.linear(n, wg)) * F.linear(n, wu), wd)
-        logits = torch.matmul(rms_norm(x, ps[1 + 9 * c.layers], c.eps), ps[2 + 9 * c.layers].t())
-        if logits.dtype in (torch.bfloat16, torch.float16):
-            logits = logits.float()
-        return F.cross_entropy(logits.reshape(-1, c.vocab), targets.reshape(-1))
+            h = x + self.attention(norm(x, g1, c.eps), wq, wk, wv, wo, T)
+            n = norm(h, g2, c.eps)
+            x = h + F.linear(act(F.linear(n, wg), F.linear(n, wu)), wd)
+        return self.parts["head"](x, ps[1 + 9 * c.layers], ps[2 + 9 * c.layers], targets, c.eps)
 
 
 class MirrorStep:
@@ -324,6 +346,48 @@ def throughput(a):
                     torch.cuda.reset_peak_memory_stats(dev)
 
 
+def ablate(a):
+    """gasloc's step in PyTorch with one piece swapped at a time: ATen's rms_norm, or one piece
+    under torch.compile (its backward too), then all pieces compiled; tokens/s against eager."""
+    cfg = Cfg(a.preset, a.seq)
+    dev = torch.device(a.device)
+    fpt = cfg.flops_per_token(a.seq)
+    if hasattr(torch, "_dynamo"):
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    x, y = make_batch(a.batch, a.seq, cfg.vocab, torch.Generator().manual_seed(1234))
+    x, y = x.to(dev), y.to(dev)
+    comp = lambda f: torch.compile(f, dynamic=False)
+    variants = [("eager (gasloc's ops)", lambda: {}), ("ATen rms_norm", lambda: {"norm": rms_norm_aten}),
+                ("compiled RMSNorm", lambda: {"norm": comp(rms_norm)}), ("compiled RoPE", lambda: {"rope": comp(rope_bf16)}),
+                ("compiled SwiGLU act", lambda: {"act": comp(swiglu_act)}),
+                ("compiled head+loss", lambda: {"head": comp(head_loss)}),
+                ("all four compiled", lambda: {"norm": comp(rms_norm), "rope": comp(rope_bf16), "act": comp(swiglu_act),
+                                               "head": comp(head_loss)})]
+    print(f"torch ablate: torch {torch.__version__}, preset {a.preset}, batch {a.batch} x {a.seq}, gasloc's step in "
+          f"PyTorch (bf16 autocast, SDPA), one piece swapped; median of {a.steps} after 3 warm-ups", flush=True)
+    base = None
+    for label, parts in variants:
+        if label not in a.only and a.only != ["all"]:
+            continue
+        t0 = time.time()
+        try:
+            model = Llama(cfg, 1234, dev)
+            model.parts.update(parts())
+            s, loss = timed(MirrorStep(model, "bf16"), x, y, a.steps, dev)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"torch ablate [{label}]: failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})", flush=True)
+            continue
+        finally:
+            model = None
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        base = base or s
+        tf = a.batch * a.seq / s * fpt / 1e12
+        print(f"torch ablate [{label}]: {s * 1e3:.1f} ms/step, {a.batch * a.seq / s:.0f} tokens/s, {base / s:.2f}x eager, "
+              f"{100 * tf / a.gemm_tflops if a.gemm_tflops else 0:.1f}% of measured GEMM, loss {loss:.4f} "
+              f"({time.time() - t0:.0f} s with set-up and compilation)", flush=True)
+
+
 def profile(a):
     from torch.profiler import ProfilerActivity, profile as prof_ctx
     cfg = Cfg(a.preset, a.seq)
@@ -353,10 +417,10 @@ def profile(a):
 
     def group(name):
         s = name.lower()
+        if any(k in s for k in ("flash", "fmha", "attention", "efficient", "sdpa")):
+            return "attention"  # first: cuDNN's SDPA kernels carry sm90_ in their names
         if any(k in s for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_")):
             return "GEMM"
-        if any(k in s for k in ("flash", "fmha", "attention", "efficient", "sdpa")):
-            return "attention"
         if "memcpy" in s or "memset" in s:
             return "memcpy/memset"
         if any(k in s for k in ("reduce", "norm", "softmax", "nll", "cross_entropy", "log_softmax")):
@@ -377,7 +441,7 @@ def profile(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["parity", "throughput", "profile"])
+    ap.add_argument("what", choices=["parity", "throughput", "profile", "ablate"])
     ints = lambda s: [int(v) for v in s.split(",") if v]
     ap.add_argument("--preset", default="134m")
     ap.add_argument("--device", default="cuda")
@@ -391,13 +455,14 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.4)
     ap.add_argument("--gemm-tflops", type=float, default=0.0)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--only", type=lambda s: s.split(","), default=["all"], help="ablate: variant labels to run")
     a = ap.parse_args()
     if a.what == "parity":
         a.steps, a.batch, a.seq = a.steps or 50, a.batch or 8, a.seq or 128
         parity(a)
     else:
         a.steps, a.batch, a.seq = a.steps or 10, a.batch or 64, a.seq or 1024
-        throughput(a) if a.what == "throughput" else profile(a)
+        {"throughput": throughput, "profile": profile, "ablate": ablate}[a.what](a)
 
 
 if __name__ == "__main__":
