@@ -11,7 +11,8 @@
 #      1234 for the verdict, two more seeds for the spread, beside PyTorch's own bf16 drift;
 #   4. bench_gpu throughput: the 134m preset in bf16, tokens/s and MFU at growing batch sizes,
 #      then the same model and step in PyTorch eager (bench/gpu_ref.py: gasloc's step, and
-#      PyTorch's idioms with fused AdamW) and a torch.profiler list of the CUDA kernels;
+#      PyTorch's idioms with fused AdamW), a torch.profiler list of the CUDA kernels and the
+#      fusion ablation (bench/gpu_ref.py ablate);
 #   5. a one-rank NCCL comm-check;
 #   6. the two-rank NCCL comm-check under NCCL_DEBUG=WARN (with two GPUs; on one, NCCL's reason);
 #   7. torch.compile of the PyTorch step (what fusion gives on the same GPU), as time allows;
@@ -118,7 +119,8 @@ print("sdpa flash/mem_efficient/math enabled:", torch.backends.cuda.flash_sdp_en
       torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
 EOF
 echo "GEMM_DONE" >>build-gpu/gemm.txt
-timeout 180 "$PY" bench/gpu_ref.py parity --seeds 1234,1235,1236 --cpu-seeds 1234 >build-gpu/py_parity.txt 2>&1
+# No CPU curve (--cpu-seeds ""): it slowed the build by a minute; bench_gpu prints the CPU one.
+timeout 180 "$PY" bench/gpu_ref.py parity --seeds 1234,1235,1236 --cpu-seeds "" >build-gpu/py_parity.txt 2>&1
 } &
 bg_pid=$!
 
@@ -176,7 +178,7 @@ elif [ -n "$prefix" ]; then
     rc=$?
     grep -E "warning: .*deprecated" build-gpu/build.log | sort -u | head -10
     if [ $rc -eq 0 ]; then build_ok=1; result build PASS
-      ldd build-gpu/bench_gpu | grep -E "crypto|not found"
+      ldd build-gpu/gasloc | grep -E "libcrypto\.so|not found"
     else
       echo "-- failed targets:"; grep -E "^FAILED:" build-gpu/build.log | cut -c1-200 | head -20
       echo "-- distinct errors:"; grep -E "error:|Error [0-9]|fatal" build-gpu/build.log | sed 's|^.*/src/gasloc/|src/gasloc/|' | sort -u | head -60
@@ -214,6 +216,15 @@ run_section() {  # name seconds command...
   if [ $rc -eq 0 ]; then result "$name" PASS; elif [ $rc -eq 124 ]; then result "$name" FAIL "timed out"; else result "$name" FAIL "exit $rc"; fi
 }
 
+# The carried libcrypto.so.3 (scripts/gpu_deps.sh) loads and works here, whichever one the build linked.
+if [ -x "$G" ] && [ -n "$deps" ] && [ -f "$deps/openssl/carried/libcrypto.so.3" ]; then
+  rm -f build-gpu/secret_check
+  LD_LIBRARY_PATH=$deps/openssl/carried ldd "$G" | grep -E "libcrypto\.so|not found"
+  if LD_LIBRARY_PATH=$deps/openssl/carried "$G" secret --out build-gpu/secret_check >/dev/null; then
+    result carried_openssl PASS "gasloc secret with the carried libcrypto.so.3"
+  else result carried_openssl FAIL "gasloc secret with the carried libcrypto.so.3"; fi
+fi
+
 say "== 3. CUDA against the CPU fp32 reference"
 run_section parity 90 $BG parity --preset tiny --batch 8 --seq 128 --steps 50
 # The spread over two more seeds (no verdict: the tolerance is the seed-1234 line's).
@@ -234,6 +245,8 @@ say "the same model and step in PyTorch eager (bench/gpu_ref.py), then torch.pro
 run_section torch_eager 100 "$PY" bench/gpu_ref.py throughput --preset 134m --seq 1024 --batches 128,256 --steps 10 \
   --modes mirror,torch --gemm-tflops "$gemm"
 run_section torch_profile 45 "$PY" bench/gpu_ref.py profile --preset 134m --seq 1024 --batch 64 --top 20
+# Which fusions pay: gasloc's step in PyTorch with one piece swapped (about 50 s).
+run_section torch_ablate 90 "$PY" bench/gpu_ref.py ablate --preset 134m --seq 1024 --batch 64 --steps 10 --gemm-tflops "$gemm"
 
 say "== 5. NCCL, one rank"
 if [ -x "$G" ] && grep -q "NCCL backend on" build-gpu/configure.log 2>/dev/null; then
@@ -314,7 +327,8 @@ if [ "$ngpu" -ge 2 ] && [ "${RESULT[nccl_2rank]:-}" = PASS ] && [ "$(budget_for 
 fi
 
 say "== summary ($(($(date +%s) - T0)) s)"
-for k in diagnostics gemm build parity torch_parity throughput torch_eager torch_profile nccl_1rank nccl_2rank torch_compile \
+for k in diagnostics gemm build carried_openssl parity torch_parity throughput torch_eager torch_profile torch_ablate \
+         nccl_1rank nccl_2rank torch_compile \
          workers_1_none workers_8_gasloc workers_8_diloco nccl_train; do
   echo "  $k: ${RESULT[$k]:-not run}"
 done
