@@ -14,7 +14,7 @@
 # machine that has none; scripts/gpu_check.sh links the machine's own libcrypto.so.3 where
 # ldconfig knows one (OpenSSL 3 keeps its ABI within 3.x) and the carried one only otherwise
 # (it needs glibc 2.34 or newer).
-#   scripts/gpu_deps.sh DIR      (about 11 MB)
+#   scripts/gpu_deps.sh DIR      (about 10 MB)
 set -euo pipefail
 out=${1:?usage: scripts/gpu_deps.sh DIR}
 mkdir -p "$out/include" "$out/lib/cmake"
