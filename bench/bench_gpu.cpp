@@ -1,6 +1,6 @@
 // GPU checks for scripts/gpu_check.sh (not part of CI; builds everywhere, needs CUDA to run).
 //
-//   bench_gpu parity     [--preset tiny] [--batch 8] [--seq 128] [--steps 50]
+//   bench_gpu parity     [--preset tiny] [--batch 8] [--seq 128] [--steps 50] [--seed 1234]
 //     The model on CUDA against the CPU fp32 reference, from the same weights: logits and loss
 //     on one batch, then a `steps`-step AdamW loss curve on the same batches, at fp32 and at bf16
 //     autocast (against the same fp32 CPU reference). Tolerances are printed with each line;
@@ -259,6 +259,7 @@ int main(int argc, char** argv) {
   par->add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
   par->add_option("--steps", a.steps, "steps of the loss curve")->capture_default_str();
   par->add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
+  par->add_option("--seed", a.seed, "initial weights (the batches use seed + 1)")->capture_default_str();
   par->add_option("--device", a.device, "cuda, or cpu for a dry run of this program")->capture_default_str();
   auto* thr = app.add_subcommand("throughput", "bf16 training tokens/s and MFU on CUDA");
   thr->add_option("--preset", a.preset, "model preset (default 134m)");
