@@ -9,27 +9,106 @@
 //
 //   build/bench_cluster [--preset tiny] [--workers 8] [--batch 4] [--seq 64] [--steps 30] [--algo gasloc]
 //                       [--data data/default] [--threads 0] [--rounds 1]
+//
+// --scale 1,64,256,1024 measures the simulator's overhead at those worker counts instead: wall
+// seconds per simulated inner step (every worker's steps over the cluster's wall time) against one
+// worker alone, with the cores shared as `gasloc train` shares them (cluster.compute_slots: the
+// cores beyond 64 workers), and the memory each worker took (resident set, after the warm-up
+// step) beside train/host_fit.hpp's estimate.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sched.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <barrier>
 #include <chrono>
+#include <fstream>
+#include <optional>
 #include <thread>
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/train/compute_gate.hpp"
+#include "gasloc/train/host_fit.hpp"
 #include "gasloc/train/worker.hpp"
 
 using namespace gasloc;
+
+namespace {
+
+// Resident set of this process, bytes.
+int64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// The --scale table: n workers of GASLoC-1peer (H = 10) for `steps` steps each (the first a
+// warm-up), one LibTorch and one BLAS thread each and the cores shared as the trainer plans,
+// against one such worker alone: at best n workers take n / cores times its step.
+int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const data::Dataset& ds, const std::vector<int>& ns,
+                int64_t steps, int64_t forced_slots) {
+  torch::set_num_threads(1);
+  const BlasThreads one(1);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double one_step = 0.0;
+  fmt::print("bench_cluster --scale: preset {} ({:.3f}M params), B={} T={}, {} timed steps per worker, {} cores, one "
+             "thread of everything per worker\n",
+             job.model.preset.str(), mc.num_params() / 1e6, job.data.batch_size, job.data.seq_len, steps - 1, cores);
+  fmt::print("| workers | compute slots | wall s per simulated inner step | vs the ideal (one worker's step / {} cores) | "
+             "resident MB per worker | estimate MB per worker |\n| --- | --- | --- | --- | --- | --- |\n",
+             cores);
+  for (const int n : ns) {
+    train::JobConfig j = job;
+    j.cluster.workers = n;
+    j.cluster.compute_slots = forced_slots;
+    const int slots = n > 1 ? train::planned_compute_slots(j, n) : 0;
+    std::optional<train::ComputeGate> gate;
+    if (slots > 0) gate.emplace(slots);
+    algo::AlgoConfig a;
+    a.name = n == 1 ? "none" : "gasloc";
+    a.H = 10;
+    a.topology = "1peer";
+    const int64_t before = resident_bytes();
+    comm::InProcCluster cluster(n, comm::NetworkModel{}, 3600.0);
+    std::vector<std::unique_ptr<train::Worker>> ws;
+    for (int r = 0; r < n; ++r) {
+      ws.push_back(std::make_unique<train::Worker>(j, mc, ds, cluster.comm(r), algo::make_synchronizer(a, n, job.train.seed)));
+      ws.back()->share_cores(gate ? &*gate : nullptr);
+    }
+    cluster.run([&](int r, comm::Communicator&) { ws[r]->step(); });  // warm-up
+    const double per_worker_mb = static_cast<double>(resident_bytes() - before) / n / 1e6;
+    const double state = static_cast<double>(ws[0]->optimizer_state_bytes() + ws[0]->sync_state_bytes()) / ws[0]->numel();
+    const auto m = train::estimated_worker_memory(mc, j.data.batch_size, j.data.seq_len, state);
+    const double estimate_mb = static_cast<double>(train::needed_bytes(m, n, slots > 0 ? slots : n)) / n / 1e6;
+    const auto t0 = std::chrono::steady_clock::now();
+    cluster.run([&](int r, comm::Communicator&) {
+      for (int64_t s = 1; s < steps; ++s) ws[r]->step();
+    });
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double per_step = wall / (static_cast<double>(n) * static_cast<double>(steps - 1));
+    if (one_step == 0.0) one_step = per_step;
+    const double ideal = one_step / std::min(n, cores);
+    fmt::print("| {} | {} | {:.5f} | {:.2f} | {:.1f} | {:.1f} |\n", n, slots > 0 ? fmt::format("{}", slots) : "no gate",
+               per_step, per_step / ideal, per_worker_mb, estimate_mb);
+    std::fflush(stdout);
+  }
+  fmt::print("(the first row is the one worker; issue 45's goal at 1,024 workers: at most 1.15 of the ideal)\n");
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string preset = "tiny", algo_name = "gasloc", data_dir = "data/default";
   int workers = 8;
   int64_t batch = 4, seq = 64, steps = 30, threads = 0;
   int rounds = 1;
+  std::vector<int> scale;
+  int64_t slots = 0;
   CLI::App app{"Inner-step throughput of an in-process cluster of N workers against one worker alone, in one run"};
   app.add_option("--preset", preset, "model preset")->capture_default_str();
   app.add_option("--workers", workers, "workers of the cluster")->check(CLI::Range(1, 256))->capture_default_str();
@@ -43,6 +122,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rounds", rounds, "alternations of one worker and the cluster (the fastest of each reported)")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--scale", scale, "worker counts for the simulator's overhead table (e.g. 1,64,256,1024), instead of the rest")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--slots", slots, "--scale: cluster.compute_slots for every row but the first (0: the trainer's plan)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -97,6 +182,7 @@ int main(int argc, char** argv) {
     for (auto& t : threads) t.join();
     return *std::max_element(secs.begin(), secs.end());
   };
+  if (!scale.empty()) return scale_table(job, mc, ds, scale, steps, slots);
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
   const int64_t planned = train::planned_streams(0, "cpu", batch, 1, std::thread::hardware_concurrency());
   const int default_threads = torch::get_num_threads();

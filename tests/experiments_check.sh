@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every sweep file in experiments/ loads (every run's job included) and expands, in both modes, and
-# every scripts/results_*.sh wrapper names one of them.
+# every scripts/results_*.sh wrapper names one or more of them.
 set -euo pipefail
 G=$1
 cd "$(dirname "$0")/.."
@@ -14,7 +14,10 @@ for f in experiments/*.toml; do
 done
 # Every results wrapper runs a study file that exists (they are thin: the file is the study).
 for w in scripts/results_*.sh; do
-  study=$(sed -nE 's/^run_study ([^ ]+\.toml).*/\1/p' "$w")
-  [ -n "$study" ] && [ -f "$study" ] || { echo "FAIL: $w runs no study file ('$study')"; exit 1; }
+  studies=$(sed -nE 's/^run_study ([^ ]+\.toml).*/\1/p' "$w")
+  [ -n "$studies" ] || { echo "FAIL: $w runs no study file"; exit 1; }
+  for study in $studies; do
+    [ -f "$study" ] || { echo "FAIL: $w runs a study file that does not exist ('$study')"; exit 1; }
+  done
 done
 echo "experiments_check: $(ls experiments/*.toml | wc -l) sweep files load; $(ls scripts/results_*.sh | wc -l) wrappers name one"

@@ -360,9 +360,6 @@ void validate_faults_and_elastic(const JobConfig& job) {
 
 }  // namespace
 
-// The most workers of one in-process cluster: a thread each (see JobConfig::validate).
-constexpr int64_t kMaxInprocWorkers = 250;
-
 void JobConfig::validate() const {
   require_finite_numbers(*this);
   const int64_t max_seq = model.resolve(0).max_seq_len;  // preset known and shape consistent
@@ -372,13 +369,7 @@ void JobConfig::validate() const {
   validate_train(train, data);
   require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
   require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
-  // A thread per in-process worker, each calling OpenBLAS: Debian's is built for 128 threads and
-  // terminates the process somewhere past 250 (measured: 250 ran, 1,024 died at the first
-  // evaluation). Refuse before that, not with a crash.
-  require(cluster.backend != "inproc" || cluster.workers <= kMaxInprocWorkers, "cluster.workers",
-          fmt::format("at most {} in-process workers: each is a thread calling OpenBLAS, which terminates the process "
-                      "beyond that (run more as processes under gasloc launch)",
-                      kMaxInprocWorkers));
+  require(cluster.compute_slots >= 0, "cluster.compute_slots", "must be >= 0 (0: the cores, from 65 in-process workers up)");
   // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
   const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
   algo.validate(world);

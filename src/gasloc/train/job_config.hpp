@@ -198,10 +198,14 @@ struct ClusterSection {
   double heartbeat_timeout_s = 10.0;
   bool join = false;
   std::string secret_file;
+  int64_t compute_slots = 0;
 
   template <class V>
   void visit(V&& v) {
     v("workers", workers, "workers of the in-process cluster (gloo, nccl: the world size comes from WORLD_SIZE)");
+    v("compute_slots", compute_slots,
+      "inproc: at most this many workers compute at once, the one furthest behind on its clock first (0: the cores, "
+      "from 65 workers up; below that every worker computes when it likes)");
     v("backend", backend, "how the workers talk");
     v("timeout_s", timeout_s,
       "seconds any rendezvous-store call or collective waits for a peer before failing with an error naming it");

@@ -1,5 +1,7 @@
 #include "gasloc/train/run.hpp"
 
+#include "gasloc/train/host_fit.hpp"
+
 #include <fmt/format.h>
 #include <torch/version.h>
 
@@ -193,17 +195,13 @@ int Run::check_resume_world(bool announce) const {
   return saved;
 }
 
-void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device) {
-  if (device != "cpu") return;
-  const double needed = 16.0 * static_cast<double>(mc.num_params()) * local_workers;
-  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  if (have <= 0 || needed <= have) return;
-  throw ConfigError(fmt::format("the model has {:.3g}M parameters: its weights, gradients and Adam moments alone take "
-                                "{:.1f} GB for {} worker{} in this process, more than this machine's {:.1f} GB of memory",
-                                static_cast<double>(mc.num_params()) / 1e6, needed / 1e9, local_workers,
-                                local_workers == 1 ? "" : "s", have / 1e9),
-                    "choose a smaller model (model.preset, model.n_layers, model.dim), or fewer in-process workers "
-                    "(`gasloc model-info` prints a model's size)");
+std::string check_memory(const model::LlamaConfig& mc, const JobConfig& job, int local_workers) {
+  if (job.train.device != "cpu") return {};
+  // Before the workers exist their state is bounded: Adam's two moments and an algorithm's anchor
+  // and momentum, 16 bytes a parameter.
+  const int slots = planned_compute_slots(job, local_workers);
+  return check_workers_fit(local_workers, estimated_worker_memory(mc, job.data.batch_size, job.data.seq_len, 16.0),
+                           slots > 0 ? slots : local_workers, available_memory_bytes());
 }
 
 void Run::write_info(const data::Dataset& dataset) const {

@@ -87,11 +87,11 @@ class Run {
   nlohmann::json resolved_;
 };
 
-// Refuses, before anything is allocated, a model whose parameters, gradients and Adam moments
-// alone (16 bytes per parameter per worker, a lower bound) exceed this machine's memory
-// (`local_workers` workers in this process; not checked on a GPU). Throws ConfigError with the
-// estimate.
-void check_memory(const model::LlamaConfig& mc, int local_workers, const std::string& device);
+// Refuses, before anything is allocated, `local_workers` workers in this process whose estimated
+// memory (host_fit.hpp: parameters, gradients, optimizer and algorithm state, one batch's
+// activations) exceeds 90% of what this host has free; not checked on a GPU. Throws ConfigError
+// naming cluster.workers with the estimate; returns the line the run prints ("" on a GPU).
+std::string check_memory(const model::LlamaConfig& mc, const JobConfig& job, int local_workers);
 
 
 // The first key ("section.key") at which a resolved job differs from a stored run's (run.json's

@@ -3,13 +3,17 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/coordination.hpp"
+#include "gasloc/train/host_fit.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/rank_loop.hpp"
 #include "gasloc/train/run.hpp"
@@ -74,11 +78,15 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   const std::optional<algo::Membership> membership = fault_membership(s, start.arrivals);
   const algo::Membership* views = s.coord.store_views();
   if (!views && membership) views = &*membership;
+  const int slots = planned_compute_slots(job, static_cast<int>(ranks.size()));
+  std::optional<ComputeGate> gate;
+  if (slots > 0) gate.emplace(slots);
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(
         std::make_unique<Worker>(job, s.mc, s.dataset, s.cluster.comm(ranks[i]),
                                  algo::make_synchronizer(job.algo, s.world, job.train.seed, &s.network, views, job.faults.poisons())));
+    workers.back()->share_cores(gate ? &*gate : nullptr);
     if (start.loaded.contains(ranks[i])) workers.back()->load_state(start.loaded.at(ranks[i]).tensors);
     else if (start.arrivals.contains(ranks[i])) stand_in_for_arrival(*workers.back(), ranks[i], start, *membership);
   }
@@ -129,7 +137,7 @@ TrainSummary run_training(const TrainRequest& req) {
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
   const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);  // data.seq_len fits: JobConfig::validate
-  check_memory(mc, workers_in_this_process(job), job.train.device);
+  const std::string memory = check_memory(mc, job, workers_in_this_process(job));
   // A compressed round's messages are priced by their size against the simulated model's.
   if (job.algo.compression != "none") job.network.parameter_message_bytes = mc.num_params() * job.network.simulated_element_bytes;
 
@@ -146,10 +154,14 @@ TrainSummary run_training(const TrainRequest& req) {
   const auto coord = make_coordination(*cluster, job);
   coord->agree_config(run.resolved(), dataset.fingerprint);
   const comm::NetworkModel network = job.network.model(world);
-  if (coord->leader() && !req.quiet)
+  const std::vector<int>& ranks = cluster->local_ranks();
+  if (coord->leader() && !req.quiet) {
     fmt::print("{}\n", data_coverage(dataset.train->size(), world, job.train.steps, job.data.batch_size, job.data.seq_len,
                                      job.data.sampling == "disjoint"));
-  const std::vector<int>& ranks = cluster->local_ranks();
+    const int slots = planned_compute_slots(job, static_cast<int>(ranks.size()));
+    if (ranks.size() > 1 && !memory.empty())
+      fmt::print("{}{}\n", memory, slots > 0 ? fmt::format("; {} of them compute at once (cluster.compute_slots)", slots) : "");
+  }
   // Each step calls the next, so that what a step holds (the set-up here, the run directory's
   // lock, the BLAS threads, the workers) outlives the steps after it and is let go in reverse.
   return train_in_run_dir({req, job, dataset, mc, *cluster, run, processes, *coord, network, ranks, world,

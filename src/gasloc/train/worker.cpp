@@ -7,10 +7,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
+#include "gasloc/algo/registry.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/model/fused.hpp"
 #include "gasloc/model/hf_export.hpp"
+#include "gasloc/train/compute_gate.hpp"
 
 namespace gasloc::train {
 
@@ -108,6 +111,11 @@ StepResult Worker::step() {
     compute_wall_s_ += std::chrono::duration<double>(t - t0).count();
     t0 = t;
   };
+  // The compute holds a slot of the cores, in one piece (the step's tensors stay in cache); an
+  // algorithm that communicates every step (allreduce, dadam: after_backward) lets it go around
+  // that exchange (a holder waiting for a peer that waits for a slot would never return).
+  const bool grads_leave = !algo::algorithm(job_.algo.name.str()).has_rounds;
+  std::optional<ComputeGate::Slot> slot(std::in_place, gate_, comm_.now(), comm_.rank());
   data::Batch batch = sampler_->next();
   params_.zero_grad();
   // Checked before anything is sent: a diverged worker must stop itself, not contaminate its
@@ -133,11 +141,14 @@ StepResult Worker::step() {
     loss.backward();
   }
   lap();
+  if (grads_leave) slot.reset();
   sync_->after_backward(k, params_, comm_);
+  if (grads_leave) slot.emplace(gate_, comm_.now(), comm_.rank());
   t0 = std::chrono::steady_clock::now();
   r.grad_norm = optim::clip_grad_norm(params_.grad(), job_.optim.grad_clip);
   optimizer_->step(r.lr);
   lap();
+  slot.reset();
   comm_.compute(1);
   last_loss_ = r.loss;
   r.round_done = sync_->after_step(k, params_, comm_);
@@ -200,6 +211,7 @@ double Worker::evaluate(const std::vector<data::Batch>& batches) {
   if (stepping_.load())
     throw Error("evaluation requested while worker " + std::to_string(comm_.rank()) + " is in a training step",
                 "evaluate between steps (the trainer does); a training step must finish first");
+  const ComputeGate::Slot slot(gate_, comm_.now(), comm_.rank());
   optim::EvalScope at_x(optimizer_.get());
   if (streams_) return streams_->mean_loss(model_, batches, device_);  // the same bits, the batches spread over the streams
   torch::NoGradGuard no_grad;

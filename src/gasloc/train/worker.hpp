@@ -42,6 +42,8 @@ struct StepResult {
   std::optional<algo::View> view_change;  // elastic: the round that ended here lost or gained workers
 };
 
+class ComputeGate;
+
 class Worker {
  public:
   Worker(const JobConfig& job, const model::LlamaConfig& model_cfg, const data::Dataset& dataset,
@@ -87,6 +89,9 @@ class Worker {
   // joiner takes it, keeping only its own random generator: its data stream stays its own,
   // advanced to the donor's position. False when a joiner got nothing (its donor died at it).
   bool heal(const algo::HealPlan& plan);
+  // In-process workers beyond the cores take turns at them (compute_gate.hpp): each step's compute
+  // and each evaluation then wait for a slot of `gate` (null: no gate). The bits do not change.
+  void share_cores(ComputeGate* gate) { gate_ = gate; }
 
  private:
   // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
@@ -106,6 +111,7 @@ class Worker {
   std::unique_ptr<data::WindowSampler> sampler_;
   std::unique_ptr<BatchStreams> streams_;  // train.streams > 1: the batch's row groups on threads of their own
   std::atomic<bool> stepping_{false};
+  ComputeGate* gate_ = nullptr;
   int64_t step_ = 0;
   double last_loss_ = 0.0;
   double max_loss_ = 0.0;  // 0: no limit

@@ -1,0 +1,120 @@
+// Many in-process workers on one host (train/compute_gate.hpp, train/host_fit.hpp): the cores
+// taken in turns, furthest-behind clock first, without changing a bit; the memory check's
+// arithmetic and its refusal before a job too large starts.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "gasloc/core/error.hpp"
+#include "gasloc/train/compute_gate.hpp"
+#include "gasloc/train/host_fit.hpp"
+#include "gasloc/train/trainer.hpp"
+#include "test_util.hpp"
+
+using namespace gasloc;
+
+TEST(ComputeGate, NeverMoreHoldersThanSlots) {
+  train::ComputeGate gate(2);
+  std::atomic<int> inside{0}, most{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 8; ++r)
+    threads.emplace_back([&, r] {
+      for (int k = 0; k < 50; ++k) {
+        const train::ComputeGate::Slot slot(&gate, k + 0.01 * r, r);
+        const int now = ++inside;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        --inside;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_LE(most.load(), 2);
+  EXPECT_EQ(gate.most_held(), most.load());
+  EXPECT_GE(gate.most_held(), 1);
+}
+
+// With the one slot held, three workers queue at clocks 3, 1 and 2 (ranks 0, 1, 2); on release
+// they get it in clock order: 1, 2, 0. Equal clocks go by rank.
+TEST(ComputeGate, TheFurthestBehindGoesFirst) {
+  train::ComputeGate gate(1);
+  std::vector<int> order;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  {
+    const train::ComputeGate::Slot held(&gate, 0.0, 9);
+    const std::vector<std::pair<double, int>> queue = {{3.0, 0}, {1.0, 1}, {2.0, 2}, {2.0, 3}};
+    for (const auto& [clock, rank] : queue)
+      threads.emplace_back([&, clock, rank] {
+        const train::ComputeGate::Slot slot(&gate, clock, rank);
+        std::lock_guard lk(mu);
+        order.push_back(rank);
+      });
+    while (gate.waiting() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 0}));
+  EXPECT_THROW(train::ComputeGate(0), Error);
+}
+
+// 10 workers of 100 MB state: 1 GB, which fits in 2 GB free and not in 1 GB (90% of it serves 9).
+// Activations count once per worker computing at once: 10 MB state and 50 MB activations, 2 of
+// 10 computing, make 100 + 100 MB.
+TEST(HostFit, TheCheckIsTheEstimateAgainstNinetyPercentOfWhatIsFree) {
+  const train::WorkerMemory state_only{100'000'000, 0};
+  const std::string line = train::check_workers_fit(10, state_only, 10, 2'000'000'000);
+  EXPECT_NE(line.find("about 1.00 GB for 10 workers"), std::string::npos) << line;
+  EXPECT_NE(line.find("2.00 GB free"), std::string::npos) << line;
+  EXPECT_NO_THROW(train::check_workers_fit(10, state_only, 10, -1));  // unknown: no check
+  try {
+    train::check_workers_fit(10, state_only, 10, 1'000'000'000);
+    ADD_FAILURE() << "1 GB of workers in 1 GB free must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.workers"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.hint()).find("at most 9 workers"), std::string::npos) << e.hint();
+  }
+  EXPECT_EQ(train::needed_bytes({10'000'000, 50'000'000}, 10, 2), 200'000'000);
+  EXPECT_EQ(train::needed_bytes({10'000'000, 50'000'000}, 10, 64), 600'000'000);  // no more than the workers
+  EXPECT_GT(train::available_memory_bytes(), 0);  // Linux: /proc/meminfo has MemAvailable
+}
+
+class ManyWorkers : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = test_util::temp_root("test_host_fit");
+    test_util::make_byte_dataset(root_);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
+  static inline std::filesystem::path root_;
+};
+
+// One slot for four workers computes every step and evaluation in turn: the same bits as the
+// workers computing when they like.
+TEST_F(ManyWorkers, OneSlotForFourWorkersGivesTheSameBits) {
+  auto request = [&](const std::string& run, const std::string& slots) {
+    return test_util::nano_request(root_, run, {"train.steps=30", "train.eval_every=10", "cluster.workers=4", "algo.name=gasloc",
+                                                "algo.topology=2peer", "algo.H=5", "cluster.compute_slots=" + slots});
+  };
+  const auto free_for_all = train::run_training(request("free", "0"));
+  const auto one_slot = train::run_training(request("gated", "1"));
+  ASSERT_EQ(free_for_all.train_losses.size(), 30u);
+  EXPECT_EQ(one_slot.train_losses, free_for_all.train_losses);
+  EXPECT_EQ(one_slot.final_val_loss, free_for_all.final_val_loss);
+}
+
+// 4,096 workers of the small preset (~25M parameters each) need terabytes: refused at the start,
+// naming the key, before the others are made.
+TEST_F(ManyWorkers, AJobLargerThanTheHostIsRefusedWithItsEstimate) {
+  auto r = test_util::nano_request(root_, "too_large", {"model.preset=small", "cluster.workers=4096", "algo.name=gasloc"});
+  try {
+    train::run_training(r);
+    ADD_FAILURE() << "4,096 small workers must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.workers"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("4096 workers in this process need about"), std::string::npos) << e.what();
+  }
+}
