@@ -213,6 +213,17 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   EXPECT_NE(both.find("<!-- other:begin"), std::string::npos);
 }
 
+// A study without [tuning] (its seeds, if any, a grid axis) writes its quick section too: it
+// crashed there once, reading the first of no tuning seeds.
+TEST_F(Sweep, AnUntunedStudyWritesItsQuickSection) {
+  auto o = options("untuned.md");
+  o.quick = true;
+  study::run_sweep(study::load_sweep(sweep_file("untuned", "[[variant]]\nname = \"v\"\n")), o);
+  const std::string md = read_file(kRoot / "untuned.md");
+  EXPECT_NE(md.find("<!-- untuned-quick:begin"), std::string::npos) << md;
+  EXPECT_TRUE(study::load_sweep(sweep_file("untuned", "[[variant]]\nname = \"v\"\n")).seeds(true).empty());
+}
+
 TEST_F(Sweep, ARunDirectoryOfAnotherConfigurationIsRefused) {
   study::run_sweep(study::load_sweep(sweep_file("mix", "[[variant]]\nname = \"v\"\n")), options("mix.md"));
   const auto before = read_file(kRoot / "runs" / "mix" / "v" / "metrics.jsonl");

@@ -189,7 +189,7 @@ std::vector<Point> grid_points(const Axes& axes) {
 }
 
 std::vector<int64_t> SweepSpec::seeds(bool quick) const {
-  if (!quick) return tuning.seeds;
+  if (!quick || tuning.seeds.empty()) return tuning.seeds;  // empty without [tuning]
   if (!tuning.quick_seeds.empty()) return tuning.quick_seeds;
   return {tuning.seeds.front()};
 }
