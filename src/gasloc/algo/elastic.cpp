@@ -236,14 +236,13 @@ MixInFlight RoundMixer::start_mix(int64_t round, const torch::Tensor& x, comm::C
   TORCH_CHECK(!membership_, "RoundMixer::start_mix: overlapped rounds have a fixed membership");
   torch::NoGradGuard no_grad;
   MixInFlight f;
+  f.x = x;
   if (compressor_) {
     // The anchor (theta) is copied: the relayed mix reads it while the worker trains.
-    f.x = x;
     f.relay = std::make_shared<RelayedMix>(comm, compressed_mix(round, x, anchor.defined() ? anchor.clone() : anchor));
     return f;
   }
   TORCH_CHECK(!clip_ || !topo_.is_all_reduce(), "RoundMixer::start_mix: a clipped all-reduce does not overlap (AlgoConfig refuses it)");
-  f.x = x;
   const double pf = poison_factor(poisons_, comm.rank(), round);
   const torch::Tensor sent = pf == 1.0 ? x : x * pf;
   if (topo_.is_all_reduce()) {

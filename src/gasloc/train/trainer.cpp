@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <limits>
 #include <optional>
 #include <thread>
