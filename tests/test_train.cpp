@@ -15,6 +15,7 @@
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/signals.hpp"
 #include "gasloc/train/trainer.hpp"
 #include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
@@ -644,4 +645,29 @@ TEST_F(Trainer, RepairDropsWhatIsMissingOrDamagedAndResumes) {
   EXPECT_EQ(s.steps_done, 30);
   EXPECT_EQ(s.train_losses.size(), 20u);  // from step 10, the newest step all three hold
   for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(c.committed(rank), (std::vector<int64_t>{30, 20})) << rank;
+}
+
+// One stop request often arrives twice at once (`timeout` signals its child, then its process
+// group; a terminal and `gasloc launch` both pass on a Ctrl+C): it must count as one request, a
+// checkpoint and exit 130, not as the second request that ends the process without one.
+TEST(Signals, OneRequestDeliveredTwiceAtOnceIsOneRequest) {
+  train::SignalScope scope;
+  EXPECT_FALSE(train::stop_requested());
+  std::raise(SIGTERM);
+  std::raise(SIGINT);  // were it a second request, the process would end here
+  EXPECT_TRUE(train::stop_requested());
+}
+
+TEST(SignalsDeathTest, ARequestASecondLaterEndsTheProcessSayingSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        train::SignalScope scope;
+        std::raise(SIGINT);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+        std::raise(SIGINT);
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::exit(0);
+      },
+      testing::KilledBySignal(SIGINT), "second interrupt: exiting now without a checkpoint");
 }

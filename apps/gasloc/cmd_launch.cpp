@@ -387,6 +387,7 @@ class Supervisor : public comm::ProcessControl {
   }
   int first_failed = -1;  // the entry of `ranks` whose failure stopped the job
   bool interrupted = false;
+  double interrupted_at_ = 0;  // seconds(); a repeat within a second is the same request, delivered twice
   const comm::ElasticHost* elastic() const { return elastic_ ? &*elastic_ : nullptr; }
 
   // comm::ProcessControl, for the elastic host.
@@ -446,12 +447,16 @@ class Supervisor : public comm::ProcessControl {
         print_status();
         continue;
       }
+      // A terminal's Ctrl+C, or `timeout` signalling its child and then its group, can deliver
+      // one request twice within microseconds; only a later one is a second request.
+      if (interrupted && seconds() - interrupted_at_ < 1.0) continue;
       if (sig == SIGINT && interrupted) {
         write_all(2, "launch: second interrupt: killing every rank\n");
         signal_all(ranks_, SIGKILL);
         continue;
       }
       interrupted = true;
+      interrupted_at_ = seconds();
       if (elastic_) elastic_->interrupt();
       write_all(2, fmt::format("launch: got {}; forwarding it to every rank\n", ::strsignal(sig)));
       signal_all(ranks_, sig == SIGHUP ? SIGTERM : sig);
