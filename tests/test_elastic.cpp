@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <tuple>
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/elastic.hpp"
@@ -353,6 +354,24 @@ TEST_F(ElasticRun, StopAndResumeTrainsAsWithoutFailuresAndPaysTheRestart) {
   }
 }
 
+// Compressed rounds under stop-and-resume: the same bits as the compressed run without failures
+// (its error feedback and the owners' state go on as if nothing failed), and the same restart price.
+TEST_F(ElasticRun, StopAndResumeOfCompressedRoundsTrainsAsWithoutFailures) {
+  const algo::RestartAll restart{.delay_s = 25.0, .checkpoint_every_rounds = 2};
+  for (const auto& [name, topo, codec] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"diloco", "1peer", "int8"}, {"gasloc", "complete", "int4"}}) {
+    auto with = algo(name, topo);
+    with.push_back("algo.compression=" + codec);
+    const auto priced = run(4, with, 12, std::vector<algo::FaultEvent>{{.id = 1, .round = 2}}, {}, restart);
+    const auto free = run(4, with, 12, std::nullopt);
+    const double round = free.clock[0] / 4;
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(torch::equal(priced.workers[r]->params().data(), free.workers[r]->params().data())) << name << " " << codec;
+      EXPECT_NEAR(priced.clock[r], free.clock[r] + restart.delay_s + round, 1e-9) << name << " " << codec;
+    }
+  }
+}
+
 // --- Through the trainer ------------------------------------------------------------------------
 
 std::vector<train::ViewEvent> view_events(const std::filesystem::path& run) {
@@ -491,6 +510,13 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.workers=4", "algo.name=diloco", "algo.H=30", "train.checkpoint_every=100",
                                   "faults.restart_all=true", "faults.kill=[{id=1,round=1}]"}); },
                       "train.checkpoint_every");
+  // Compressed rounds keep a fixed membership: refused with elastic runs, priced with restart_all.
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8"}); },
+                      "algo.compression = none");
+  expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "algo.compression=int8"}); },
+                      "algo.compression = none");
+  load({"cluster.workers=4", "algo.name=diloco", "algo.H=5", "train.checkpoint_every=10", "faults.restart_all=true",
+        "faults.kill=[{id=1,round=1}]", "algo.compression=int8"});
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=nccl"}); }, "cluster.backend = \"gloo\"");
   // Over Gloo the failures are real: a schedule of simulated ones is refused.
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "faults.kill=[{id=1,round=2}]"}); },

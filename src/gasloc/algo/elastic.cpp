@@ -139,10 +139,12 @@ torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::
 }
 
 void RoundMixer::compress(const CompressionOptions& o) {
-  if (membership_ || restarts_)
-    throw ConfigError("config key 'algo.compression': compressed rounds are built for a fixed membership; an elastic run or "
-                      "a [faults] schedule changes it at rounds",
-                      "set algo.compression = none, or cluster.elastic = false without [faults]");
+  // faults.restart_all keeps every worker (it prices the restarts on the clock): compressed rounds run as without faults.
+  if (membership_)
+    throw ConfigError("config key 'algo.compression': compressed rounds are built for a fixed membership; an elastic run "
+                      "changes it at rounds",
+                      "set algo.compression = none, or cluster.elastic = false (faults.restart_all = true prices "
+                      "stop-and-resume with compressed rounds)");
   compressor_ = std::make_shared<Compressor>(o);
 }
 
