@@ -304,6 +304,58 @@ TEST_F(ElasticRun, AllReduceRetriedEqualsAllReduceOverTheSurvivors) {
     EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), three.workers[r]->params().data())) << "worker " << r;
 }
 
+// Compressed all-reduces in elastic rounds (algo.compression with diloco or the complete graph).
+std::vector<std::string> compressed(const std::string& name, const std::string& topo, const std::string& codec) {
+  return {"algo.name=" + name, "algo.H=3", "algo.topology=" + topo, "train.steps=12", "algo.compression=" + codec};
+}
+
+// Without faults in the rounds run, elastic mode gives the fixed world's bits (the clocks differ
+// by the members' agreement on each attempt, a one-value all-reduce).
+TEST_F(ElasticRun, CompressedWithoutFaultsGivesTheFixedWorldsBits) {
+  for (const auto& [name, topo, codec] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"diloco", "1peer", "int8"}, {"diloco", "1peer", "int4"}, {"diloco", "1peer", "topk"}, {"gasloc", "complete", "int8"}}) {
+    const auto elastic = run(4, compressed(name, topo, codec), 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
+    const auto fixed = run(4, compressed(name, topo, codec), 9, std::nullopt);
+    for (int r = 0; r < 4; ++r)
+      EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), fixed.workers[r]->params().data())) << name << " " << codec;
+  }
+}
+
+// Worker 3 dies at round 0's merge: the aborted attempt over four leaves no trace (int4's error
+// feedback, on by default, is put back), and the survivors follow a 3-worker compressed DiLoCo bit for bit.
+TEST_F(ElasticRun, CompressedDiLoCoRetriedEqualsItOverTheSurvivors) {
+  for (const std::string codec : {"int8", "int4", "topk"}) {
+    const auto elastic = run(4, compressed("diloco", "1peer", codec), 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 0}});
+    const auto three = run(3, compressed("diloco", "1peer", codec), 9, std::nullopt);
+    for (int r = 0; r < 3; ++r)
+      EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), three.workers[r]->params().data())) << codec << " worker " << r;
+  }
+}
+
+// Through a death and a rejoin, every member ends each round with the same theta, bit for bit
+// (the owners' requantized bytes), the joiner included; the joiner's error feedback starts at zero.
+TEST_F(ElasticRun, CompressedAllReduceKeepsEveryMemberIdenticalThroughDeathAndRejoin) {
+  const std::vector<algo::FaultEvent> faults = {{.id = 1, .round = 1, .restart_after_rounds = 1}};
+  const algo::Membership m(4, faults);
+  const int donor = m.view(2).donor(1);
+  bool healed_checked = false;
+  const auto res = run(4, compressed("diloco", "1peer", "int4"), 12, faults, [&](int64_t step, auto& w) {
+    if (step == 6) {  // round 1 ended: worker 1 died there and is out
+      for (int r : {2, 3}) EXPECT_TRUE(torch::equal(w[r]->params().data(), w[0]->params().data())) << "step 6, worker " << r;
+    }
+    if (step == 9) {  // round 2 ended: worker 1 rejoined from its donor
+      const auto joiner = w[1]->state(), from = w[donor]->state();
+      ASSERT_TRUE(from.count("sync.compression_feedback"));
+      EXPECT_FALSE(joiner.count("sync.compression_feedback")) << "a joiner's error feedback starts at zero";
+      EXPECT_TRUE(torch::equal(joiner.at("params"), from.at("params")));
+      healed_checked = true;
+    }
+  });
+  EXPECT_TRUE(healed_checked);
+  for (int r = 1; r < 4; ++r)
+    EXPECT_TRUE(torch::equal(res.workers[r]->params().data(), res.workers[0]->params().data())) << "worker " << r;
+}
+
 // A joiner holds its donor's whole state after the merge of its join round, bit for bit, but for
 // its own random generator; and it trains on from there. Round 1 ends at step 6 for GASLoC (H = 3)
 // and at step 2 for the algorithms whose every step is a round.
@@ -510,11 +562,14 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.workers=4", "algo.name=diloco", "algo.H=30", "train.checkpoint_every=100",
                                   "faults.restart_all=true", "faults.kill=[{id=1,round=1}]"}); },
                       "train.checkpoint_every");
-  // Compressed rounds keep a fixed membership: refused with elastic runs, priced with restart_all.
+  // Compressed gossip keeps a fixed membership: refused with elastic runs; compressed all-reduces
+  // are elastic, and restart_all prices any compressed round.
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8"}); },
                       "algo.compression = none");
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "algo.compression=int8"}); },
                       "algo.compression = none");
+  load({"cluster.workers=4", "cluster.elastic=true", "algo.name=diloco", "algo.compression=int8"});
+  load({"cluster.workers=4", "cluster.elastic=true", "algo.topology=complete", "algo.compression=int4"});
   load({"cluster.workers=4", "algo.name=diloco", "algo.H=5", "train.checkpoint_every=10", "faults.restart_all=true",
         "faults.kill=[{id=1,round=1}]", "algo.compression=int8"});
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=nccl"}); }, "cluster.backend = \"gloo\"");

@@ -95,20 +95,26 @@ torch::Tensor byte_tensor(const std::vector<uint8_t>& v) {
 }
 
 // One pair exchange per colour: exchange `send(partner)` with the colour's partner, hand what
-// arrived to got(partner, tensor). Every worker runs every colour, alone in those it sits out.
+// arrived to got(partner, tensor). Every worker runs every colour, alone in those it sits out (and
+// in all of them when it is not among `ids`: me < 0). A worker that does not send (`sends`
+// false) lists its partners with nothing, so they see a failed edge. A failed edge: `failed` gets
+// the partner's id, and got() is not called.
 template <class Send, class Got>
-void pairwise(const std::vector<std::vector<int>>& colours, const std::vector<int>& ids, int me, comm::Communicator& comm,
-              Send send, Got got) {
+void pairwise(const std::vector<std::vector<int>>& colours, const std::vector<int>& ids, int me, bool sends,
+              comm::Communicator& comm, Send send, Got got, int& failed) {
   for (const auto& partner : colours) {
-    const int p = partner[me];
+    const int p = me < 0 ? -1 : partner[me];
     std::vector<torch::Tensor> recv;
     if (p < 0) {
       comm.exchange({}, torch::empty({0}, torch::kByte), recv);
       continue;
     }
-    comm.exchange({ids[p]}, send(p), recv);
-    if (!recv.at(0).defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", ids[me], ids[p]),
-                                               "compressed rounds need a fixed membership");
+    comm.exchange({ids[p]}, sends ? send(p) : torch::Tensor(), recv);
+    if (!sends) continue;
+    if (!recv.at(0).defined()) {
+      failed = ids[p];
+      continue;
+    }
     got(p, recv[0]);
   }
 }
@@ -139,13 +145,36 @@ torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor
   return owner_all_reduce(o_.codec, o_.error_feedback, x, r, members, comm);
 }
 
+torch::Tensor Compressor::all_reduce_attempt(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
+                                             comm::Communicator& comm, bool& complete) {
+  return owner_all_reduce(o_.codec, o_.error_feedback, x, r, members, comm, &complete);
+}
+
+StateDict Compressor::snapshot() const {
+  StateDict s = state();
+  for (auto& [k, t] : s) t = t.clone();
+  return s;
+}
+
 torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedback, const torch::Tensor& x,
-                                           const torch::Tensor& r, const std::vector<int>& members, comm::Communicator& comm) {
+                                           const torch::Tensor& r, const std::vector<int>& members, comm::Communicator& comm,
+                                           bool* complete) {
   torch::NoGradGuard no_grad;
   const int n = static_cast<int>(members.size());
   const auto at = std::find(members.begin(), members.end(), comm.rank());
-  if (at == members.end()) throw Error(fmt::format("compressed all-reduce: worker {} is not a member", comm.rank()));
-  const int me = static_cast<int>(at - members.begin());
+  if (at == members.end() && !complete) throw Error(fmt::format("compressed all-reduce: worker {} is not a member", comm.rank()));
+  const int me = at == members.end() ? -1 : static_cast<int>(at - members.begin());
+  const auto colours = round_robin(n);
+  if (me < 0 || !x.defined()) {
+    // It sends nothing: the same exchanges, one phase (topk) or two, so that every worker makes them in order.
+    int failed = -1;
+    const int phases = codec.kind == comm::CodecKind::topk ? 1 : 2;
+    for (int phase = 0; phase < phases; ++phase)
+      pairwise(colours, members, me, false, comm, [](int) { return torch::Tensor(); }, [](int, const torch::Tensor&) {}, failed);
+    if (complete) *complete = false;
+    return {};
+  }
+  int failed = -1;  // a partner whose edge failed: the attempt is incomplete
   const int64_t P = x.numel(), C = static_cast<int64_t>(codec.chunk);
   const int64_t chunks = (P + C - 1) / C, shard_chunks = (chunks + n - 1) / n, shard = shard_chunks * C;
   const auto chunk_bytes = static_cast<int64_t>(comm::payload_bytes(codec, codec.chunk));
@@ -169,15 +198,16 @@ torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedba
   }
 
   const int64_t shard_bytes = shard_chunks * chunk_bytes;
-  const auto colours = round_robin(n);
   auto decoded = torch::empty({n * shard}, torch::kFloat);
   if (codec.kind == comm::CodecKind::topk) {
     // Every member's whole payload to every member, decoded and summed in id order.
     std::vector<torch::Tensor> payload(n);
     payload[me] = codes;
-    pairwise(colours, members, me, comm, [&](int) { return codes; }, [&](int p, const torch::Tensor& t) { payload[p] = t; });
+    pairwise(colours, members, me, true, comm, [&](int) { return codes; }, [&](int p, const torch::Tensor& t) { payload[p] = t; },
+             failed);
     decoded.zero_();
     for (int k = 0; k < n; ++k) {
+      if (!payload[k].defined()) continue;  // a failed edge: the attempt is incomplete (below)
       try {
         comm::decode_add(codec, bytes(payload[k]), 1.0f, floats(decoded));
       } catch (const comm::BadPayload& e) {
@@ -190,10 +220,11 @@ torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedba
     auto shard_of = [&](int k) { return codes.narrow(0, k * shard_bytes, shard_bytes); };
     std::vector<torch::Tensor> mine(n);
     mine[me] = shard_of(me);
-    pairwise(colours, members, me, comm, [&](int p) { return shard_of(p).contiguous(); },
-             [&](int p, const torch::Tensor& t) { mine[p] = t; });
+    pairwise(colours, members, me, true, comm, [&](int p) { return shard_of(p).contiguous(); },
+             [&](int p, const torch::Tensor& t) { mine[p] = t; }, failed);
     auto mean = torch::zeros({shard}, torch::kFloat);
     for (int k = 0; k < n; ++k) {
+      if (!mine[k].defined()) continue;
       try {
         comm::decode_add(codec, bytes(mine[k].contiguous()), 1.0f, floats(mean));
       } catch (const comm::BadPayload& e) {
@@ -216,8 +247,10 @@ torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedba
     // Phase 2: the owners' codes, all to all.
     std::vector<torch::Tensor> owners(n);
     owners[me] = owned;
-    pairwise(colours, members, me, comm, [&](int) { return owned; }, [&](int p, const torch::Tensor& t) { owners[p] = t; });
+    pairwise(colours, members, me, true, comm, [&](int) { return owned; }, [&](int p, const torch::Tensor& t) { owners[p] = t; },
+             failed);
     for (int k = 0; k < n; ++k) {
+      if (!owners[k].defined()) continue;
       auto out = decoded.narrow(0, k * shard, shard);
       try {
         comm::decode(codec, bytes(owners[k].contiguous()), floats(out));
@@ -226,6 +259,14 @@ torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedba
       }
     }
   }
+  if (failed >= 0) {
+    if (!complete)
+      throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", comm.rank(), failed),
+                      "compressed rounds need a fixed membership");
+    *complete = false;
+    return {};
+  }
+  if (complete) *complete = true;
   auto m = cpu_fp32(r).sub_(decoded.narrow(0, 0, P));
   return m.view(x.sizes()).to(x.device());
 }

@@ -71,6 +71,15 @@ class Compressor {
   // member calls it with the same members; a non-finite Delta_i is a CommError naming the worker.
   torch::Tensor all_reduce(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
                            comm::Communicator& comm);
+  // One attempt of all_reduce in an elastic round: every worker of the world calls it with the
+  // attempt's members; x undefined for a worker that does not send (a member that dies here lists
+  // its partners and sends nothing, so they see failed edges; a worker outside calls the
+  // exchanges alone). A failed edge does not throw: *complete turns false and the result is
+  // undefined, and the caller, once the members agreed to abort, puts back snapshot().
+  torch::Tensor all_reduce_attempt(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
+                                   comm::Communicator& comm, bool& complete);
+  // The codec's state, copied: what an aborted attempt restores with load_state.
+  StateDict snapshot() const;
   // m for worker `me` over the round's graph: graphs[v] is worker v's neighbours and row (every
   // worker's, for the modulo codec's pair schedule; ids ascending). x as in all_reduce.
   // `round` schedules the delta codec's reference refreshes.
@@ -94,8 +103,9 @@ class Compressor {
   // decoded; CommError naming the worker on a non-finite u or a malformed payload.
   torch::Tensor encode_own(const torch::Tensor& u, int me);
   torch::Tensor decode_from(const torch::Tensor& payload, int64_t n, int me, int from) const;
+  // complete: null for a fixed membership (a failed edge throws), else set as in all_reduce_attempt.
   torch::Tensor owner_all_reduce(const comm::Codec& codec, bool feedback, const torch::Tensor& x, const torch::Tensor& r,
-                                 const std::vector<int>& members, comm::Communicator& comm);
+                                 const std::vector<int>& members, comm::Communicator& comm, bool* complete = nullptr);
   torch::Tensor first_modulo(const RoundGraph& g, const torch::Tensor& s, const ModuloGrid& grid, comm::Communicator& comm);
 
   CompressionOptions o_;

@@ -68,6 +68,34 @@ torch::Tensor all_reduce_mix_over(const Membership& membership, const View& view
   return mixes ? checked_mean(buf, x, what) : torch::Tensor();
 }
 
+namespace {
+// r - the mean pseudo-gradient over `view`'s members, through the codec (Compressor::all_reduce),
+// in an elastic round: an attempt over the view, then one small all-reduce in which the members
+// agree whether every one of them got every payload; a failed edge anywhere, or a member that
+// died, aborts the attempt for all (each puts its codec's state back), and the retry is over the
+// view `membership` gives for the next attempt (the survivors). x undefined for a worker that does
+// not mix; every worker of the world calls it. Returns undefined for a non-mixer.
+torch::Tensor compressed_all_reduce_over(Compressor& c, const Membership& membership, const View& view, const torch::Tensor& x,
+                                         const torch::Tensor& anchor, comm::Communicator& comm) {
+  const int me = comm.rank();
+  const bool mixes = x.defined() && view.is_member(me) && !view.is_dying(me);
+  constexpr int64_t kAttempts = comm::kAttemptsPerRound;
+  View v = view;
+  for (int attempt = 0;; v = membership.retry(view, ++attempt)) {
+    if (attempt >= kAttempts)
+      throw CommError(fmt::format("compressed all-reduce: round {} was aborted {} times", view.round, kAttempts));
+    const bool member = mixes && v.is_member(me);
+    const StateDict before = member ? c.snapshot() : StateDict{};
+    bool complete = false;
+    torch::Tensor m = c.all_reduce_attempt(member ? x : torch::Tensor(), anchor, v.members, comm, complete);
+    torch::Tensor failed = member ? torch::full({1}, complete ? 0.0f : 1.0f) : torch::Tensor();
+    const bool agreed = comm.all_reduce_mean_over(failed, v.members, view.round * kAttempts + attempt);
+    if (agreed && (!member || failed.item<float>() == 0.0f)) return member ? m : torch::Tensor();
+    if (member) c.load_state(before);
+  }
+}
+}  // namespace
+
 RoundMixer::RoundMixer(topology::Topology topo, const Membership* membership)
     : topo_(std::move(topo)),
       membership_(membership && !membership->trivial() && !membership->restart_all() ? membership : nullptr),
@@ -139,12 +167,14 @@ torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::
 }
 
 void RoundMixer::compress(const CompressionOptions& o) {
-  // faults.restart_all keeps every worker (it prices the restarts on the clock): compressed rounds run as without faults.
-  if (membership_)
-    throw ConfigError("config key 'algo.compression': compressed rounds are built for a fixed membership; an elastic run "
+  // faults.restart_all keeps every worker (it prices the restarts on the clock): compressed rounds run
+  // as without faults. An elastic all-reduce retries over the survivors; compressed gossip keeps
+  // state between pairs (grids, a reference) that a view change does not carry yet.
+  if (membership_ && !topo_.is_all_reduce())
+    throw ConfigError("config key 'algo.compression': compressed gossip is built for a fixed membership; an elastic run "
                       "changes it at rounds",
-                      "set algo.compression = none, or cluster.elastic = false (faults.restart_all = true prices "
-                      "stop-and-resume with compressed rounds)");
+                      "set algo.compression = none, or algo.topology = \"complete\" (or algo.name = \"diloco\"), whose "
+                      "compressed all-reduce is elastic, or cluster.elastic = false");
   compressor_ = std::make_shared<Compressor>(o);
 }
 
@@ -177,7 +207,12 @@ int64_t RoundMixer::message_bytes(int64_t p, torch::ScalarType wire) const {
 std::function<torch::Tensor(comm::Communicator&)> RoundMixer::compressed_mix(int64_t round, const torch::Tensor& x,
                                                                             const torch::Tensor& anchor) const {
   if (topo_.is_all_reduce()) {
-    if (!anchor.defined()) throw Error("RoundMixer::mix: a compressed all-reduce needs the anchor", "internal: pass theta");
+    if (!anchor.defined() && x.defined()) throw Error("RoundMixer::mix: a compressed all-reduce needs the anchor", "internal: pass theta");
+    if (membership_)
+      return [c = compressor_, m = membership_, v = view(round), x, anchor](comm::Communicator& comm) {
+        const torch::Tensor mixed = compressed_all_reduce_over(*c, *m, v, x, anchor, comm);
+        return mixed.defined() ? mixed.to(x.scalar_type()) : mixed;
+      };
     return [c = compressor_, x, anchor, members = view(round).members](comm::Communicator& comm) {
       return c->all_reduce(x, anchor, members, comm).to(x.scalar_type());
     };
@@ -278,6 +313,10 @@ torch::Tensor RoundMixer::finish_mix(MixInFlight& f, int me) const {
 void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
   const View v = view(round);
   const int me = comm.rank();
+  if (compressor_ && topo_.is_all_reduce()) {
+    compressed_mix(round, torch::Tensor(), torch::Tensor())(comm);
+    return;
+  }
   if (topo_.is_all_reduce()) {
     all_reduce_mix_over(*membership_, v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
     return;

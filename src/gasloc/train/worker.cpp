@@ -197,6 +197,8 @@ bool Worker::heal(const algo::HealPlan& plan) {
   // Every worker calls the transfer (the in-process backend matches calls by order); only donors
   // and joiners list peers and pack their state.
   StateDict mine = plan.peers.empty() ? StateDict{} : state();
+  // The codec's state (error feedback) is the sender's own: a joiner starts its own at zero.
+  std::erase_if(mine, [](const auto& kv) { return kv.first.starts_with("sync.compression_"); });
   std::vector<torch::Tensor> recv;
   comm_.exchange(plan.peers, plan.peers.empty() ? torch::Tensor() : pack(mine), recv);
   if (!plan.receives) return true;
