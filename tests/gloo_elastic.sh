@@ -7,7 +7,8 @@
 #     view, restarts, takes a donor's state and finishes; every rank ends at the last step with
 #     its final checkpoint committed;
 #  3. DiLoCo with a rank SIGKILLed: the aborted all-reduces are retried over the survivors, and
-#     so are compressed ones (int8; int4 gives the reference's bits without a failure);
+#     so are compressed ones (int8; int4 gives the reference's bits without a failure); GASLoC's
+#     direct int8 gossip drops the dead rank's edges like uncompressed gossip;
 #  4. a rank SIGSTOPped past the heartbeat timeout: the launcher kills it, and it rejoins;
 #  5. --min-ranks above -n or without --elastic, and --elastic around another command, are refused;
 #  6. a run resumed on fewer workers than saved it continues each id from its own checkpoint; one
@@ -163,6 +164,8 @@ hit() {
 hit gasloc_kill KILL "worker(s) 2 left" --set algo.name=gasloc --set algo.topology=1peer
 hit diloco_kill KILL "worker(s) 2 left" --set algo.name=diloco
 hit diloco_int8_kill KILL "worker(s) 2 left" --set algo.name=diloco --set algo.compression=int8
+hit gasloc_direct_kill KILL "worker(s) 2 left" --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int8 \
+  --set algo.gossip_codec=direct
 hit gasloc_stop STOP "rank 2 sent no heartbeat" --set algo.name=gasloc --set algo.topology=1peer
 
 # 5. Refused options.

@@ -313,9 +313,12 @@ std::vector<std::string> compressed(const std::string& name, const std::string& 
 // by the members' agreement on each attempt, a one-value all-reduce).
 TEST_F(ElasticRun, CompressedWithoutFaultsGivesTheFixedWorldsBits) {
   for (const auto& [name, topo, codec] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"diloco", "1peer", "int8"}, {"diloco", "1peer", "int4"}, {"diloco", "1peer", "topk"}, {"gasloc", "complete", "int8"}}) {
-    const auto elastic = run(4, compressed(name, topo, codec), 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
-    const auto fixed = run(4, compressed(name, topo, codec), 9, std::nullopt);
+           {"diloco", "1peer", "int8"}, {"diloco", "1peer", "int4"}, {"diloco", "1peer", "topk"}, {"gasloc", "complete", "int8"},
+           {"gasloc", "2peer", "int8"}, {"gasloc", "1peer", "int8"}}) {
+    auto settings = compressed(name, topo, codec);
+    settings.push_back("algo.gossip_codec=direct");
+    const auto elastic = run(4, settings, 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
+    const auto fixed = run(4, settings, 9, std::nullopt);
     for (int r = 0; r < 4; ++r)
       EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), fixed.workers[r]->params().data())) << name << " " << codec;
   }
@@ -354,6 +357,25 @@ TEST_F(ElasticRun, CompressedAllReduceKeepsEveryMemberIdenticalThroughDeathAndRe
   EXPECT_TRUE(healed_checked);
   for (int r = 1; r < 4; ++r)
     EXPECT_TRUE(torch::equal(res.workers[r]->params().data(), res.workers[0]->params().data())) << "worker " << r;
+}
+
+// Direct int8 gossip (the one gossip codec without state shared between pairs) through a death
+// and a rejoin: the partners drop the failed edge, the joiner holds its donor's model after its
+// join round and trains on; every worker ends finite.
+TEST_F(ElasticRun, DirectCompressedGossipRunsThroughDeathAndRejoin) {
+  const std::vector<algo::FaultEvent> faults = {{.id = 2, .round = 0, .restart_after_rounds = 1}};
+  const algo::Membership m(4, faults);
+  const int donor = m.view(1).donor(2);
+  auto settings = compressed("gasloc", "2peer", "int8");
+  settings.push_back("algo.gossip_codec=direct");
+  bool checked = false;
+  const auto res = run(4, settings, 12, faults, [&](int64_t step, auto& w) {
+    if (step != 6) return;  // round 1 ended: worker 2 joined there
+    EXPECT_TRUE(torch::equal(w[2]->params().data(), w[donor]->params().data()));
+    checked = true;
+  });
+  EXPECT_TRUE(checked);
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(torch::isfinite(res.workers[r]->params().data()).all().item<bool>()) << r;
 }
 
 // A joiner holds its donor's whole state after the merge of its join round, bit for bit, but for
@@ -569,6 +591,9 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "algo.compression=int8"}); },
                       "algo.compression = none");
   load({"cluster.workers=4", "cluster.elastic=true", "algo.name=diloco", "algo.compression=int8"});
+  load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8", "algo.gossip_codec=direct"});
+  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8",
+                                  "algo.gossip_codec=modulo"}); }, "algo.gossip_codec = \"direct\"");
   load({"cluster.workers=4", "cluster.elastic=true", "algo.topology=complete", "algo.compression=int4"});
   load({"cluster.workers=4", "algo.name=diloco", "algo.H=5", "train.checkpoint_every=10", "faults.restart_all=true",
         "faults.kill=[{id=1,round=1}]", "algo.compression=int8"});

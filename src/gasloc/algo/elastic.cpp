@@ -170,11 +170,11 @@ void RoundMixer::compress(const CompressionOptions& o) {
   // faults.restart_all keeps every worker (it prices the restarts on the clock): compressed rounds run
   // as without faults. An elastic all-reduce retries over the survivors; compressed gossip keeps
   // state between pairs (grids, a reference) that a view change does not carry yet.
-  if (membership_ && !topo_.is_all_reduce())
-    throw ConfigError("config key 'algo.compression': compressed gossip is built for a fixed membership; an elastic run "
-                      "changes it at rounds",
-                      "set algo.compression = none, or algo.topology = \"complete\" (or algo.name = \"diloco\"), whose "
-                      "compressed all-reduce is elastic, or cluster.elastic = false");
+  if (membership_ && !topo_.is_all_reduce() && o.gossip != GossipCodec::direct)
+    throw ConfigError("config key 'algo.gossip_codec': the modulo and delta codecs are built for a fixed membership; an "
+                      "elastic run changes it at rounds",
+                      "set algo.gossip_codec = \"direct\", or algo.topology = \"complete\" (or algo.name = \"diloco\"), "
+                      "whose compressed all-reduce is elastic, or algo.compression = none, or cluster.elastic = false");
   compressor_ = std::make_shared<Compressor>(o);
 }
 
@@ -217,8 +217,10 @@ std::function<torch::Tensor(comm::Communicator&)> RoundMixer::compressed_mix(int
       return c->all_reduce(x, anchor, members, comm).to(x.scalar_type());
     };
   }
+  // Every worker's graph (the modulo codec pairs them by colours); one outside the view has none.
+  const View v = view(round);
   std::vector<RoundGraph> graphs;
-  for (int id = 0; id < topo_.size(); ++id) graphs.push_back(graph(id, round));
+  for (int id = 0; id < topo_.size(); ++id) graphs.push_back(v.is_member(id) ? graph(id, round) : RoundGraph{});
   return [c = compressor_, x, round, graphs = std::move(graphs)](comm::Communicator& comm) {
     return c->gossip(round, graphs, x, comm).to(x.scalar_type());
   };
@@ -317,6 +319,7 @@ void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
     compressed_mix(round, torch::Tensor(), torch::Tensor())(comm);
     return;
   }
+  // Direct gossip is one exchange, as below; compress() refuses the other codecs in elastic runs.
   if (topo_.is_all_reduce()) {
     all_reduce_mix_over(*membership_, v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
     return;
