@@ -8,7 +8,7 @@
 #     its final checkpoint committed;
 #  3. DiLoCo with a rank SIGKILLed: the aborted all-reduces are retried over the survivors, and
 #     so are compressed ones (int8; int4 gives the reference's bits without a failure); GASLoC's
-#     direct int8 gossip drops the dead rank's edges like uncompressed gossip;
+#     int4 modulo gossip drops the dead rank's edges, and the rejoined rank's pairs resend in fp32;
 #  4. a rank SIGSTOPped past the heartbeat timeout: the launcher kills it, and it rejoins;
 #  5. --min-ranks above -n or without --elastic, and --elastic around another command, are refused;
 #  6. a run resumed on fewer workers than saved it continues each id from its own checkpoint; one
@@ -50,6 +50,7 @@ same_bits gasloc2 --set algo.name=gasloc --set algo.topology=2peer
 same_bits diloco --set algo.name=diloco
 same_bits dadam --set algo.name=dadam --set algo.topology=2peer --set algo.H=1
 same_bits diloco_int4 --set algo.name=diloco --set algo.compression=int4
+same_bits gasloc2_modulo --set algo.name=gasloc --set algo.topology=2peer --set algo.compression=int8 --set algo.gossip_codec=modulo
 # network.throttle_gloo holds each rank's pair links to network.bandwidth_gbit: the same bits, and
 # at least the time the limit asks for. 4 rounds of a payload to 2 peers each way at 1.25 MB/s;
 # the token bucket makes a rank wait at least that long in all (a lower bound, never flaky).
@@ -164,8 +165,8 @@ hit() {
 hit gasloc_kill KILL "worker(s) 2 left" --set algo.name=gasloc --set algo.topology=1peer
 hit diloco_kill KILL "worker(s) 2 left" --set algo.name=diloco
 hit diloco_int8_kill KILL "worker(s) 2 left" --set algo.name=diloco --set algo.compression=int8
-hit gasloc_direct_kill KILL "worker(s) 2 left" --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int8 \
-  --set algo.gossip_codec=direct
+hit gasloc_modulo_kill KILL "worker(s) 2 left" --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int4 \
+  --set algo.gossip_codec=modulo
 hit gasloc_stop STOP "rank 2 sent no heartbeat" --set algo.name=gasloc --set algo.topology=1peer
 
 # 5. Refused options.

@@ -312,15 +312,17 @@ std::vector<std::string> compressed(const std::string& name, const std::string& 
 // Without faults in the rounds run, elastic mode gives the fixed world's bits (the clocks differ
 // by the members' agreement on each attempt, a one-value all-reduce).
 TEST_F(ElasticRun, CompressedWithoutFaultsGivesTheFixedWorldsBits) {
-  for (const auto& [name, topo, codec] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"diloco", "1peer", "int8"}, {"diloco", "1peer", "int4"}, {"diloco", "1peer", "topk"}, {"gasloc", "complete", "int8"},
-           {"gasloc", "2peer", "int8"}, {"gasloc", "1peer", "int8"}}) {
+  for (const auto& [name, topo, codec, gossip] : std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
+           {"diloco", "1peer", "int8", "delta"}, {"diloco", "1peer", "int4", "delta"}, {"diloco", "1peer", "topk", "delta"},
+           {"gasloc", "complete", "int8", "delta"}, {"gasloc", "2peer", "int8", "direct"}, {"gasloc", "1peer", "int8", "direct"},
+           {"gasloc", "2peer", "int8", "modulo"}, {"gasloc", "1peer", "int4", "modulo"}}) {
     auto settings = compressed(name, topo, codec);
-    settings.push_back("algo.gossip_codec=direct");
+    settings.push_back("algo.gossip_codec=" + gossip);
     const auto elastic = run(4, settings, 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
     const auto fixed = run(4, settings, 9, std::nullopt);
     for (int r = 0; r < 4; ++r)
-      EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), fixed.workers[r]->params().data())) << name << " " << codec;
+      EXPECT_TRUE(torch::equal(elastic.workers[r]->params().data(), fixed.workers[r]->params().data()))
+          << name << " " << topo << " " << codec << " " << gossip;
   }
 }
 
@@ -376,6 +378,35 @@ TEST_F(ElasticRun, DirectCompressedGossipRunsThroughDeathAndRejoin) {
   });
   EXPECT_TRUE(checked);
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(torch::isfinite(res.workers[r]->params().data()).all().item<bool>()) << r;
+}
+
+// The modulo codec through deaths (worker 3 at round 0, in the fp32 first round; worker 2 at round
+// 1, in a coded one) and worker 2's rejoin at round 2: the partners drop the failed edges, the
+// joiner holds its donor's model, and in its first round (3) it has no gaps, so its pairs resend
+// every chunk in fp32 (counted as resends) instead of trusting a grid.
+TEST_F(ElasticRun, ModuloCompressedGossipRunsThroughDeathsAndARejoin) {
+  const std::vector<algo::FaultEvent> faults = {{.id = 3, .round = 0}, {.id = 2, .round = 1, .restart_after_rounds = 1}};
+  const algo::Membership m(4, faults);
+  const int donor = m.view(2).donor(2);
+  for (const std::string codec : {"int8", "int4"}) {
+    auto settings = compressed("gasloc", "2peer", codec);
+    settings.push_back("algo.gossip_codec=modulo");
+    bool joined = false, resent = false;
+    const auto res = run(4, settings, 12, faults, [&](int64_t step, auto& w) {
+      if (step == 9) {  // round 2 ended: worker 2 joined there
+        EXPECT_TRUE(torch::equal(w[2]->params().data(), w[donor]->params().data())) << codec;
+        EXPECT_EQ(w[2]->state().count("sync.compression_gaps"), 0u) << codec << ": a joiner takes no grid";
+        joined = true;
+      }
+      if (step == 12) {  // round 3 ended: the joiner's first coded round
+        resent = w[2]->state().at("sync.compression_resends").template item<int64_t>() > 0;
+        EXPECT_EQ(w[2]->state().at("sync.compression_gaps").numel(), w[0]->state().at("sync.compression_gaps").numel());
+      }
+    });
+    EXPECT_TRUE(joined) << codec;
+    EXPECT_TRUE(resent) << codec << ": the joiner's pairs did not resend its chunks in fp32";
+    for (int r : {0, 1, 2}) EXPECT_TRUE(torch::isfinite(res.workers[r]->params().data()).all().item<bool>()) << codec << " " << r;
+  }
 }
 
 // A joiner holds its donor's whole state after the merge of its join round, bit for bit, but for
@@ -592,8 +623,9 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
                       "algo.compression = none");
   load({"cluster.workers=4", "cluster.elastic=true", "algo.name=diloco", "algo.compression=int8"});
   load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8", "algo.gossip_codec=direct"});
+  load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int4", "algo.gossip_codec=modulo"});
   expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8",
-                                  "algo.gossip_codec=modulo"}); }, "algo.gossip_codec = \"direct\"");
+                                  "algo.gossip_codec=delta"}); }, "algo.gossip_codec = \"modulo\"");
   load({"cluster.workers=4", "cluster.elastic=true", "algo.topology=complete", "algo.compression=int4"});
   load({"cluster.workers=4", "algo.name=diloco", "algo.H=5", "train.checkpoint_every=10", "faults.restart_all=true",
         "faults.kill=[{id=1,round=1}]", "algo.compression=int8"});

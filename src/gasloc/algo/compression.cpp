@@ -279,7 +279,11 @@ torch::Tensor Compressor::gossip(int64_t round, const std::vector<RoundGraph>& g
     case GossipCodec::delta: return delta(round, graphs, x, comm);
     case GossipCodec::modulo: break;
   }
-  return modulo(graphs, x, comm);
+  if (!x.defined()) {
+    stand_by_modulo(round, graphs, comm);
+    return {};
+  }
+  return modulo(round, graphs, x, comm);
 }
 
 torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x,
@@ -347,14 +351,38 @@ torch::Tensor Compressor::direct(const std::vector<RoundGraph>& graphs, const to
   return combine(g, me, s, recv).view(x.sizes()).to(x.device());
 }
 
-torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
+namespace {
+std::vector<std::vector<int>> colours_of(const std::vector<RoundGraph>& graphs) {
+  std::vector<std::vector<int>> neighbours;
+  for (const auto& gv : graphs) neighbours.push_back(gv.peers);
+  return pair_colours(neighbours);
+}
+}  // namespace
+
+void Compressor::stand_by_modulo(int64_t round, const std::vector<RoundGraph>& graphs, comm::Communicator& comm) const {
+  const int me = comm.rank();
+  const RoundGraph& g = graphs.at(me);  // a member that dies here lists its partners; others have none
+  std::vector<torch::Tensor> recv;
+  comm.exchange(g.peers, torch::Tensor(), recv);  // the first round's fp32 swap, or the grids' prelude
+  if (round == 0) return;
+  for (const auto& partner : colours_of(graphs)) {
+    const int p = partner[me];
+    comm.exchange(p < 0 ? std::vector<int>{} : std::vector<int>{p}, p < 0 ? torch::empty({0}, torch::kByte) : torch::Tensor(), recv);
+    comm.exchange({}, torch::empty({0}, torch::kFloat), recv);  // its partner saw no residues: nothing to resend
+  }
+}
+
+torch::Tensor Compressor::modulo(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x,
+                                 comm::Communicator& comm) {
   const int me = comm.rank();
   const RoundGraph& g = graphs.at(me);
   const ModuloGrid grid{o_.codec.kind == comm::CodecKind::int8 ? 127 : 7, o_.codec.chunk};
   auto s = cpu_fp32(x);
   const auto P = static_cast<size_t>(s.numel());
   const size_t chunks = (P + grid.chunk - 1) / grid.chunk;
-  if (!gaps_.defined() || gaps_.numel() != static_cast<int64_t>(chunks)) return first_modulo(g, s, grid, comm).view(x.sizes()).to(x.device());
+  const bool sized = gaps_.defined() && gaps_.numel() == static_cast<int64_t>(chunks);
+  if (o_.elastic ? round == 0 : !sized) return first_modulo(g, s, grid, comm).view(x.sizes()).to(x.device());
+  if (!sized) gaps_ = torch::full({static_cast<int64_t>(chunks)}, -1.0f);  // a joiner: no gaps of its own yet
 
   // 1. Every neighbour learns this worker's gap and max |s| per chunk: the pair's grid.
   std::vector<float> maxes;
@@ -368,9 +396,17 @@ torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const to
   std::copy(maxes.begin(), maxes.end(), prelude.data_ptr<float>() + chunks);
   std::vector<torch::Tensor> preludes;
   comm.exchange(g.peers, prelude, preludes);
+  auto failed = [&](int peer) {
+    const auto k = std::find(g.peers.begin(), g.peers.end(), peer) - g.peers.begin();
+    return !preludes.at(k).defined();
+  };
   for (size_t k = 0; k < preludes.size(); ++k) {
-    if (!preludes[k].defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
-                                                "compressed rounds need a fixed membership");
+    if (!preludes[k].defined()) {
+      if (!o_.elastic)
+        throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
+                        "compressed rounds need a fixed membership");
+      continue;  // a failed edge (elastic): that pair's exchanges below send nothing
+    }
     if (preludes[k].numel() != prelude.numel() || !torch::isfinite(preludes[k]).all().item<bool>())
       throw CommError(fmt::format("worker {}: the modulo codec's grid from worker {} is malformed", me, g.peers[k]),
                       "every worker must run the same gasloc and the same algo.compression settings");
@@ -389,19 +425,18 @@ torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const to
   // one of the chunks that wrapped (the same at both ends), resent in fp32: s_j - s_i is then exact
   // and d_ji = -d_ij still, so a wrap costs bytes, never the chunk's round or the mean. A pair
   // without wraps lists no peer in that second exchange and sends nothing.
-  std::vector<std::vector<int>> neighbours;
-  for (const auto& gv : graphs) neighbours.push_back(gv.peers);
   std::vector<torch::Tensor> diffs(g.peers.size());
   auto new_gaps = torch::full({static_cast<int64_t>(chunks)}, 0.0f);
   float* ng = new_gaps.data_ptr<float>();
   bool heard = false;
   const float* own = s.data_ptr<float>();
   auto chunk_span = [&](size_t c) { return std::pair{c * grid.chunk, std::min(P, (c + 1) * grid.chunk)}; };
-  for (const auto& partner : pair_colours(neighbours)) {
+  for (const auto& partner : colours_of(graphs)) {
     const int p = partner[me];
     std::vector<torch::Tensor> recv;
-    if (p < 0) {
-      comm.exchange({}, torch::empty({0}, torch::kByte), recv);
+    if (p < 0 || failed(p)) {
+      // Sits this colour out, or its partner's edge failed at the prelude: nothing to send or resend.
+      comm.exchange(p < 0 ? std::vector<int>{} : std::vector<int>{p}, torch::empty({0}, torch::kByte), recv);
       comm.exchange({}, torch::empty({0}, torch::kFloat), recv);
       continue;
     }
@@ -409,14 +444,27 @@ torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const to
     auto out = torch::empty({static_cast<int64_t>(modulo_payload_bytes(grid, P))}, torch::kByte);
     modulo_encode(grid, floats(std::as_const(s)), steps, bytes(out));
     comm.exchange({p}, out, recv);
-    if (!recv.at(0).defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, p),
-                                               "compressed rounds need a fixed membership");
+    if (!recv.at(0).defined()) {
+      if (!o_.elastic)
+        throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, p),
+                        "compressed rounds need a fixed membership");
+      comm.exchange({}, torch::empty({0}, torch::kFloat), recv);  // a failed edge: the pair is dropped
+      continue;
+    }
     auto d = torch::empty_like(s);
     std::vector<uint8_t> wrapped(chunks);
     try {
       modulo_difference(grid, floats(std::as_const(s)), steps, bytes(recv[0].contiguous()), floats(d), wrapped);
     } catch (const comm::BadPayload& e) {
       bad_payload(e, me, p);
+    }
+    {
+      // A chunk without a gap at either end (a joiner's first round) has no grid to trust: both
+      // ends see it in the prelude and resend it in fp32, so d is exact there too.
+      const float* theirs = preludes[std::find(g.peers.begin(), g.peers.end(), p) - g.peers.begin()].data_ptr<float>();
+      const float* gaps = gaps_.data_ptr<float>();
+      for (size_t c = 0; c < chunks; ++c)
+        if (gaps[c] < 0 || theirs[c] < 0) wrapped[c] = 1;
     }
     std::vector<size_t> again;
     int64_t again_len = 0;
@@ -429,6 +477,7 @@ torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const to
     float* dd = d.data_ptr<float>();
     if (!again.empty()) {
       const torch::Tensor& theirs = recv.at(0);
+      if (!theirs.defined() && o_.elastic) continue;  // it failed between the two exchanges: dropped
       if (!theirs.defined() || theirs.numel() != again_len || theirs.scalar_type() != torch::kFloat ||
           !torch::isfinite(theirs).all().item<bool>())
         throw CommError(fmt::format("worker {}: the chunks worker {} resent after a wrap are malformed", me, p),
@@ -453,7 +502,7 @@ torch::Tensor Compressor::modulo(const std::vector<RoundGraph>& graphs, const to
   for (const auto& [j, w] : g.row) {
     if (j == me) continue;
     const auto k = std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin();
-    m.add_(diffs.at(k), w);
+    if (diffs.at(k).defined()) m.add_(diffs[k], w);  // a failed edge's weight stays on W_ii (elastic)
   }
   return m.view(x.sizes()).to(x.device());
 }
@@ -469,8 +518,12 @@ torch::Tensor Compressor::first_modulo(const RoundGraph& g, const torch::Tensor&
   comm.exchange(g.peers, s, recv);
   auto gaps = torch::zeros({chunks}, torch::kFloat);
   for (size_t k = 0; k < recv.size(); ++k) {
-    if (!recv[k].defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
-                                            "compressed rounds need a fixed membership");
+    if (!recv[k].defined()) {
+      if (!o_.elastic)
+        throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
+                        "compressed rounds need a fixed membership");
+      continue;  // a failed edge: combine() moves its weight onto W_ii
+    }
     if (recv[k].numel() != P || !torch::isfinite(recv[k]).all().item<bool>()) continue;  // combine() names it
     auto d = (recv[k].to(torch::kFloat) - s).abs();
     auto padded = torch::zeros({chunks * C}, torch::kFloat);

@@ -49,6 +49,10 @@ struct CompressionOptions {
   GossipCodec gossip = GossipCodec::delta;
   double margin = 4.0;             // modulo: theta = margin x the pair's larger last gap
   int64_t reference_every = 5;     // delta: K, the reference refreshed every K rounds (0: on the first only)
+  // Elastic rounds (a view may change): the modulo codec's fp32 first round is round 0's, which a
+  // worker standing by follows by number; a worker without gaps later (a joiner) has its pairs'
+  // chunks resent in fp32 once.
+  bool elastic = false;
 };
 
 // The rounds of a complete pairing of `n` positions (the circle method): schedule[c][k] is the
@@ -81,8 +85,10 @@ class Compressor {
   // The codec's state, copied: what an aborted attempt restores with load_state.
   StateDict snapshot() const;
   // m for worker `me` over the round's graph: graphs[v] is worker v's neighbours and row (every
-  // worker's, for the modulo codec's pair schedule; ids ascending). x as in all_reduce.
-  // `round` schedules the delta codec's reference refreshes.
+  // worker's, for the modulo codec's pair schedule; ids ascending; empty outside the view). x as
+  // in all_reduce. `round` schedules the delta codec's reference refreshes. Elastic rounds (direct
+  // and modulo): a failed edge's weight moves onto W_ii; x undefined for a worker that does not
+  // mix (it makes the round's exchanges sending nothing; returns undefined).
   torch::Tensor gossip(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
   // Bytes one round's payloads take for a message of p parameters over `peers` neighbours (gossip)
   // or `n` members (all-reduce): what the time-budget policy prices. Latency terms aside.
@@ -97,7 +103,9 @@ class Compressor {
 
  private:
   torch::Tensor direct(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
-  torch::Tensor modulo(const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  torch::Tensor modulo(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
+  // The modulo round's exchanges for a worker that sends nothing (elastic rounds only).
+  void stand_by_modulo(int64_t round, const std::vector<RoundGraph>& graphs, comm::Communicator& comm) const;
   torch::Tensor delta(int64_t round, const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm);
   // A gossip payload of this worker's u (fp32, flat; with its error feedback if on), and a peer's
   // decoded; CommError naming the worker on a non-finite u or a malformed payload.

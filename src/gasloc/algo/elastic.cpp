@@ -170,12 +170,14 @@ void RoundMixer::compress(const CompressionOptions& o) {
   // faults.restart_all keeps every worker (it prices the restarts on the clock): compressed rounds run
   // as without faults. An elastic all-reduce retries over the survivors; compressed gossip keeps
   // state between pairs (grids, a reference) that a view change does not carry yet.
-  if (membership_ && !topo_.is_all_reduce() && o.gossip != GossipCodec::direct)
-    throw ConfigError("config key 'algo.gossip_codec': the modulo and delta codecs are built for a fixed membership; an "
-                      "elastic run changes it at rounds",
-                      "set algo.gossip_codec = \"direct\", or algo.topology = \"complete\" (or algo.name = \"diloco\"), "
-                      "whose compressed all-reduce is elastic, or algo.compression = none, or cluster.elastic = false");
-  compressor_ = std::make_shared<Compressor>(o);
+  if (membership_ && !topo_.is_all_reduce() && o.gossip == GossipCodec::delta)
+    throw ConfigError("config key 'algo.gossip_codec': the delta codec's reference must be the same on every worker, "
+                      "which an elastic run's changing views do not keep yet",
+                      "set algo.gossip_codec = \"modulo\" or \"direct\", or algo.compression = none, or "
+                      "cluster.elastic = false");
+  CompressionOptions with = o;
+  with.elastic = membership_ != nullptr;
+  compressor_ = std::make_shared<Compressor>(with);
 }
 
 void RoundMixer::clip(double factor) {
@@ -222,7 +224,8 @@ std::function<torch::Tensor(comm::Communicator&)> RoundMixer::compressed_mix(int
   std::vector<RoundGraph> graphs;
   for (int id = 0; id < topo_.size(); ++id) graphs.push_back(v.is_member(id) ? graph(id, round) : RoundGraph{});
   return [c = compressor_, x, round, graphs = std::move(graphs)](comm::Communicator& comm) {
-    return c->gossip(round, graphs, x, comm).to(x.scalar_type());
+    const torch::Tensor m = c->gossip(round, graphs, x, comm);
+    return m.defined() ? m.to(x.scalar_type()) : m;
   };
 }
 
@@ -319,7 +322,11 @@ void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
     compressed_mix(round, torch::Tensor(), torch::Tensor())(comm);
     return;
   }
-  // Direct gossip is one exchange, as below; compress() refuses the other codecs in elastic runs.
+  if (compressor_ && compressor_->options().gossip == GossipCodec::modulo) {
+    compressed_mix(round, torch::Tensor(), torch::Tensor())(comm);  // the round's exchanges, sending nothing
+    return;
+  }
+  // Direct gossip is one exchange, as below; compress() refuses delta in elastic runs.
   if (topo_.is_all_reduce()) {
     all_reduce_mix_over(*membership_, v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
     return;

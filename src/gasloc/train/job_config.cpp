@@ -295,11 +295,11 @@ void validate_faults_and_elastic(const JobConfig& job) {
           "overlapped rounds are built for a fixed membership without [faults]: set algo.overlap_steps = 0, or "
           "cluster.elastic = false and remove [faults]");
   require(algo.compression == "none" || !cluster.elastic || algo::algorithm(algo.name).all_reduces(algo.topology) ||
-              algo.gossip_codec == "direct",
+              algo.gossip_codec != "delta",
           "algo.gossip_codec",
-          "the modulo and delta codecs are built for a fixed membership, which an elastic run changes at rounds: set "
-          "algo.gossip_codec = \"direct\", or algo.topology = \"complete\" (or algo.name = \"diloco\"), whose "
-          "compressed all-reduce is elastic, or algo.compression = none, or cluster.elastic = false");
+          "the delta codec's reference must be the same on every worker, which an elastic run's changing views do not "
+          "keep yet: set algo.gossip_codec = \"modulo\" or \"direct\", or algo.compression = none, or "
+          "cluster.elastic = false");
   // H_i is priced over the fixed graph of every worker (algo/local_steps.hpp), while an elastic
   // round mixes over its view's members: a dead partner would be priced as a live one.
   require(algo.h_policy != "time_budget" || (!cluster.elastic && !faults.any()), "algo.h_policy",
