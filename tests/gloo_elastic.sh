@@ -51,6 +51,8 @@ same_bits diloco --set algo.name=diloco
 same_bits dadam --set algo.name=dadam --set algo.topology=2peer --set algo.H=1
 same_bits diloco_int4 --set algo.name=diloco --set algo.compression=int4
 same_bits gasloc2_modulo --set algo.name=gasloc --set algo.topology=2peer --set algo.compression=int8 --set algo.gossip_codec=modulo
+same_bits gasloc1_delta --set algo.name=gasloc --set algo.topology=1peer --set algo.compression=int8 --set algo.gossip_codec=delta \
+  --set algo.reference_every=2
 # network.throttle_gloo holds each rank's pair links to network.bandwidth_gbit: the same bits, and
 # at least the time the limit asks for. 4 rounds of a payload to 2 peers each way at 1.25 MB/s;
 # the token bucket makes a rank wait at least that long in all (a lower bound, never flaky).

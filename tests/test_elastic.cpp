@@ -315,7 +315,8 @@ TEST_F(ElasticRun, CompressedWithoutFaultsGivesTheFixedWorldsBits) {
   for (const auto& [name, topo, codec, gossip] : std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
            {"diloco", "1peer", "int8", "delta"}, {"diloco", "1peer", "int4", "delta"}, {"diloco", "1peer", "topk", "delta"},
            {"gasloc", "complete", "int8", "delta"}, {"gasloc", "2peer", "int8", "direct"}, {"gasloc", "1peer", "int8", "direct"},
-           {"gasloc", "2peer", "int8", "modulo"}, {"gasloc", "1peer", "int4", "modulo"}}) {
+           {"gasloc", "2peer", "int8", "modulo"}, {"gasloc", "1peer", "int4", "modulo"}, {"gasloc", "2peer", "int8", "delta"},
+           {"gasloc", "1peer", "int4", "delta"}}) {
     auto settings = compressed(name, topo, codec);
     settings.push_back("algo.gossip_codec=" + gossip);
     const auto elastic = run(4, settings, 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
@@ -407,6 +408,32 @@ TEST_F(ElasticRun, ModuloCompressedGossipRunsThroughDeathsAndARejoin) {
     EXPECT_TRUE(resent) << codec << ": the joiner's pairs did not resend its chunks in fp32";
     for (int r : {0, 1, 2}) EXPECT_TRUE(torch::isfinite(res.workers[r]->params().data()).all().item<bool>()) << codec << " " << r;
   }
+}
+
+// The delta codec through a death in a reference refresh (worker 3 at round 0: the refresh over
+// four aborts and is retried over three) and a rejoin (worker 2 at round 2, K = 2 so round 2
+// refreshes): every member holds the same reference bit for bit after each round, the joiner
+// included (it takes its donor's), and its error feedback is its own.
+TEST_F(ElasticRun, DeltaCompressedGossipKeepsOneReferenceThroughDeathAndRejoin) {
+  const std::vector<algo::FaultEvent> faults = {{.id = 3, .round = 0}, {.id = 2, .round = 1, .restart_after_rounds = 1}};
+  auto settings = compressed("gasloc", "2peer", "int8");
+  settings.push_back("algo.gossip_codec=delta");
+  settings.push_back("algo.reference_every=2");
+  const algo::Membership m(4, faults);
+  int checked = 0;
+  run(4, settings, 12, faults, [&](int64_t step, auto& w) {
+    if (step % 3 != 0) return;
+    const auto holders = m.view(step / 3 - 1).survivors();
+    const auto ref = w[holders.at(0)]->state().at("sync.compression_reference");
+    for (int r : holders)
+      EXPECT_TRUE(torch::equal(w[r]->state().at("sync.compression_reference"), ref)) << "step " << step << ", worker " << r;
+    if (step == 9) {  // round 2 ended: worker 2 joined with its donor's reference, not its feedback
+      EXPECT_TRUE(torch::equal(w[2]->state().at("sync.compression_reference"), ref));
+      EXPECT_EQ(w[2]->state().count("sync.compression_feedback"), 0u);
+    }
+    ++checked;
+  });
+  EXPECT_EQ(checked, 4);
 }
 
 // A joiner holds its donor's whole state after the merge of its join round, bit for bit, but for
@@ -615,17 +642,13 @@ TEST(ElasticConfig, BadSettingsNameTheKeyAndTheFix) {
   expect_config_error([&] { load({"cluster.workers=4", "algo.name=diloco", "algo.H=30", "train.checkpoint_every=100",
                                   "faults.restart_all=true", "faults.kill=[{id=1,round=1}]"}); },
                       "train.checkpoint_every");
-  // Compressed gossip keeps a fixed membership: refused with elastic runs; compressed all-reduces
-  // are elastic, and restart_all prices any compressed round.
-  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8"}); },
-                      "algo.compression = none");
-  expect_config_error([&] { load({"cluster.elastic=true", "cluster.backend=gloo", "algo.compression=int8"}); },
-                      "algo.compression = none");
+  // Every codec is elastic, and restart_all prices any compressed round.
+  load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8"});
+  load({"cluster.elastic=true", "cluster.backend=gloo", "algo.compression=int8"});
   load({"cluster.workers=4", "cluster.elastic=true", "algo.name=diloco", "algo.compression=int8"});
   load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8", "algo.gossip_codec=direct"});
   load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int4", "algo.gossip_codec=modulo"});
-  expect_config_error([&] { load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8",
-                                  "algo.gossip_codec=delta"}); }, "algo.gossip_codec = \"modulo\"");
+  load({"cluster.workers=4", "cluster.elastic=true", "algo.compression=int8", "algo.gossip_codec=delta"});
   load({"cluster.workers=4", "cluster.elastic=true", "algo.topology=complete", "algo.compression=int4"});
   load({"cluster.workers=4", "algo.name=diloco", "algo.H=5", "train.checkpoint_every=10", "faults.restart_all=true",
         "faults.kill=[{id=1,round=1}]", "algo.compression=int8"});

@@ -150,6 +150,18 @@ torch::Tensor Compressor::all_reduce_attempt(const torch::Tensor& x, const torch
   return owner_all_reduce(o_.codec, o_.error_feedback, x, r, members, comm, &complete);
 }
 
+bool Compressor::refreshes_reference(int64_t round) const {
+  return round == 0 || (o_.reference_every > 0 && round % o_.reference_every == 0);
+}
+
+torch::Tensor Compressor::reference_attempt(const torch::Tensor& x, const std::vector<int>& members, comm::Communicator& comm,
+                                            bool& complete) {
+  if (!x.defined()) return owner_all_reduce(comm::Codec::int8(o_.codec.chunk), false, x, x, members, comm, &complete);
+  auto s = cpu_fp32(x);
+  const torch::Tensor r = reference_.defined() && reference_.numel() == s.numel() ? reference_ : torch::zeros_like(s);
+  return owner_all_reduce(comm::Codec::int8(o_.codec.chunk), false, s, r, members, comm, &complete);
+}
+
 StateDict Compressor::snapshot() const {
   StateDict s = state();
   for (auto& [k, t] : s) t = t.clone();
@@ -295,7 +307,11 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
   // owners' int8 all-reduce (no error feedback: a buffer of e_i would count its error twice) on
   // the first round and every reference_every rounds.
   const bool first = !reference_.defined() || reference_.numel() != s.numel();
-  if (first || (o_.reference_every > 0 && round % o_.reference_every == 0)) {
+  if (o_.elastic) {
+    // The caller refreshed it over the view's members (RoundMixer, with retries); a joiner has its donor's.
+    if (first) throw Error(fmt::format("delta codec: worker {} has no reference at round {}", me, round),
+                           "internal: an elastic round's reference is refreshed by the mixer and healed with the donor's state");
+  } else if (first || (o_.reference_every > 0 && round % o_.reference_every == 0)) {
     if (first) reference_ = torch::zeros_like(s);
     std::vector<int> everyone(graphs.size());
     for (size_t v = 0; v < everyone.size(); ++v) everyone[v] = static_cast<int>(v);
@@ -313,8 +329,11 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
   for (const auto& [j, w] : g.row) {
     if (j == me) continue;
     const auto k = std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin();
-    if (!recv.at(k).defined()) throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, j),
-                                               "compressed rounds need a fixed membership");
+    if (!recv.at(k).defined()) {
+      if (o_.elastic) continue;  // a failed edge: its weight stays on W_ii
+      throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, j),
+                      "compressed rounds need a fixed membership");
+    }
     m.add_(decoded(recv[k], j) - own, w);
   }
   return m.view(x.sizes()).to(x.device());

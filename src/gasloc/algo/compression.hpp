@@ -84,6 +84,14 @@ class Compressor {
                                    comm::Communicator& comm, bool& complete);
   // The codec's state, copied: what an aborted attempt restores with load_state.
   StateDict snapshot() const;
+  // The delta codec in elastic rounds, whose caller (RoundMixer) refreshes the reference over the
+  // view's members with retries: whether round t refreshes it (round 0 and every K-th), one
+  // attempt of the refresh (as all_reduce_attempt: x undefined for a worker that does not mix;
+  // returns the new reference, undefined when incomplete), and setting it once the members agreed.
+  bool refreshes_reference(int64_t round) const;
+  torch::Tensor reference_attempt(const torch::Tensor& x, const std::vector<int>& members, comm::Communicator& comm,
+                                  bool& complete);
+  void set_reference(torch::Tensor r) { reference_ = std::move(r); }
   // m for worker `me` over the round's graph: graphs[v] is worker v's neighbours and row (every
   // worker's, for the modulo codec's pair schedule; ids ascending; empty outside the view). x as
   // in all_reduce. `round` schedules the delta codec's reference refreshes. Elastic rounds (direct

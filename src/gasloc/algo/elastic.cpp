@@ -75,24 +75,58 @@ namespace {
 // died, aborts the attempt for all (each puts its codec's state back), and the retry is over the
 // view `membership` gives for the next attempt (the survivors). x undefined for a worker that does
 // not mix; every worker of the world calls it. Returns undefined for a non-mixer.
-torch::Tensor compressed_all_reduce_over(Compressor& c, const Membership& membership, const View& view, const torch::Tensor& x,
-                                         const torch::Tensor& anchor, comm::Communicator& comm) {
+// attempt(x or undefined, members, complete) -> the result; its state changes are put back by restore().
+template <class Attempt, class Restore>
+torch::Tensor agreed_over(const Membership& membership, const View& view, const torch::Tensor& x, comm::Communicator& comm,
+                          const char* what, Attempt attempt_fn, Restore restore) {
   const int me = comm.rank();
   const bool mixes = x.defined() && view.is_member(me) && !view.is_dying(me);
   constexpr int64_t kAttempts = comm::kAttemptsPerRound;
   View v = view;
   for (int attempt = 0;; v = membership.retry(view, ++attempt)) {
-    if (attempt >= kAttempts)
-      throw CommError(fmt::format("compressed all-reduce: round {} was aborted {} times", view.round, kAttempts));
+    if (attempt >= kAttempts) throw CommError(fmt::format("{}: round {} was aborted {} times", what, view.round, kAttempts));
     const bool member = mixes && v.is_member(me);
-    const StateDict before = member ? c.snapshot() : StateDict{};
     bool complete = false;
-    torch::Tensor m = c.all_reduce_attempt(member ? x : torch::Tensor(), anchor, v.members, comm, complete);
+    torch::Tensor m = attempt_fn(member ? x : torch::Tensor(), v.members, complete);
     torch::Tensor failed = member ? torch::full({1}, complete ? 0.0f : 1.0f) : torch::Tensor();
     const bool agreed = comm.all_reduce_mean_over(failed, v.members, view.round * kAttempts + attempt);
     if (agreed && (!member || failed.item<float>() == 0.0f)) return member ? m : torch::Tensor();
-    if (member) c.load_state(before);
+    if (member) restore();
   }
+}
+
+torch::Tensor compressed_all_reduce_over(Compressor& c, const Membership& membership, const View& view, const torch::Tensor& x,
+                                         const torch::Tensor& anchor, comm::Communicator& comm) {
+  StateDict before;
+  return agreed_over(
+      membership, view, x, comm, "compressed all-reduce",
+      [&](const torch::Tensor& mine, const std::vector<int>& members, bool& complete) {
+        if (mine.defined()) before = c.snapshot();
+        return c.all_reduce_attempt(mine, anchor, members, comm, complete);
+      },
+      [&] { c.load_state(before); });
+}
+
+// The delta codec's round in an elastic run: the reference refreshed over the view's members (the
+// same agreement and retries; nothing to put back, as it is set only once agreed), then the
+// exchange of differences, where a failed edge is dropped. x undefined for a non-mixer.
+torch::Tensor delta_gossip_over(Compressor& c, const Membership& membership, const View& view, int64_t round,
+                                const std::vector<RoundGraph>& graphs, const torch::Tensor& x, comm::Communicator& comm) {
+  if (c.refreshes_reference(round)) {
+    const torch::Tensor r = agreed_over(
+        membership, view, x, comm, "delta codec's reference",
+        [&](const torch::Tensor& mine, const std::vector<int>& members, bool& complete) {
+          return c.reference_attempt(mine, members, comm, complete);
+        },
+        [] {});
+    if (r.defined()) c.set_reference(r);
+  }
+  if (!x.defined() || !view.is_member(comm.rank()) || view.is_dying(comm.rank())) {
+    std::vector<torch::Tensor> recv;  // a dying member lists its partners and sends nothing
+    comm.exchange(graphs.at(comm.rank()).peers, torch::Tensor(), recv);
+    return {};
+  }
+  return c.gossip(round, graphs, x, comm);
 }
 }  // namespace
 
@@ -170,11 +204,6 @@ void RoundMixer::compress(const CompressionOptions& o) {
   // faults.restart_all keeps every worker (it prices the restarts on the clock): compressed rounds run
   // as without faults. An elastic all-reduce retries over the survivors; compressed gossip keeps
   // state between pairs (grids, a reference) that a view change does not carry yet.
-  if (membership_ && !topo_.is_all_reduce() && o.gossip == GossipCodec::delta)
-    throw ConfigError("config key 'algo.gossip_codec': the delta codec's reference must be the same on every worker, "
-                      "which an elastic run's changing views do not keep yet",
-                      "set algo.gossip_codec = \"modulo\" or \"direct\", or algo.compression = none, or "
-                      "cluster.elastic = false");
   CompressionOptions with = o;
   with.elastic = membership_ != nullptr;
   compressor_ = std::make_shared<Compressor>(with);
@@ -223,6 +252,11 @@ std::function<torch::Tensor(comm::Communicator&)> RoundMixer::compressed_mix(int
   const View v = view(round);
   std::vector<RoundGraph> graphs;
   for (int id = 0; id < topo_.size(); ++id) graphs.push_back(v.is_member(id) ? graph(id, round) : RoundGraph{});
+  if (membership_ && compressor_->options().gossip == GossipCodec::delta)
+    return [c = compressor_, m = membership_, v, x, round, graphs = std::move(graphs)](comm::Communicator& comm) {
+      const torch::Tensor mixed = delta_gossip_over(*c, *m, v, round, graphs, x, comm);
+      return mixed.defined() ? mixed.to(x.scalar_type()) : mixed;
+    };
   return [c = compressor_, x, round, graphs = std::move(graphs)](comm::Communicator& comm) {
     const torch::Tensor m = c->gossip(round, graphs, x, comm);
     return m.defined() ? m.to(x.scalar_type()) : m;
@@ -322,11 +356,11 @@ void RoundMixer::stand_by(int64_t round, comm::Communicator& comm) const {
     compressed_mix(round, torch::Tensor(), torch::Tensor())(comm);
     return;
   }
-  if (compressor_ && compressor_->options().gossip == GossipCodec::modulo) {
+  if (compressor_ && compressor_->options().gossip != GossipCodec::direct) {
     compressed_mix(round, torch::Tensor(), torch::Tensor())(comm);  // the round's exchanges, sending nothing
     return;
   }
-  // Direct gossip is one exchange, as below; compress() refuses delta in elastic runs.
+  // Direct gossip is one exchange, as below.
   if (topo_.is_all_reduce()) {
     all_reduce_mix_over(*membership_, v, torch::Tensor(), comm, torch::kFloat, "all-reduce");
     return;

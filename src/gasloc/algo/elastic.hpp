@@ -75,7 +75,7 @@ class RoundMixer {
   // member holds), and returns anchor - its mean.
   torch::Tensor mix(int64_t round, const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire,
                     const torch::Tensor& anchor = {}) const;
-  // Rounds go through a codec from now on (elastic runs: all but the delta gossip codec).
+  // Rounds go through a codec from now on (elastic runs too: every codec).
   void compress(const CompressionOptions& o);
   Compressor* compressor() const { return compressor_.get(); }
   // algo.clip_peers: what peers send is clipped (peer_clip.hpp). Uncompressed, blocking rounds;

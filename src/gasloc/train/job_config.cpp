@@ -294,12 +294,6 @@ void validate_faults_and_elastic(const JobConfig& job) {
   require(algo.overlap_steps == 0 || (!cluster.elastic && !faults.any() && !faults.restart_all), "algo.overlap_steps",
           "overlapped rounds are built for a fixed membership without [faults]: set algo.overlap_steps = 0, or "
           "cluster.elastic = false and remove [faults]");
-  require(algo.compression == "none" || !cluster.elastic || algo::algorithm(algo.name).all_reduces(algo.topology) ||
-              algo.gossip_codec != "delta",
-          "algo.gossip_codec",
-          "the delta codec's reference must be the same on every worker, which an elastic run's changing views do not "
-          "keep yet: set algo.gossip_codec = \"modulo\" or \"direct\", or algo.compression = none, or "
-          "cluster.elastic = false");
   // H_i is priced over the fixed graph of every worker (algo/local_steps.hpp), while an elastic
   // round mixes over its view's members: a dead partner would be priced as a live one.
   require(algo.h_policy != "time_budget" || (!cluster.elastic && !faults.any()), "algo.h_policy",
