@@ -94,6 +94,14 @@ torch::Tensor byte_tensor(const std::vector<uint8_t>& v) {
                   "every worker must run the same gasloc and the same algo.compression settings");
 }
 
+// A peer whose payload did not come: an error with a fixed membership; in an elastic round a
+// failed edge, which the caller drops.
+void failed_edge(bool elastic, int me, int peer) {
+  if (!elastic)
+    throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, peer),
+                    "compressed rounds need a fixed membership");
+}
+
 // One pair exchange per colour: exchange `send(partner)` with the colour's partner, hand what
 // arrived to got(partner, tensor). Every worker runs every colour, alone in those it sits out (and
 // in all of them when it is not among `ids`: me < 0). A worker that does not send (`sends`
@@ -272,9 +280,7 @@ torch::Tensor Compressor::owner_all_reduce(const comm::Codec& codec, bool feedba
     }
   }
   if (failed >= 0) {
-    if (!complete)
-      throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", comm.rank(), failed),
-                      "compressed rounds need a fixed membership");
+    failed_edge(complete != nullptr, comm.rank(), failed);
     *complete = false;
     return {};
   }
@@ -330,9 +336,8 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
     if (j == me) continue;
     const auto k = std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin();
     if (!recv.at(k).defined()) {
-      if (o_.elastic) continue;  // a failed edge: its weight stays on W_ii
-      throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, j),
-                      "compressed rounds need a fixed membership");
+      failed_edge(o_.elastic, me, j);
+      continue;  // its weight stays on W_ii
     }
     m.add_(decoded(recv[k], j) - own, w);
   }
@@ -421,10 +426,8 @@ torch::Tensor Compressor::modulo(int64_t round, const std::vector<RoundGraph>& g
   };
   for (size_t k = 0; k < preludes.size(); ++k) {
     if (!preludes[k].defined()) {
-      if (!o_.elastic)
-        throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
-                        "compressed rounds need a fixed membership");
-      continue;  // a failed edge (elastic): that pair's exchanges below send nothing
+      failed_edge(o_.elastic, me, g.peers[k]);
+      continue;  // that pair's exchanges below send nothing
     }
     if (preludes[k].numel() != prelude.numel() || !torch::isfinite(preludes[k]).all().item<bool>())
       throw CommError(fmt::format("worker {}: the modulo codec's grid from worker {} is malformed", me, g.peers[k]),
@@ -464,10 +467,8 @@ torch::Tensor Compressor::modulo(int64_t round, const std::vector<RoundGraph>& g
     modulo_encode(grid, floats(std::as_const(s)), steps, bytes(out));
     comm.exchange({p}, out, recv);
     if (!recv.at(0).defined()) {
-      if (!o_.elastic)
-        throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, p),
-                        "compressed rounds need a fixed membership");
-      comm.exchange({}, torch::empty({0}, torch::kFloat), recv);  // a failed edge: the pair is dropped
+      failed_edge(o_.elastic, me, p);
+      comm.exchange({}, torch::empty({0}, torch::kFloat), recv);  // the pair is dropped
       continue;
     }
     auto d = torch::empty_like(s);
@@ -538,10 +539,8 @@ torch::Tensor Compressor::first_modulo(const RoundGraph& g, const torch::Tensor&
   auto gaps = torch::zeros({chunks}, torch::kFloat);
   for (size_t k = 0; k < recv.size(); ++k) {
     if (!recv[k].defined()) {
-      if (!o_.elastic)
-        throw CommError(fmt::format("worker {}: worker {} sent nothing in a compressed round", me, g.peers[k]),
-                        "compressed rounds need a fixed membership");
-      continue;  // a failed edge: combine() moves its weight onto W_ii
+      failed_edge(o_.elastic, me, g.peers[k]);
+      continue;  // combine() moves its weight onto W_ii
     }
     if (recv[k].numel() != P || !torch::isfinite(recv[k]).all().item<bool>()) continue;  // combine() names it
     auto d = (recv[k].to(torch::kFloat) - s).abs();
