@@ -11,6 +11,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/error.hpp"
@@ -519,6 +523,48 @@ TEST(InProcErrors, MissingPeerTimesOut) {
     EXPECT_NE(msgs[r].find("exchange: "), std::string::npos) << msgs[r];
     EXPECT_NE(msgs[r].find("waiting for rank 2"), std::string::npos) << msgs[r];
   }
+}
+
+// A process stopped (Ctrl+Z, SIGSTOP) while a rank waits for a peer continues when resumed: the
+// timeout counts time the process ran. A helper process stops this one for 3 s while rank 0
+// waits, continues it, and half a second later lets rank 1 enter (through a pipe, so rank 1
+// enters only after the stop); counted on the wall clock, rank 0 would time out (2 s) as soon as
+// it runs again.
+TEST(InProcErrors, StoppedProcessDoesNotTimeOutWhenContinued) {
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t parent = getpid();
+  const pid_t helper = fork();
+  ASSERT_GE(helper, 0);
+  if (helper == 0) {  // only async-signal-safe calls after fork in a threaded process
+    usleep(300000);
+    kill(parent, SIGSTOP);
+    usleep(3000000);
+    kill(parent, SIGCONT);
+    usleep(500000);
+    const char x = 'x';
+    _exit(write(go[1], &x, 1) == 1 ? 0 : 1);
+  }
+  close(go[1]);
+  InProcCluster cluster(2, {}, 2.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> got(2);
+  cluster.run([&](int r, Communicator& c) {
+    if (r == 1) {
+      char x = 0;
+      ASSERT_EQ(read(go[0], &x, 1), 1);
+    }
+    std::vector<torch::Tensor> recv;
+    c.exchange({1 - r}, torch::full({4}, static_cast<float>(r)), recv);
+    got[r] = recv.at(0);
+  });
+  int status = 0;
+  ASSERT_EQ(waitpid(helper, &status, 0), helper);
+  close(go[0]);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_GE(seconds_since(t0), 3.5);  // the stop happened while rank 0 waited
+  EXPECT_TRUE(torch::equal(got[0], torch::full({4}, 1.0f)));
+  EXPECT_TRUE(torch::equal(got[1], torch::full({4}, 0.0f)));
 }
 
 TEST(InProcErrors, RankThatReturnsEarlyFailsTheOthersAtOnce) {

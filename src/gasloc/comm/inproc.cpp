@@ -35,6 +35,30 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace detail {
 
+// A call's timeout counted in time the process ran: a process stopped (SIGSTOP, Ctrl+Z, a
+// suspended machine) or starved has every rank's thread stopped too, so that time proves no peer
+// missing and would otherwise fail the run the moment it continues. The wait goes in slices of
+// at most kSlice, and a slice that took longer than kSlice + kStall (the process did not run for
+// most of it) is charged as kSlice only.
+class RunningDeadline {
+ public:
+  explicit RunningDeadline(double budget_s) : left_s_(budget_s) {}
+  // Waits on `cv` for one slice; false once the budget is spent.
+  bool wait(std::condition_variable& cv, std::unique_lock<std::mutex>& lk) {
+    if (left_s_ <= 0) return false;
+    const double slice = std::min(kSliceS, left_s_);
+    const auto t0 = SteadyClock::now();
+    cv.wait_for(lk, std::chrono::duration<double>(slice));
+    const double took = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+    left_s_ -= took > slice + kStallS ? slice : took;
+    return left_s_ > 0;
+  }
+
+ private:
+  static constexpr double kSliceS = 0.25, kStallS = 1.0;
+  double left_s_;
+};
+
 struct RankState {
   double clock = 0.0;
   CommStats stats;
@@ -260,8 +284,7 @@ class InProcComm final : public Communicator {
   // its compute clock (Flight::wait). The call is priced as a blocking one started at the rank's
   // clock: one operation in flight at a time means its link is free by then.
   torch::Tensor call(Op op, inproc::Entry e, const std::function<void(const Call&)>& data, bool overlapped = false) {
-    const auto deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
-                                                   std::chrono::duration<double>(s_.timeout_s));
+    detail::RunningDeadline deadline(s_.timeout_s);
     std::unique_lock lk(s_.mu);
     if (!s_.failure.empty()) throw CommError(std::string(op_name(op)) + ": " + s_.failure);
     auto& me = s_.ranks[rank_];
@@ -315,8 +338,8 @@ class InProcComm final : public Communicator {
 
   // Waits until everyone has arrived at `c` (arrival) or finished reading (!arrival). Throws
   // CommError on the cluster's failure, on a missing rank that has returned from its worker
-  // function, or at the deadline.
-  void wait(std::unique_lock<std::mutex>& lk, Op op, Call& c, SteadyClock::time_point deadline, bool arrival) {
+  // function, or at the deadline (timeout_s of running time: see RunningDeadline).
+  void wait(std::unique_lock<std::mutex>& lk, Op op, Call& c, detail::RunningDeadline& deadline, bool arrival) {
     auto done = [&] { return arrival ? c.ready : c.data_done == s_.n; };
     auto missing = [&](bool exited_only) {
       std::vector<int> m;
@@ -335,7 +358,7 @@ class InProcComm final : public Communicator {
                                                 "(rank {} waits in it)",
                                                 ranks_text(gone), op_name(op), c.seq, rank_));
       }
-      if (s_.cv.wait_until(lk, deadline) == std::cv_status::timeout && !done() && s_.failure.empty())
+      if (!deadline.wait(s_.cv, lk) && !done() && s_.failure.empty())
         throw s_.comm_failure(op, fmt::format("rank {} timed out after {:g} s waiting for {} {} {} call #{}", rank_,
                                               s_.timeout_s, ranks_text(missing(false)), what, op_name(op), c.seq));
     }

@@ -20,7 +20,7 @@
 // Failure: the first failure (a worker function that throws, a timeout, a mismatch, a rank that
 // returns from run()'s function while others wait for it) poisons the cluster: every rank
 // blocked in, or later entering, a collective throws CommError naming it. Nothing hangs: a wait
-// longer than timeout_s throws. A poisoned cluster stays poisoned; make a new one.
+// longer than timeout_s throws (time the process ran: a stopped process does not time out). A poisoned cluster stays poisoned; make a new one.
 #pragma once
 #include <functional>
 #include <memory>
