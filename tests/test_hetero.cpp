@@ -125,6 +125,45 @@ TEST(VirtualClock, OnePeerStragglerDelaysExactlyItsPartner) {
   for (int r = 0; r < 4; ++r) EXPECT_NEAR(c[r], 11.0, kTol) << "rank " << r;
 }
 
+// The modulo codec's first round goes in fp32 (it sizes the grids); the time budget plans it so.
+// p = 2048 values, chunks of 256; every fp32 message priced at 1 MB (parameter_message_bytes =
+// 4p), so round 0 is the uncompressed round above: the straggler (at 0.2) and its partner take
+// 6 steps and every clock ends at 11 s. Round 1 is coded: 8 x (4 + 256) payload + 8 x 8 grid
+// bytes = 2144 bytes, priced 1 MB x 2144 / 8192 = 0.261719 MB: R = 10.261719 s, the slow pair's
+// C = 1.308595 s, floor(8.953) = 8 steps; the others 10.
+TEST(VirtualClock, TimeBudgetPlansTheModuloCodecsFp32FirstRound) {
+  constexpr int64_t kP = 2048;
+  comm::NetworkModel model = straggler_model(0.2);
+  model.parameter_message_bytes = kP * 4;
+  algo::AlgoConfig cfg = round_cfg("gasloc", "time_budget");
+  cfg.compression = "int8";
+  cfg.gossip_codec = "modulo";
+  const topology::Topology t(topology::Kind::one_peer, 4, 42);
+  std::vector<std::vector<int>> steps(4, std::vector<int>(2, 0));
+  std::vector<double> after_first(4);
+  comm::InProcCluster cluster(4, model);
+  cluster.run([&](int r, comm::Communicator& comm) {
+    torch::manual_seed(r);
+    auto w = torch::randn({kP});
+    FlatParams flat({{"w", w}});
+    auto sync = algo::make_synchronizer(cfg, 4, 42, &model);
+    sync->init(flat);
+    for (int64_t k = 1; k <= 2 * cfg.H; ++k) {
+      if (sync->wants_compute(k, comm)) comm.compute(1), ++steps[r][(k - 1) / cfg.H];
+      sync->after_step(k, flat, comm);
+      if (k == cfg.H) after_first[r] = comm.now();
+    }
+  });
+  for (int64_t round : {0, 1}) {
+    const int p = partner_of(t, 3, round);
+    for (int r = 0; r < 4; ++r) {
+      const bool slow = r == 3 || r == p;
+      EXPECT_EQ(steps[r][round], slow ? (round == 0 ? 6 : 8) : 10) << "rank " << r << ", round " << round;
+    }
+  }
+  for (int r = 0; r < 4; ++r) EXPECT_NEAR(after_first[r], 11.0, kTol) << "rank " << r;
+}
+
 TEST(VirtualClock, AllReduceStragglerDelaysEveryoneByTheComputedAmount) {
   // DiLoCo: 10 s of compute, then the all-reduce at the straggler's pace, 7.5 s instead of 1.5 s.
   const auto homogeneous = one_round(round_cfg("diloco", "fixed"), straggler_model(1.0));

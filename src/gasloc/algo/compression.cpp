@@ -148,6 +148,13 @@ int64_t Compressor::gossip_bytes(int64_t p, int peers) const {
   return peers * (8 * chunks + static_cast<int64_t>(modulo_payload_bytes(g, n)));
 }
 
+bool Compressor::sends_fp32(int64_t round, int64_t p) const {
+  if (o_.gossip != GossipCodec::modulo) return false;
+  if (o_.elastic) return round == 0;
+  const auto chunks = (p + static_cast<int64_t>(o_.codec.chunk) - 1) / static_cast<int64_t>(o_.codec.chunk);
+  return !(gaps_.defined() && gaps_.numel() == chunks);  // as modulo() decides
+}
+
 torch::Tensor Compressor::all_reduce(const torch::Tensor& x, const torch::Tensor& r, const std::vector<int>& members,
                                      comm::Communicator& comm) {
   return owner_all_reduce(o_.codec, o_.error_feedback, x, r, members, comm);

@@ -102,6 +102,9 @@ class Compressor {
   // or `n` members (all-reduce): what the time-budget policy prices. Latency terms aside.
   int64_t all_reduce_bytes(int64_t p, int n) const;
   int64_t gossip_bytes(int64_t p, int peers) const;
+  // Whether this worker's gossip message of p parameters goes in fp32 in `round`: the modulo
+  // codec's first round, which sizes its grids (gossip_bytes is the coded rounds').
+  bool sends_fp32(int64_t round, int64_t p) const;
   // Modulo chunks that wrapped and were resent in fp32, so far (a pair's chunk counts once per end).
   int64_t resends() const { return resends_; }
 

@@ -229,9 +229,10 @@ void RoundMixer::poison(std::vector<Poison> p) {
   poisons_ = std::move(p);
 }
 
-int64_t RoundMixer::message_bytes(int64_t p, torch::ScalarType wire) const {
+int64_t RoundMixer::message_bytes(int64_t p, torch::ScalarType wire, int64_t round) const {
   if (!compressor_) return p * static_cast<int64_t>(c10::elementSize(wire));
   if (topo_.is_all_reduce()) return static_cast<int64_t>(comm::payload_bytes(compressor_->options().codec, static_cast<size_t>(p)));
+  if (compressor_->sends_fp32(round, p)) return p * static_cast<int64_t>(sizeof(float));
   return compressor_->gossip_bytes(p, 1);
 }
 

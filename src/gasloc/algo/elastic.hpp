@@ -84,9 +84,10 @@ class RoundMixer {
   PeerClip* clipper() const { return clip_.get(); }
   // faults.poison: this worker's messages are scaled at the rounds given.
   void poison(std::vector<Poison> p);
-  // The bytes a round's message takes per neighbour (gossip) or as a ring all-reduce's P, for a
-  // message of p parameters in `wire`: what the time-budget policy prices.
-  int64_t message_bytes(int64_t p, torch::ScalarType wire) const;
+  // The bytes round `round`'s message takes per neighbour (gossip) or as a ring all-reduce's P,
+  // for a message of p parameters in `wire`: what the time-budget policy prices (the modulo
+  // codec's first round in fp32; its resends, which depend on the data, are not foreseen).
+  int64_t message_bytes(int64_t p, torch::ScalarType wire, int64_t round) const;
   // mix() in two halves for a fixed membership: start_mix starts the exchange (or all-reduce) of
   // x, which must be a snapshot nothing modifies until finish_mix; finish_mix waits for it and
   // returns the same m as mix(), bit for bit. A compressed round's several exchanges go one after

@@ -60,7 +60,7 @@ RoundSync::RoundSync(LocalSteps steps, std::optional<OuterStep> outer_step, Roun
     : ViewSync(std::move(mixer)), rounds_(std::move(steps)), outer_step_(outer_step), wire_(wire), overlap_(overlap) {}
 
 void RoundSync::init(FlatParams& params) {
-  bytes_ = mixer_.message_bytes(params.numel(), wire_);
+  numel_ = params.numel();
   form_ = outer_step_ ? make_round_form(*outer_step_, params.data()) : make_mix_only_form();
 }
 
@@ -78,7 +78,8 @@ RoundForm& RoundSync::form() const {
 }
 
 bool RoundSync::wants_compute(int64_t, comm::Communicator& comm) {
-  return mixer_.computes(comm.rank(), rounds_.round()) && rounds_.computes_next(comm.rank(), bytes_);
+  const int64_t round = rounds_.round();
+  return mixer_.computes(comm.rank(), round) && rounds_.computes_next(comm.rank(), mixer_.message_bytes(numel_, wire_, round));
 }
 
 bool RoundSync::sat_out(FlatParams& params, comm::Communicator& comm) {

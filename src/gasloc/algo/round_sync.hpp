@@ -106,7 +106,7 @@ class RoundSync : public ViewSync {
   std::optional<OuterStep> outer_step_;  // nullopt: the mix-only form
   std::unique_ptr<RoundForm> form_;  // from init
   torch::ScalarType wire_;
-  int64_t bytes_ = 0;  // one parameter message, in the wire dtype
+  int64_t numel_ = 0;  // parameters in a message
   Overlap overlap_;
   Flight flight_;
 };
