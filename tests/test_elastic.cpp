@@ -316,7 +316,7 @@ TEST_F(ElasticRun, CompressedWithoutFaultsGivesTheFixedWorldsBits) {
            {"diloco", "1peer", "int8", "delta"}, {"diloco", "1peer", "int4", "delta"}, {"diloco", "1peer", "topk", "delta"},
            {"gasloc", "complete", "int8", "delta"}, {"gasloc", "2peer", "int8", "direct"}, {"gasloc", "1peer", "int8", "direct"},
            {"gasloc", "2peer", "int8", "modulo"}, {"gasloc", "1peer", "int4", "modulo"}, {"gasloc", "2peer", "int8", "delta"},
-           {"gasloc", "1peer", "int4", "delta"}}) {
+           {"gasloc", "1peer", "int4", "delta"}, {"local_dadam", "2peer", "int8", "modulo"}, {"dadam", "1peer", "int8", "delta"}}) {
     auto settings = compressed(name, topo, codec);
     settings.push_back("algo.gossip_codec=" + gossip);
     const auto elastic = run(4, settings, 9, std::vector<algo::FaultEvent>{{.id = 3, .round = 1000}});
@@ -436,6 +436,43 @@ TEST_F(ElasticRun, DeltaCompressedGossipKeepsOneReferenceThroughDeathAndRejoin) 
   EXPECT_EQ(checked, 4);
 }
 
+// Local-DAdam (modulo) and DAdam (delta; every step a round) through a death and a rejoin: the
+// joiner holds its donor's model and, for delta, its reference after its join round's merge, and
+// every worker ends finite. Local-DAdam: worker 2 dies at round 0, rejoins at round 1 (ends at
+// step 6); DAdam: dies at round 2, rejoins at round 4 (its mix comes before the step: checked
+// at the merge of round 4, before step 5's AdamW step, through the state's reference).
+TEST_F(ElasticRun, CompressedLocalDAdamAndDAdamRunThroughDeathAndRejoin) {
+  {
+    const std::vector<algo::FaultEvent> faults = {{.id = 2, .round = 0, .restart_after_rounds = 1}};
+    const int donor = algo::Membership(4, faults).view(1).donor(2);
+    auto settings = compressed("local_dadam", "2peer", "int8");
+    settings.push_back("algo.gossip_codec=modulo");
+    bool checked = false;
+    const auto res = run(4, settings, 12, faults, [&](int64_t step, auto& w) {
+      if (step != 6) return;
+      EXPECT_TRUE(torch::equal(w[2]->params().data(), w[donor]->params().data()));
+      checked = true;
+    });
+    EXPECT_TRUE(checked);
+    for (int r = 0; r < 4; ++r) EXPECT_TRUE(torch::isfinite(res.workers[r]->params().data()).all().item<bool>()) << r;
+  }
+  {
+    const std::vector<algo::FaultEvent> faults = {{.id = 2, .round = 2, .restart_after_rounds = 2}};
+    const int donor = algo::Membership(4, faults).view(4).donor(2);
+    auto settings = compressed("dadam", "1peer", "int8");
+    settings.push_back("algo.gossip_codec=delta");
+    settings.push_back("algo.reference_every=2");
+    bool checked = false;
+    const auto res = run(4, settings, 8, faults, [&](int64_t step, auto& w) {
+      if (step != 5) return;  // round 4 (step 5's mix) was the join
+      EXPECT_TRUE(torch::equal(w[2]->state().at("sync.compression_reference"), w[donor]->state().at("sync.compression_reference")));
+      checked = true;
+    });
+    EXPECT_TRUE(checked);
+    for (int r = 0; r < 4; ++r) EXPECT_TRUE(torch::isfinite(res.workers[r]->params().data()).all().item<bool>()) << r;
+  }
+}
+
 // A joiner holds its donor's whole state after the merge of its join round, bit for bit, but for
 // its own random generator; and it trains on from there. Round 1 ends at step 6 for GASLoC (H = 3)
 // and at step 2 for the algorithms whose every step is a round.
@@ -545,6 +582,31 @@ TEST_F(ElasticRun, TheTrainerRunsThroughDeathsAndJoinsAndResumesBitExactly) {
   again.resume_dir = (root_ / "elastic_halves").string();
   const auto second = train::run_training(again);
   EXPECT_EQ(second.final_val_loss, full.final_val_loss);
+}
+
+// The same through compressed rounds (int8 modulo gossip: grids, resends; int4 DiLoCo: error
+// feedback): stopped mid-round while worker 1 is dead and resumed, the run ends as the
+// uninterrupted one, bit for bit.
+TEST_F(ElasticRun, CompressedElasticRunsResumeBitExactly) {
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"algo.name=gasloc", "algo.topology=2peer", "algo.compression=int8", "algo.gossip_codec=modulo"},
+           {"algo.name=diloco", "algo.compression=int4"}}) {
+    std::vector<std::string> elastic = {"cluster.workers=4", "cluster.elastic=true", "algo.H=5", "train.steps=30",
+                                        "train.eval_every=10", "faults.kill=[{id=1,round=1,restart_after_rounds=2},{id=3,round=4}]"};
+    elastic.insert(elastic.end(), extra.begin(), extra.end());
+    const std::string name = extra[0].substr(10);
+    const auto full = train::run_training(test_util::nano_request(root_, "compressed_full_" + name, elastic));
+    EXPECT_EQ(full.steps_done, 30) << name;
+    EXPECT_TRUE(std::isfinite(full.final_val_loss)) << name;
+    auto first = elastic;
+    first.push_back("train.stop_at=12");  // mid-round 2, while worker 1 is dead
+    train::run_training(test_util::nano_request(root_, "compressed_halves_" + name, first));
+    train::TrainRequest again;
+    again.quiet = true;
+    again.resume_dir = (root_ / ("compressed_halves_" + name)).string();
+    const auto second = train::run_training(again);
+    EXPECT_EQ(second.final_val_loss, full.final_val_loss) << name;
+  }
 }
 
 // Training lines by (worker, step), from a run's metrics.
