@@ -132,7 +132,9 @@ TEST(ElasticHost, WithoutProcessControlAJudgedRankIsDroppedNotRestarted) {
   // A peer's report alone drops nobody: rank 2 beats on, so its link was a failed edge.
   comm::ElasticRoster r0(job.store, 0, 0);
   r0.suspect(2, 0);
-  EXPECT_TRUE(job.tend(10.0, {0, 2}).empty());
+  const auto note = job.tend(10.0, {0, 2});
+  ASSERT_EQ(kinds(note), std::vector{HostEvent::Kind::note});
+  EXPECT_NE(note[0].line.find("rank 2 beats: it stays (a failed edge)"), std::string::npos) << note[0].line;
   EXPECT_EQ(job.state(2), RankState::member);
   // Reported, and still since: dropped after half the timeout (2 s), before the timeout itself.
   r0.suspect(2, 0);

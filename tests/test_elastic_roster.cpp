@@ -8,9 +8,10 @@
 #include <thread>
 
 #include "gasloc/algo/store_views.hpp"
+#include "gasloc/comm/by_hand.hpp"
+#include "gasloc/comm/elastic_host.hpp"
 #include "gasloc/comm/elastic_roster.hpp"
 #include "gasloc/comm/heartbeat.hpp"
-#include "gasloc/comm/roster_host.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/interrupt.hpp"
@@ -43,7 +44,7 @@ TEST(ElasticRoster, EncodesAndRefusesGarbage) {
   EXPECT_EQ(back.with(RankState::member), std::vector<int>{0});
   EXPECT_THROW(comm::Roster::decode("0:0:x;"), CommError);
   EXPECT_THROW(comm::Roster::decode("0:zero:m;"), CommError);
-  EXPECT_THROW(comm::PinnedView::decode(3, 0, "m=0:0,1"), CommError);
+  EXPECT_THROW(comm::View::decode(3, 0, "m=0:0,1"), CommError);
 }
 
 TEST(ElasticRoster, WriterFollowsAnIncarnationFromStartToMember) {
@@ -133,10 +134,15 @@ TEST(StoreViews, ReportsWhoLeftAndRefusesARankDeclaredDead) {
 // until every id started, then joiners; a second process of a living id refused; death by a
 // stalled heartbeat, or sooner by a suspect report over a still counter, never by the report alone.
 namespace {
+// The elastic host of `gasloc store --elastic -n world --founders F --heartbeat-timeout T`.
+comm::ElasticHost::Options by_hand(int world, double heartbeat_timeout_s, int founders = 0) {
+  return {.world = world, .founders = founders, .heartbeat_timeout_s = heartbeat_timeout_s, .by_hand = true};
+}
+
 struct HandJob {
   comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
   c10::intrusive_ptr<c10d::Store> store = server.local();
-  comm::RosterHost host{*store, 3, std::optional<double>(6.0)};
+  comm::ElasticHost host{*store, by_hand(3, 6.0), nullptr};
   int64_t claim(int id) { return store->add(comm::elastic_keys::claim(id), 1) - 1; }
   std::string answer(int id, int64_t inc) {
     const auto key = comm::elastic_keys::admit(id, inc);
@@ -151,7 +157,8 @@ struct HandJob {
     do {
       now = std::min(t, now + 0.5);
       for (int id : beating) beat(id);
-      events = host.tend(now);
+      events.clear();
+      for (const auto& e : host.tend(now)) events.push_back(e.line);
     } while (now < t);
     return events;
   }
@@ -159,7 +166,7 @@ struct HandJob {
 };
 }  // namespace
 
-TEST(RosterHost, FoundsTheJobThenAdmitsJoinersAndRefusesALivingId) {
+TEST(HostByHand, FoundsTheJobThenAdmitsJoinersAndRefusesALivingId) {
   HandJob job;
   EXPECT_EQ(job.claim(0), 0);
   EXPECT_EQ(job.claim(2), 0);
@@ -208,10 +215,10 @@ TEST(RosterHost, FoundsTheJobThenAdmitsJoinersAndRefusesALivingId) {
 
 // With --founders 2 of 3: ids 0 and 1 found the job; id 2, claimed first, is answered only once
 // the job runs, as a joiner; a founder's cluster.join is refused before, an extra id's is not.
-TEST(RosterHost, IdsBeyondTheFoundersJoinOnceTheJobRuns) {
+TEST(HostByHand, IdsBeyondTheFoundersJoinOnceTheJobRuns) {
   comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
   auto store = server.local();
-  comm::RosterHost host(*store, 3, std::optional<double>(6.0), 2);
+  comm::ElasticHost host(*store, by_hand(3, 6.0, 2), nullptr);
   EXPECT_TRUE(comm::founds_the_job(*store, 1));
   EXPECT_FALSE(comm::founds_the_job(*store, 2));
   const auto claim = [&](int id) { return store->add(comm::elastic_keys::claim(id), 1) - 1; };
@@ -234,11 +241,11 @@ TEST(RosterHost, IdsBeyondTheFoundersJoinOnceTheJobRuns) {
   EXPECT_FALSE(comm::founds_the_job(*store, 0));
   // A second host refused for its --founders leaves the running job's roster as it was.
   const auto roster = comm::to_text(store->get(comm::elastic_keys::roster()));
-  EXPECT_THROW(comm::RosterHost(*store, 3, std::optional<double>(6.0), 4), ConfigError);
+  EXPECT_THROW(comm::ElasticHost(*store, by_hand(3, 6.0, 4), nullptr), ConfigError);
   EXPECT_EQ(comm::to_text(store->get(comm::elastic_keys::roster())), roster);
 }
 
-TEST(RosterHost, ASuspectReportEvictsOnlyOverAStillCounter) {
+TEST(HostByHand, ASuspectReportEvictsOnlyOverAStillCounter) {
   HandJob job;
   for (int id = 0; id < 3; ++id) job.claim(id);
   job.host.tend(0.0);
@@ -258,11 +265,11 @@ TEST(RosterHost, ASuspectReportEvictsOnlyOverAStillCounter) {
   EXPECT_EQ(job.state(1), RankState::dead);
 }
 
-TEST(RosterHost, ARankOfAnotherWorldSizeOrWithoutAHostIsRefused) {
+TEST(HostByHand, ARankOfAnotherWorldSizeOrWithoutAHostIsRefused) {
   comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
   auto store = server.local();
   EXPECT_THROW(comm::admit_by_hand(*store, 0, 3, 1.0), CommError);  // no gasloc store --elastic
-  comm::RosterHost host(*store, 3, 6.0);
+  comm::ElasticHost host(*store, by_hand(3, 6.0), nullptr);
   try {
     comm::admit_by_hand(*store, 0, 4, 1.0);
     FAIL() << "another world size was admitted";
@@ -338,6 +345,52 @@ TEST(Heartbeat, AGapInTheJudgesOwnClockBlamesNobody) {
   std::vector<int> stalled;
   for (double t = 15.4; t < 20.0 && stalled.empty(); t += 0.2) stalled = watch.stalled(*store, t);
   EXPECT_EQ(stalled, std::vector<int>{1});  // named about the timeout after the host resumed
+}
+
+// The one judge of both hosts: a rank watched from its admission is judged whether or not it
+// ever beat; a peer's report settles by the counter alone: two beats since clear it (a failed
+// edge), suspect_silence_s() of stillness makes it gone, a report of a replaced incarnation is
+// dropped; without a timeout nobody is judged stalled.
+TEST(Heartbeat, OneJudgeSettlesReportsByTheCounter) {
+  comm::StoreServer server{{"127.0.0.1", 0, false, {}}};
+  auto store = server.local();
+  comm::HeartbeatWatch watch(3, 6.0);
+  EXPECT_DOUBLE_EQ(watch.suspect_silence_s(), 3.0);
+  watch.watch_from(*store, 2, 0.0);  // admitted, never beats
+  store->add(comm::heartbeat_key(0), 1);
+  store->add(comm::heartbeat_key(1), 1);
+  EXPECT_TRUE(watch.stalled(*store, 0.0).empty());
+  const auto current = [](int, int64_t inc) { return inc == 0; };
+  watch.reported(1, 0);
+  watch.reported(0, 7);  // an incarnation that is not the current one
+  std::vector<int> beating;
+  for (double t = 0.5; t <= 2.0; t += 0.5) {
+    store->add(comm::heartbeat_key(1), 1);
+    EXPECT_TRUE(watch.stalled(*store, t).empty());
+    const auto r = watch.settle_reports(t, current);
+    EXPECT_TRUE(r.gone.empty());
+    beating.insert(beating.end(), r.beating.begin(), r.beating.end());
+  }
+  EXPECT_EQ(beating, std::vector<int>{1});
+  // Reported again, and still from 2.0: gone at 5.0 (3 s), not before.
+  watch.reported(1, 0);
+  for (double t = 2.5; t < 5.0; t += 0.5) {
+    watch.stalled(*store, t);
+    EXPECT_TRUE(watch.settle_reports(t, current).gone.empty()) << t;
+  }
+  watch.stalled(*store, 5.0);
+  const auto r = watch.settle_reports(5.0, current);
+  ASSERT_EQ(r.gone.size(), 1u);
+  EXPECT_EQ(r.gone[0].first, 1);
+  EXPECT_DOUBLE_EQ(r.gone[0].second, 3.0);
+  // Rank 2 never beat, but was watched from 0.0: stalled at 6.0; rank 0 (beat once, at 0) too.
+  EXPECT_EQ(watch.stalled(*store, 5.5), std::vector<int>{});
+  EXPECT_EQ(watch.stalled(*store, 6.0), (std::vector<int>{0, 2}));
+  comm::HeartbeatWatch off(3, 0.0);
+  off.watch_from(*store, 2, 0.0);
+  off.stalled(*store, 0.0);
+  EXPECT_TRUE(off.stalled(*store, 0.5).empty());
+  EXPECT_TRUE(off.stalled(*store, 100.5).empty());  // the gap is forgiven anyway, and no timeout judges
 }
 
 TEST(Heartbeat, TheHostClockForgivesOnlyTheGapBeyondALook) {

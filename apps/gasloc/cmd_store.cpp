@@ -6,8 +6,8 @@
 //   gasloc store --port 29500 --job-id myjob            # host A, until Ctrl+C
 //   TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR=A MASTER_PORT=29500 RANK=r WORLD_SIZE=n \
 //     gasloc train ... --job-id myjob                   # every rank
-// With --elastic -n N it also keeps the roster of an elastic job (comm/roster_host.hpp): ranks
-// started by hand with cluster.elastic = true are admitted, judged by their heartbeats, and a
+// With --elastic -n N it also keeps the roster of an elastic job (comm::ElasticHost, by_hand;
+// comm/by_hand.hpp has the ranks' side): ranks started by hand with cluster.elastic = true are admitted, judged by their heartbeats, and a
 // rank started again (on any host) rejoins the running job.
 #include <fmt/format.h>
 #include <csignal>
@@ -20,7 +20,8 @@
 
 #include "commands.hpp"
 #include "gasloc/comm/rendezvous.hpp"
-#include "gasloc/comm/roster_host.hpp"
+#include "gasloc/comm/by_hand.hpp"
+#include "gasloc/comm/elastic_host.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/secret.hpp"
@@ -78,11 +79,14 @@ Action add_store(CLI::App& app) {
                server.port(), o->addr, server.port(), o->job_id,
                job.secret.empty() ? "" : " --set cluster.secret_file=FILE");
     const auto keys = comm::job_keys(server.local());  // the ranks' keys, as they see them; outlives the roster host
-    std::optional<comm::RosterHost> roster;
+    std::optional<comm::ElasticHost> roster;
     const auto t0 = std::chrono::steady_clock::now();
     auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     if (o->elastic) {
-      roster.emplace(*keys, o->n, o->heartbeat_timeout, o->founders);
+      roster.emplace(*keys,
+                     comm::ElasticHost::Options{.world = o->n, .founders = o->founders,
+                                                .heartbeat_timeout_s = o->heartbeat_timeout.value_or(0), .by_hand = true},
+                     nullptr);
       fmt::print("gasloc store: keeping the roster of an elastic job of {} ranks (cluster.elastic = true); a rank is "
                  "declared dead after {} without a heartbeat, and rejoins when started again\n",
                  o->n, o->heartbeat_timeout ? fmt::format("{:g} s", *o->heartbeat_timeout)
@@ -98,7 +102,7 @@ Action add_store(CLI::App& app) {
     while (!g_store_stop.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (!roster) continue;
-      for (const auto& e : roster->tend(seconds())) fmt::print("gasloc store: {:.1f} s: {}\n", seconds(), e);
+      for (const auto& e : roster->tend(seconds())) fmt::print("gasloc store: {:.1f} s: {}\n", seconds(), e.line);
       std::fflush(stdout);
     }
     std::signal(SIGINT, prev_int);

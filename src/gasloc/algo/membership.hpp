@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "gasloc/comm/view.hpp"
+
 namespace gasloc::algo {
 
 // One scheduled failure: worker `id` dies at the merge of round `round`; it restarts and rejoins
@@ -52,28 +54,9 @@ struct RestartAll {
 // after it.
 using Arrivals = std::map<int, int64_t>;
 
-// The members of one round, ids ascending.
-struct View {
-  int64_t round = 0;
-  std::vector<int> members;  // in the view: they take part in the round's mix (dying ones included)
-  std::vector<int> dying;    // members that die at this round's merge: their edges and all-reduce fail
-  std::vector<int> joining;  // healed from a donor at this round's merge; not in the mix
-  // Process runs, where a death is seen after the fact: members of the previous round's view
-  // that are not in this one, or are in it as a newer incarnation (they died in between, and
-  // were restarted before the death was seen).
-  std::vector<int> left;
-  // Process runs: the incarnation of every id listed (empty in-process).
-  std::map<int, int64_t> incarnation;
-
-  bool is_member(int id) const;
-  bool is_dying(int id) const;
-  bool is_joining(int id) const;
-  // Members that outlive the merge: an aborted all-reduce is retried over them.
-  std::vector<int> survivors() const;
-  // The member that sends `joiner` its state: the nearest survivor below it, cyclically, so that
-  // several joiners spread over several donors.
-  int donor(int joiner) const;
-};
+// The members of one round (comm/view.hpp): one type for the in-process reference and the
+// views a process run pins in the store.
+using comm::View;
 
 // A worker's part in handing a joiner its state at a round's merge: the donor lists its joiners,
 // a joiner lists its donor; `receives` for a joiner. Every worker takes part in the transfer call

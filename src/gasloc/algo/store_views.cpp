@@ -10,20 +10,9 @@
 
 namespace gasloc::algo {
 
-namespace {
-View from_pinned(const comm::PinnedView& p) {
-  View v;
-  v.round = p.round;
-  v.members = p.members;
-  v.joining = p.joining;
-  v.incarnation = p.incarnation;
-  return v;
-}
-}  // namespace
-
 View StoreViews::view(int64_t round) const {
   if (const auto it = cache_.find(round); it != cache_.end()) return it->second;
-  View v = from_pinned(roster_.pin(round));
+  View v = roster_.pin(round);
   // The view names incarnations: an older one of this id (declared dead while it was stopped, and
   // since replaced) is out too.
   const bool listed = v.is_member(roster_.id()) || v.is_joining(roster_.id());
@@ -43,16 +32,14 @@ View StoreViews::view(int64_t round) const {
 }
 
 std::optional<View> StoreViews::pinned(int64_t round) const {
-  const auto p = roster_.pinned(round);
-  if (!p) return std::nullopt;
-  return from_pinned(*p);
+  return roster_.pinned(round);
 }
 
 View StoreViews::retry(const View& v, int attempt) const {
   // The launcher marks a dead process within about a tenth of a second; a hung one once its
   // heartbeat stalls and it is killed. Until then a retry would meet the same death.
   std::this_thread::sleep_for(std::chrono::milliseconds(100 * std::min(attempt, 10)));
-  View r = from_pinned(roster_.pin(v.round, attempt));
+  View r = roster_.pin(v.round, attempt);
   r.joining.clear();  // joiners are healed once, after the round's first view
   return r;
 }

@@ -11,7 +11,7 @@
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/comm/pair_transfer.hpp"
-#include "gasloc/comm/roster_host.hpp"
+#include "gasloc/comm/by_hand.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::comm {

@@ -27,7 +27,7 @@ class ElasticGlooComm final : public Communicator {
  public:
   // Connects to the job's store (hosted by gasloc launch --elastic or gasloc store --elastic, which
   // write the roster) as incarnation `incarnation` of id o.rank; -1: a rank started by hand, which
-  // the store's roster host admits (comm/roster_host.hpp). Throws CommError when there is no
+  // the store's roster host admits (comm/by_hand.hpp). Throws CommError when there is no
   // roster (not an elastic launch) or the store cannot be reached, ConfigError when refused.
   // `join`: this process joins the running job with a donor's state, even at incarnation 0.
   // `heartbeat_timeout_s` (> 0): the job's cluster.heartbeat_timeout_s, told to a gasloc store

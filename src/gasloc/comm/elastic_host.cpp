@@ -6,7 +6,8 @@
 #include <algorithm>
 
 #include "gasloc/comm/rendezvous.hpp"
-#include "gasloc/comm/roster_host.hpp"
+#include "gasloc/comm/by_hand.hpp"
+#include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::comm {
@@ -16,10 +17,15 @@ namespace {
 // beat's interval, for one store call per rank per look.
 constexpr double kHeartbeatLookS = 0.2;
 
-ElasticHost::Options checked(ElasticHost::Options o) {
+ElasticHost::Options checked(ElasticHost::Options o, const ProcessControl* control) {
   if (o.world < 1) throw ConfigError(fmt::format("elastic host: a job of {} ranks", o.world));
+  if (o.by_hand && o.founders > o.world)
+    throw ConfigError(fmt::format("store: --founders {} is more than the job's {} ranks (-n)", o.founders, o.world),
+                      "the founders are ranks 0..F-1 of the -n; the others join the running job");
   if (o.founders < 0 || o.founders > o.world)
     throw ConfigError(fmt::format("elastic host: {} founding ranks of a job of {}", o.founders, o.world));
+  if (o.by_hand && control != nullptr)
+    throw Error("elastic host: ranks started by hand have no process control", "internal: pass a null control");
   if (o.founders == 0) o.founders = o.world;
   if (o.max_restarts < 0) throw ConfigError(fmt::format("elastic host: --max-restarts {} must be >= 0", o.max_restarts));
   if (o.min_ranks < 1 || o.min_ranks > o.world)
@@ -30,16 +36,22 @@ ElasticHost::Options checked(ElasticHost::Options o) {
 
 ElasticHost::ElasticHost(c10d::Store& store, Options opts, ProcessControl* control)
     : store_(store),
-      opts_(checked(opts)),
+      opts_(checked(opts, control)),
       control_(control),
       writer_(store, opts_.world),
       heartbeats_(opts_.world, opts_.heartbeat_timeout_s),
       restarts_left_(opts_.max_restarts),
-      incarnation_(opts_.world, 0),
-      running_(opts_.world, true),
+      incarnation_(opts_.world, opts_.by_hand ? -1 : 0),
+      claims_seen_(opts_.world, 0),
+      running_(opts_.world, !opts_.by_hand),
       killing_(opts_.world, false),
       story_(opts_.world),
       ended_well_(opts_.world, false) {
+  if (opts_.by_hand) {
+    store_.set(elastic_keys::founders(), to_bytes(std::to_string(opts_.founders)));
+    store_.set(elastic_keys::world(), to_bytes(std::to_string(opts_.world)));
+    return;
+  }
   for (int id = 0; id < opts_.world; ++id) writer_.started(id, 0, /*member=*/id < opts_.founders);
 }
 
@@ -116,67 +128,129 @@ std::vector<HostEvent> ElasticHost::exited(int id, const ProcessEnd& end, double
 
 std::vector<HostEvent> ElasticHost::tend(double now_s) {
   std::vector<HostEvent> events;
+  if (opts_.by_hand) tend_by_hand(now_s, events);
   for (int id : writer_.poll()) {
     const int64_t inc = incarnation_[id];
     const auto failed = failed_at_s_.find(id);
     // Incarnation 0 is a first arrival (a founder late to the first view, or a joiner declared at
     // the start), not a return.
-    if (failed == failed_at_s_.end() || inc == 0)
+    if (inc == 0)
       events.push_back({HostEvent::Kind::joined, id,
                         fmt::format("rank {} (incarnation {}) joined {:.1f} s into the job", id, inc, now_s)});
     else
       events.push_back({HostEvent::Kind::rejoined, id,
-                        fmt::format("rank {} (incarnation {}) rejoined {:.1f} s after it failed", id, inc,
-                                    now_s - failed->second)});
+                        failed == failed_at_s_.end()
+                            ? fmt::format("rank {} (incarnation {}) rejoined: it holds its donor's state and mixes", id, inc)
+                            : fmt::format("rank {} (incarnation {}) rejoined {:.1f} s after it failed", id, inc,
+                                          now_s - failed->second)});
   }
   // A peer's link to it failed while the roster listed it alive: fenced now, so that no view
   // waits for a rank its peers cannot reach (it restarts and rejoins through a donor).
   for (const auto& [id, inc] : writer_.take_suspects()) {
     if (incarnation_[id] != inc || !running_[id]) continue;
     if (control_ == nullptr) {
-      suspects_.try_emplace(id, inc, now_s);
+      heartbeats_.reported(id, inc);
       continue;
     }
     fence(id, fmt::format("a peer reported its link to rank {} broken; killing rank {} (it restarts)", id, id),
           "a peer reported its link broken", events);
   }
-  judge_heartbeats(now_s, events);
-  check_suspects(now_s, events);
+  if (!opts_.by_hand) judge_liveness(now_s, events);
   return events;
 }
 
-void ElasticHost::check_suspects(double now_s, std::vector<HostEvent>& events) {
-  const double still_s = std::min(kSuspectSilenceS, opts_.heartbeat_timeout_s > 0 ? opts_.heartbeat_timeout_s / 2 : kSuspectSilenceS);
-  for (auto it = suspects_.begin(); it != suspects_.end();) {
-    const auto [id, report] = *it;
-    const auto silence = heartbeats_.silence_s(id, now_s);
-    if (!running_[id] || incarnation_[id] != report.first) {
-      it = suspects_.erase(it);
-    } else if (silence && *silence >= still_s) {
-      it = suspects_.erase(it);
-      fence(id, "", fmt::format("reported by a peer whose link to it failed, and silent for {:.1f} s", *silence), events);
-    } else if (now_s - report.second >= still_s) {
-      it = suspects_.erase(it);  // it beat on after the report: a failed edge, not a dead rank
-    } else {
-      ++it;
+// First the liveness (the silences a second claim of a living id is judged by are then fresh,
+// and the host's own gaps forgiven), after the word of those that ended; then the claims.
+void ElasticHost::tend_by_hand(double now_s, std::vector<HostEvent>& events) {
+  learn_heartbeat_timeout(events);
+  for (int id = 0; id < opts_.world; ++id) {
+    if (!running_[id]) continue;
+    const int64_t inc = incarnation_[id];
+    if (store_.check({elastic_keys::out(id)}) && to_text(store_.get(elastic_keys::out(id))) == std::to_string(inc)) {
+      running_[id] = false;
+      writer_.exited(id, inc);
+      events.push_back({HostEvent::Kind::ended, id, fmt::format("rank {} (incarnation {}) ended", id, inc)});
     }
+  }
+  judge_liveness(now_s, events);
+  for (int id = 0; id < opts_.world; ++id) answer_claims(id, now_s, events);
+  if (founded_) return;
+  const auto members = writer_.roster().with(RankState::member);
+  if (std::count_if(members.begin(), members.end(), [&](int id) { return id < opts_.founders; }) < opts_.founders) return;
+  founded_ = true;
+  store_.set(elastic_keys::founded(), to_bytes("1"));
+  const int n = opts_.world, f = opts_.founders;
+  events.push_back({HostEvent::Kind::founded, -1,
+                    f == n ? fmt::format("all {} ranks started: the job runs", n)
+                           : fmt::format("founding ranks 0..{} started: the job runs (ranks {}..{} join it when started)",
+                                         f - 1, f, n - 1)});
+}
+
+void ElasticHost::answer_claims(int id, double now_s, std::vector<HostEvent>& events) {
+  if (id >= opts_.founders && !founded_) return;  // a joiner is answered once the job runs
+  const int64_t claims = store_.add(elastic_keys::claim(id), 0);
+  for (int64_t& inc = claims_seen_[id]; inc < claims; ++inc) {
+    const double silent = heartbeats_.silence_s(id, now_s).value_or(0);
+    if (running_[id] && silent < heartbeats_.suspect_silence_s()) {
+      const std::string why = fmt::format("rank {} is already alive (incarnation {}, its heartbeat {:.1f} s ago)", id,
+                                          incarnation_[id], silent);
+      store_.set(elastic_keys::admit(id, inc), to_bytes(admission::kRefused + why));
+      events.push_back({HostEvent::Kind::refused, id, fmt::format("refused a second process for rank {}: {}", id, why)});
+      continue;
+    }
+    if (running_[id]) fence(id, "", fmt::format("silent for {:.1f} s and replaced by a new process", silent), events);
+    const bool member = !founded_ && id < opts_.founders;
+    writer_.started(id, inc, member);
+    incarnation_[id] = inc;
+    running_[id] = true;
+    heartbeats_.watch_from(store_, id, now_s);
+    store_.set(elastic_keys::admit(id, inc), to_bytes(member ? admission::kMember : admission::kJoiner));
+    events.push_back({HostEvent::Kind::admitted, id,
+                      member ? fmt::format("rank {} (incarnation {}) started", id, inc)
+                             : fmt::format("rank {} (incarnation {}) started: it joins the running job", id, inc)});
   }
 }
 
+void ElasticHost::learn_heartbeat_timeout(std::vector<HostEvent>& events) {
+  if (heartbeats_.timeout_s() > 0 || !store_.check({elastic_keys::heartbeat_timeout()})) return;
+  const std::string text = to_text(store_.get(elastic_keys::heartbeat_timeout()));
+  double s = 0;
+  try {
+    s = std::stod(text);
+  } catch (const std::exception&) {
+    throw CommError(fmt::format("the job's store holds '{}' as its heartbeat timeout", text),
+                    "another program or gasloc version wrote the job's store");
+  }
+  heartbeats_.set_timeout(s);
+  events.push_back({HostEvent::Kind::note, -1, fmt::format("heartbeat timeout {:g} s, the job's cluster.heartbeat_timeout_s", s)});
+}
+
 // A running rank whose heartbeat stalled is stopped, frozen or cut off: its peers would wait for
-// it until cluster.timeout_s. Fencing it makes it a failure like any other, named now. Not while
-// the job stops (its ranks are busy ending).
-void ElasticHost::judge_heartbeats(double now_s, std::vector<HostEvent>& events) {
-  if (opts_.heartbeat_timeout_s <= 0 || interrupted_ || stopped_ || now_s < next_heartbeat_check_s_) return;
+// it until cluster.timeout_s. Fencing it makes it a failure like any other, named now. A rank a
+// peer reported (without a hook) goes once its counter is still, and stays if it beats on (a
+// failed edge, not a dead rank). Not while the job stops (its ranks are busy ending).
+void ElasticHost::judge_liveness(double now_s, std::vector<HostEvent>& events) {
+  // The launcher tends often and reads at most every kHeartbeatLookS; `gasloc store` looks at
+  // every tend (a tenth of a second), and its judge must not miss the one look in a while.
+  if (interrupted_ || stopped_ || (!opts_.by_hand && now_s < next_heartbeat_check_s_)) return;
   next_heartbeat_check_s_ = now_s + kHeartbeatLookS;
-  for (int id : heartbeats_.stalled(store_, now_s)) {
+  const std::vector<int> stalled = heartbeats_.stalled(store_, now_s);
+  const auto reports = heartbeats_.settle_reports(now_s, [&](int id, int64_t inc) { return running_[id] && incarnation_[id] == inc; });
+  for (const auto& [id, silence] : reports.gone)
+    fence(id, "", fmt::format("reported by a peer whose link to it failed, and silent for {:.1f} s", silence), events);
+  for (int id : reports.beating)
+    events.push_back({HostEvent::Kind::note, id,
+                      fmt::format("a peer reported its link to rank {} broken, but rank {} beats: it stays (a failed edge)",
+                                  id, id)});
+  for (int id : stalled) {
     if (!running_[id]) continue;
     const std::string what = fmt::format("rank {} sent no heartbeat for {:g} s (stopped, frozen or cut off from the "
                                          "store); {}",
-                                         id, opts_.heartbeat_timeout_s,
+                                         id, heartbeats_.timeout_s(),
                                          control_ ? control_->name() + " killed it" : "dropped from the roster");
-    publish_failure(store_, id, {id, what});
-    fence(id, what, fmt::format("no heartbeat for {:g} s", opts_.heartbeat_timeout_s), events);
+    // Ranks by hand find their own death in the next view (comm::ElasticGloo), on every host alike.
+    if (!opts_.by_hand) publish_failure(store_, id, {id, what});
+    fence(id, what, fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s()), events);
   }
 }
 

@@ -1,8 +1,9 @@
-// The elastic control plane of `gasloc launch --elastic`: the policy that used to live in the
-// launcher's supervision loop (apps/gasloc/cmd_launch.cpp), now a library object driven by the
-// caller's clock so that it is unit-tested on a fake one (tests/test_elastic_host.cpp). It owns
+// The one elastic control plane, of `gasloc launch --elastic` and of `gasloc store --elastic`: a
+// library object driven by the caller's clock, so that it is unit-tested on a fake one
+// (tests/test_elastic_host.cpp, tests/test_elastic_roster.cpp). It owns
 //   - the roster (the one RosterWriter of the job: a process started, ended, healed),
-//   - liveness (one HeartbeatWatch: a running rank whose counter stalled for the timeout),
+//   - liveness (one HeartbeatWatch: a running rank whose counter stalled for the timeout, and
+//     what peers' reports of a failed link to a rank come to),
 //   - fencing (a stalled rank, or one a peer reported over a failed link, is killed through the
 //     ProcessControl hook; its exit then comes back through exited() like any other),
 //   - restarts (a failed rank starts again as the next incarnation while --max-restarts lasts),
@@ -12,11 +13,17 @@
 // judged dead is only dropped from the roster: a stopped one finds itself out of the next view
 // and leaves (fencing without a kill). As a drop cannot be undone by a restart, a peer's report
 // alone drops nobody then: only once the reported rank's counter has also been still for
-// kSuspectSilenceS (comm/roster_host.hpp; at most half the heartbeat timeout); a rank that goes on
-// beating was a failed edge.
+// kSuspectSilenceS (comm/heartbeat.hpp; at most half the heartbeat timeout); a rank that goes on
+// beating was a failed edge. HeartbeatWatch is the one judge of both, here and in RosterHost.
+//
+// Ranks started by hand (Options::by_hand, `gasloc store --elastic`; comm/by_hand.hpp has the
+// rank's side): nobody here starts them or sees them exit, so each claims its incarnation and the
+// host admits it (a founding member until every founding id has started, a joiner after, refused
+// while the id is alive), watches it from its admission, and reads the word of one that ended;
+// the heartbeat timeout, when the host was given none, is the one the job's first rank publishes.
 //
 // The caller does the process plumbing (fork, exec, waitpid, signals) and reports what it saw;
-// the host answers with typed events, each with the line the launcher prints.
+// the host answers with typed events, each with the line the launcher or the store prints.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -58,6 +65,11 @@ constexpr int kNoRestartStatus = 2;
 
 struct HostEvent {
   enum class Kind {
+    admitted,   // by hand: a process's claim answered: a founding member or a joiner-to-be
+    refused,    // by hand: a second process for an id that is alive
+    founded,    // by hand: every founding id started: the job runs
+    ended,      // by hand: an incarnation said it ended
+    note,       // what the host learned (the job's heartbeat timeout; a reported rank beats on)
     joined,     // a first incarnation (or one started early) became a member
     rejoined,   // a restarted incarnation healed and became a member
     fenced,     // judged dead (stalled heartbeat, a peer's report): killed, or dropped without a hook
@@ -77,9 +89,12 @@ class ElasticHost {
     int founders = 0;                // ids 0..founders-1 start as members, the rest as joiners (0: all)
     int max_restarts = 0;            // restarts over the whole job
     int min_ranks = 1;               // fewer ranks alive stop the job
-    double heartbeat_timeout_s = 0;  // 0: heartbeats are not judged
+    double heartbeat_timeout_s = 0;  // 0: heartbeats are not judged (by hand: until the job's first rank sets one)
+    bool by_hand = false;            // ranks started by hand: they claim incarnations (above); no ProcessControl
   };
-  // Writes the roster with incarnation 0 of every id started. `control` may be null (see above).
+  // Writes the roster with incarnation 0 of every id started (by hand: none started yet; the job's
+  // world and founders published for the ranks' claims). `control` may be null (see above), and
+  // is by hand. Throws ConfigError on impossible options, before anything is written.
   ElasticHost(c10d::Store& store, Options opts, ProcessControl* control);
 
   // The process of `id` ended at `now_s` (seconds on the caller's clock).
@@ -94,15 +109,22 @@ class ElasticHost {
   int restarts_left() const { return restarts_left_; }
   int64_t incarnation(int id) const { return incarnation_.at(id); }
   bool running(int id) const { return running_.at(id); }
+  // By hand: every founding id has started (the job runs).
+  bool founded() const { return founded_; }
+  // The heartbeat timeout in force (0: none yet).
+  double heartbeat_timeout_s() const { return heartbeats_.timeout_s(); }
   // By id: what each of its incarnations did, and whether its newest one exited 0.
   const std::vector<std::string>& story(int id) const { return story_.at(id); }
   bool ended_well(int id) const { return ended_well_.at(id); }
   const Roster& roster() const { return writer_.roster(); }
 
  private:
-  void judge_heartbeats(double now_s, std::vector<HostEvent>& events);
+  void judge_liveness(double now_s, std::vector<HostEvent>& events);
+  // By hand: the job's heartbeat timeout, claims, the founding, and announcements of an end.
+  void tend_by_hand(double now_s, std::vector<HostEvent>& events);
+  void answer_claims(int id, double now_s, std::vector<HostEvent>& events);
+  void learn_heartbeat_timeout(std::vector<HostEvent>& events);
   void fence(int id, const std::string& line, const std::string& why, std::vector<HostEvent>& events);
-  void check_suspects(double now_s, std::vector<HostEvent>& events);
   HostEvent stop(int id, std::string line);
 
   c10d::Store& store_;
@@ -111,12 +133,12 @@ class ElasticHost {
   RosterWriter writer_;
   HeartbeatWatch heartbeats_;
   int restarts_left_;
-  bool interrupted_ = false, stopped_ = false;
+  bool interrupted_ = false, stopped_ = false, founded_ = false;
   double next_heartbeat_check_s_ = 0;
-  std::vector<int64_t> incarnation_;  // by id: the newest started
+  std::vector<int64_t> incarnation_;  // by id: the newest started (-1: none yet, by hand)
+  std::vector<int64_t> claims_seen_;  // by hand, by id: claims answered
   std::vector<bool> running_;         // by id: its newest incarnation's process runs (as far as the host knows)
   std::vector<bool> killing_;         // by id: its kill was asked for and its exit not seen yet (asked once)
-  std::map<int, std::pair<int64_t, double>> suspects_;  // without a hook: id -> (incarnation, when reported)
   std::vector<std::vector<std::string>> story_;
   std::vector<bool> ended_well_;
   std::map<int, double> failed_at_s_;  // by id: when the predecessor of its newest incarnation failed

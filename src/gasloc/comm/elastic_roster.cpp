@@ -92,12 +92,12 @@ std::vector<int> Roster::with(RankState s) const {
   return out;
 }
 
-std::string PinnedView::encode() const {
+std::string View::encode() const {
   return "m=" + ids_text(members, incarnation) + "|j=" + ids_text(joining, incarnation);
 }
 
-PinnedView PinnedView::decode(int64_t round, int attempt, const std::string& text) {
-  PinnedView v;
+View View::decode(int64_t round, int attempt, const std::string& text) {
+  View v;
   v.round = round;
   v.attempt = attempt;
   for (const auto& part : split(text, '|')) {
@@ -120,7 +120,7 @@ ElasticRoster::ElasticRoster(c10::intrusive_ptr<c10d::Store> store, int id, int6
 
 Roster ElasticRoster::read() { return Roster::decode(to_text(store_->get(elastic_keys::roster()))); }
 
-PinnedView ElasticRoster::seen(PinnedView v) {
+View ElasticRoster::seen(View v) {
   for (const auto& [id, inc] : v.incarnation) known_[id] = inc;
   return v;
 }
@@ -136,12 +136,12 @@ void ElasticRoster::mark_progress(int64_t round) {
   store_->set(elastic_keys::at(id_), to_bytes(fmt::format("{}:{}", incarnation_, round)));
 }
 
-PinnedView ElasticRoster::pin(int64_t round, int attempt) {
+View ElasticRoster::pin(int64_t round, int attempt) {
   mark_progress(round);
   const std::string key = elastic_keys::view(round, attempt);
-  if (store_->check({key})) return seen(PinnedView::decode(round, attempt, to_text(store_->get(key))));
+  if (store_->check({key})) return seen(View::decode(round, attempt, to_text(store_->get(key))));
   const Roster r = read();
-  PinnedView v;
+  View v;
   v.round = round;
   v.attempt = attempt;
   const bool any_behind = store_->check({elastic_keys::any_behind()});
@@ -161,13 +161,13 @@ PinnedView ElasticRoster::pin(int64_t round, int attempt) {
   const std::string proposed = v.encode();
   const std::string agreed = to_text(store_->compareSet(key, {}, to_bytes(proposed)));
   if (agreed == proposed) store_->set(elastic_keys::latest(), to_bytes(std::to_string(round)));
-  return seen(agreed == proposed ? v : PinnedView::decode(round, attempt, agreed));
+  return seen(agreed == proposed ? v : View::decode(round, attempt, agreed));
 }
 
-std::optional<PinnedView> ElasticRoster::pinned(int64_t round, int attempt) {
+std::optional<View> ElasticRoster::pinned(int64_t round, int attempt) {
   const std::string key = elastic_keys::view(round, attempt);
   if (!store_->check({key})) return std::nullopt;
-  return seen(PinnedView::decode(round, attempt, to_text(store_->get(key))));
+  return seen(View::decode(round, attempt, to_text(store_->get(key))));
 }
 
 int64_t ElasticRoster::latest_round() {

@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "gasloc/comm/view.hpp"
+
 namespace gasloc::comm {
 
 // All-reduce attempts of one round: a round's call ids are round * kAttemptsPerRound + attempt.
@@ -57,16 +59,6 @@ struct Roster {
   std::vector<int> with(RankState s) const;
 };
 
-// One round's view as pinned in the store.
-struct PinnedView {
-  int64_t round = 0;
-  int attempt = 0;
-  std::vector<int> members;             // ids ascending
-  std::vector<int> joining;             // ids ascending
-  std::map<int, int64_t> incarnation;   // of every member and joiner
-  std::string encode() const;
-  static PinnedView decode(int64_t round, int attempt, const std::string& text);
-};
 
 // The store's key names (tests and the launcher use them too).
 namespace elastic_keys {
@@ -103,9 +95,9 @@ class ElasticRoster {
 
   Roster read();
   // Round `round`'s view (attempt `attempt`): pinned now from the roster if no rank has yet.
-  PinnedView pin(int64_t round, int attempt = 0);
+  View pin(int64_t round, int attempt = 0);
   // The view if some rank has pinned it.
-  std::optional<PinnedView> pinned(int64_t round, int attempt = 0);
+  std::optional<View> pinned(int64_t round, int attempt = 0);
   int64_t latest_round();
   // The incarnation of `id` in the newest view this rank pinned or read (-1: none seen yet).
   int64_t incarnation_of(int id) const;
@@ -122,7 +114,7 @@ class ElasticRoster {
   std::optional<int64_t> stop_step();
 
  private:
-  PinnedView seen(PinnedView v);
+  View seen(View v);
   // Tells the roster's writer that this incarnation reads no view below `round` again.
   void mark_progress(int64_t round);
 

@@ -81,7 +81,7 @@ std::vector<int> HeartbeatWatch::stalled(c10d::Store& store, double now_s) {
     } catch (const std::exception&) {
       continue;
     }
-    if (count == 0) continue;  // never beat
+    if (count == 0 && !seen_.count(r)) continue;  // never beat, and not watched from its admission
     if (const auto b = restarted_.find(r); b != restarted_.end()) {
       if (b->second < 0) b->second = count;
       if (count == b->second) continue;  // the new process has not beaten yet
@@ -90,7 +90,50 @@ std::vector<int> HeartbeatWatch::stalled(c10d::Store& store, double now_s) {
     auto [it, fresh] = seen_.try_emplace(r, Seen{count, now_s});
     if (fresh) continue;
     if (it->second.count != count) it->second = {count, now_s};
-    else if (now_s - it->second.since_s >= timeout_s_) out.push_back(r);
+    else if (timeout_s_ > 0 && now_s - it->second.since_s >= timeout_s_) out.push_back(r);
+  }
+  return out;
+}
+
+void HeartbeatWatch::watch_from(c10d::Store& store, int rank, double now_s) {
+  restarted_.erase(rank);
+  reports_.erase(rank);
+  int64_t count = 0;
+  try {
+    count = store.add(heartbeat_key(rank), 0);
+  } catch (const std::exception&) {
+    count = -1;  // unread: the next look that reads it counts as a beat
+  }
+  seen_[rank] = {count, now_s};
+}
+
+void HeartbeatWatch::reported(int rank, int64_t inc) {
+  if (reports_.count(rank) && reports_[rank].inc == inc) return;  // the first report stands
+  // Its counter is taken at the next look (the last one read may be older than the report).
+  reports_[rank] = Report{inc, std::nullopt};
+}
+
+HeartbeatWatch::Reports HeartbeatWatch::settle_reports(double now_s, const std::function<bool(int, int64_t)>& current) {
+  Reports out;
+  for (auto it = reports_.begin(); it != reports_.end();) {
+    const auto [rank, report] = *it;
+    const auto seen = seen_.find(rank);
+    if (!current(rank, report.inc)) {
+      it = reports_.erase(it);
+    } else if (seen == seen_.end()) {
+      ++it;  // not judged yet: it has not beaten since it started
+    } else if (now_s - seen->second.since_s >= suspect_silence_s()) {
+      out.gone.emplace_back(rank, now_s - seen->second.since_s);
+      it = reports_.erase(it);
+    } else if (!report.count) {
+      it->second.count = seen->second.count;
+      ++it;
+    } else if (seen->second.count >= *report.count + 2) {
+      out.beating.push_back(rank);
+      it = reports_.erase(it);
+    } else {
+      ++it;
+    }
   }
   return out;
 }

@@ -12,8 +12,10 @@
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -72,10 +74,19 @@ class Heartbeat {
   std::thread thread_;
 };
 
-// The host's side: which ranks' counters have not moved for timeout_s of the host's clock. A
-// rank that never beat is not judged: it is still starting, or it is not a gasloc rank.
+// Seconds a counter must be still before a peer's suspect report, or a second process claiming
+// the same id, counts the incarnation as gone (six missed beats; at most half the heartbeat
+// timeout).
+constexpr double kSuspectSilenceS = 3.0;
+
+// The one liveness judge of the job's hosts (`gasloc launch`'s ElasticHost and its plain
+// supervision, `gasloc store --elastic`'s RosterHost): which ranks' counters have not moved for
+// timeout_s of the host's clock, and what peers' reports of a failed link to a rank come to. A
+// rank that never beat is not judged unless watched from a given time (watch_from): it is still
+// starting, or it is not a gasloc rank.
 class HeartbeatWatch {
  public:
+  // timeout_s <= 0: counters are read but nobody is judged stalled (set_timeout may come later).
   HeartbeatWatch(int world, double timeout_s) : world_(world), timeout_s_(timeout_s) {}
   // Reads every counter at `now_s` (seconds of the host's steady clock) and returns the ranks
   // stalled for timeout_s or longer, ascending. A store that fails is skipped this time. A gap
@@ -88,6 +99,10 @@ class HeartbeatWatch {
     seen_.erase(rank);
     restarted_[rank] = -1;
   }
+  // A new incarnation of `rank` admitted at `now_s` (started by hand: nobody sees its process
+  // exit): judged from now, beaten or not.
+  void watch_from(c10d::Store& store, int rank, double now_s);
+  void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
   double timeout_s() const { return timeout_s_; }
   // Seconds at `now_s` since the counter of `rank` last moved, as of the last stalled() call
   // (unset: not judged yet, see above).
@@ -96,17 +111,39 @@ class HeartbeatWatch {
     if (it == seen_.end()) return std::nullopt;
     return now_s - it->second.since_s;
   }
+  // How long a reported rank's counter must be still to count as gone: kSuspectSilenceS, at most
+  // half the timeout.
+  double suspect_silence_s() const {
+    return timeout_s_ > 0 ? std::min(kSuspectSilenceS, timeout_s_ / 2) : kSuspectSilenceS;
+  }
+
+  // A peer reported its link to incarnation `inc` of `rank` failed. A report alone evicts nobody.
+  void reported(int rank, int64_t inc);
+  // What the pending reports came to at `now_s` (after stalled() read the counters): a rank
+  // silent for suspect_silence_s() is gone; one whose counter moved twice since the first look
+  // after its report beats on (the report was a failed edge). `current(rank, inc)`: whether the report still concerns
+  // the rank's newest living incarnation (others are dropped).
+  struct Reports {
+    std::vector<std::pair<int, double>> gone;  // rank, its silence
+    std::vector<int> beating;
+  };
+  Reports settle_reports(double now_s, const std::function<bool(int, int64_t)>& current);
 
  private:
   struct Seen {
     int64_t count = 0;
     double since_s = 0;  // when count last changed
   };
+  struct Report {
+    int64_t inc = 0;
+    std::optional<int64_t> count;  // the counter at the first look after the report (unset until then)
+  };
   int world_;
   double timeout_s_;
   HostClock clock_;
   std::map<int, Seen> seen_;
   std::map<int, int64_t> restarted_;  // rank -> its count when restarted (-1: not read yet)
+  std::map<int, Report> reports_;
 };
 
 }  // namespace gasloc::comm
