@@ -188,8 +188,10 @@ TEST(HostByHand, FoundsTheJobThenAdmitsJoinersAndRefusesALivingId) {
   // Silent for the heartbeat timeout (6 s from its last beat at 1.0): dead at 7.0, not before.
   job.tend(6.9, {0, 2});
   EXPECT_EQ(job.state(1), RankState::member);
-  job.tend(7.0, {0, 2});
+  const auto dead = job.tend(7.0, {0, 2});
   EXPECT_EQ(job.state(1), RankState::dead);
+  ASSERT_FALSE(dead.empty());
+  EXPECT_NE(dead.back().find("rank 1 (incarnation 0) sent no heartbeat for 6 s"), std::string::npos) << dead.back();
   // Started again after the job began: a joiner.
   EXPECT_EQ(job.claim(1), 2);
   job.tend(7.5, {0, 2});

@@ -250,7 +250,11 @@ void ElasticHost::judge_liveness(double now_s, std::vector<HostEvent>& events) {
                                          control_ ? control_->name() + " killed it" : "dropped from the roster");
     // Ranks by hand find their own death in the next view (comm::ElasticGloo), on every host alike.
     if (!opts_.by_hand) publish_failure(store_, id, {id, what});
-    fence(id, what, fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s()), events);
+    fence(id, what,
+          opts_.by_hand ? fmt::format("sent no heartbeat for {:g} s (dead, stopped, frozen or cut off from the store)",
+                                      heartbeats_.timeout_s())
+                        : fmt::format("no heartbeat for {:g} s", heartbeats_.timeout_s()),
+          events);
   }
 }
 
@@ -268,10 +272,16 @@ void ElasticHost::fence(int id, const std::string& line, const std::string& why,
   running_[id] = false;
   writer_.exited(id, inc);
   story_[id].push_back(fmt::format("incarnation {} declared dead: {}", inc, why));
-  events.push_back({HostEvent::Kind::fenced, id,
-                    fmt::format("rank {} (incarnation {}) declared dead ({}): dropped from the roster; the others go "
-                                "on without it",
-                                id, inc, why)});
+  if (opts_.by_hand)  // what the person who started it can do
+    events.push_back({HostEvent::Kind::fenced, id,
+                      fmt::format("rank {} (incarnation {}) {}: declared dead; the others go on without it (started "
+                                  "again, it rejoins; if it was only stopped, it leaves by itself when it resumes)",
+                                  id, inc, why)});
+  else
+    events.push_back({HostEvent::Kind::fenced, id,
+                      fmt::format("rank {} (incarnation {}) declared dead ({}): dropped from the roster; the others "
+                                  "go on without it",
+                                  id, inc, why)});
 }
 
 }  // namespace gasloc::comm
