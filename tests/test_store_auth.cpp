@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "gasloc/comm/rendezvous.hpp"
+#include "gasloc/comm/session_salt.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/secret.hpp"
@@ -159,6 +160,43 @@ TEST(StoreAuth, HoldersOfTheSecretUseTheStoreAsBefore) {
   // A second client of the same job, on its own connection key.
   StoreClient second("127.0.0.1", server.port(), 5s, job(kSecret));
   EXPECT_EQ(second.add("n", 1), 4);
+}
+
+// Every start of a store with a secret draws its own salt (the data plane's keys are new at every
+// start), which every holder reads alike, and no client writes, deletes or counts among the keys.
+TEST(StoreAuth, EveryStartDrawsItsOwnReadOnlySessionSalt) {
+  StoreServer first({"127.0.0.1", 0, false, job(kSecret)});
+  StoreClient a("127.0.0.1", first.port(), 5s, job(kSecret));
+  StoreClient b2("127.0.0.1", first.port(), 5s, job(kSecret));
+  const std::string salt = read_session_salt(a);
+  EXPECT_EQ(salt.size(), kSessionSaltBytes);
+  EXPECT_NE(salt, std::string(kSessionSaltBytes, '\0'));
+  EXPECT_EQ(read_session_salt(b2), salt);
+  EXPECT_EQ(read_session_salt(*first.local()), salt);
+  EXPECT_TRUE(a.check({kSessionSaltKey}));
+  EXPECT_EQ(a.getNumKeys(), 0) << "the salt is not one of the store's keys";
+  // Read-only: every write is refused and leaves it as it was.
+  EXPECT_ANY_THROW(first.local()->set(kSessionSaltKey, b("mine")));
+  EXPECT_ANY_THROW(first.local()->compareSet(kSessionSaltKey, b(salt), b("mine")));
+  EXPECT_ANY_THROW(first.local()->add(kSessionSaltKey, 1));
+  EXPECT_ANY_THROW(first.local()->deleteKey(kSessionSaltKey));
+  EXPECT_ANY_THROW(a.set(kSessionSaltKey, b("mine")));
+  StoreClient c("127.0.0.1", first.port(), 5s, job(kSecret));
+  EXPECT_EQ(read_session_salt(c), salt);
+  // Another start, the same job and secret: another salt.
+  StoreServer second({"127.0.0.1", 0, false, job(kSecret)});
+  StoreClient d("127.0.0.1", second.port(), 5s, job(kSecret));
+  EXPECT_NE(read_session_salt(d), salt);
+  // Without a secret there is none, and reading it says why.
+  StoreServer open({"127.0.0.1", 0, false, job("")});
+  StoreClient e("127.0.0.1", open.port(), 5s, job(""));
+  EXPECT_FALSE(e.check({kSessionSaltKey}));
+  try {
+    read_session_salt(e);
+    FAIL() << "a store without a secret gave a salt";
+  } catch (const CommError& err) {
+    EXPECT_NE(text_of(err).find("without the job's secret"), std::string::npos) << text_of(err);
+  }
 }
 
 TEST(StoreAuth, AWrongOrMissingSecretIsRefusedAtOnceAndOthersAreStillServed) {

@@ -1,4 +1,5 @@
 #include "gasloc/comm/store.hpp"
+#include "gasloc/comm/session_salt.hpp"
 
 #include <fcntl.h>
 #include <arpa/inet.h>
@@ -207,12 +208,23 @@ struct StoreServer::State {
   std::map<std::string, std::string> kv;
   JobIdentity job;     // its secret stays empty: the secret is below
   std::string secret;  // set before the server starts, never changed: read without the lock
+  std::string salt;    // session_salt.hpp: drawn with the secret before the server starts, never changed
+
+  // Whether `key` is there; the caller holds the lock.
+  bool has(const std::string& key) const { return key == kSessionSaltKey ? !salt.empty() : kv.count(key) > 0; }
 
   Reply apply(StoreOp op, const std::vector<std::string>& f) {
     std::lock_guard<std::mutex> lock(m);
     auto need = [&](size_t n) {
       if (f.size() != n) throw Error(fmt::format("malformed request: {} fields where {} belong", f.size(), n));
     };
+    // The session salt is read-only and not among the keys.
+    if (!f.empty() && f[0] == kSessionSaltKey && op != StoreOp::kCheck) {
+      if (op != StoreOp::kGet) throw Error(fmt::format("'{}' is the store host's own and read-only", kSessionSaltKey));
+      need(1);
+      if (salt.empty()) return {StoreStatus::kNotFound, {}};
+      return {StoreStatus::kOk, {salt}};
+    }
     switch (op) {
       case StoreOp::kSet:
         need(2);
@@ -258,7 +270,7 @@ struct StoreServer::State {
         return {StoreStatus::kOk, {kv.erase(f[0]) > 0 ? "1" : "0"}};
       case StoreOp::kCheck:
         for (const auto& k : f)
-          if (kv.find(k) == kv.end()) return {StoreStatus::kOk, {"0"}};
+          if (!has(k)) return {StoreStatus::kOk, {"0"}};
         return {StoreStatus::kOk, {"1"}};
       case StoreOp::kNumKeys:
         return {StoreStatus::kOk, {std::to_string(kv.size())}};
@@ -528,7 +540,7 @@ class LocalStore final : public c10d::Store {
     std::unique_lock<std::mutex> lock(s_->m);
     auto all = [&] {
       for (const auto& k : keys)
-        if (s_->kv.find(k) == s_->kv.end()) return false;
+        if (!s_->has(k)) return false;
       return true;
     };
     while (!all()) {
@@ -548,6 +560,7 @@ StoreServer::StoreServer(const StoreServerOptions& o)
     : state_(std::make_shared<State>()), loop_(std::make_unique<ServerLoop>()) {
   state_->job = {o.job.token, o.job.label, {}};
   state_->secret = o.job.secret;
+  if (!o.job.secret.empty()) state_->salt = crypto::random_bytes(kSessionSaltBytes);
   loop_->state = state_;
   const bool any = o.all_interfaces || o.addr.empty();
   addrinfo hints{};
@@ -932,6 +945,22 @@ void ReconnectingStore::wait(const std::vector<std::string>& keys) {
 }
 void ReconnectingStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   with([&](c10d::Store& s) { s.wait(keys, timeout); });
+}
+
+}  // namespace gasloc::comm
+
+namespace gasloc::comm {
+
+std::string read_session_salt(c10d::Store& raw) {
+  if (!raw.check({kSessionSaltKey}))
+    throw CommError("the rendezvous store has no session salt: it was started without the job's secret",
+                    "give the store's host the same secret file (gasloc launch --secret-file, gasloc store "
+                    "--secret-file, or cluster.secret_file on rank 0)");
+  const std::vector<uint8_t> v = raw.get(kSessionSaltKey);
+  if (v.size() != kSessionSaltBytes)
+    throw CommError(fmt::format("the rendezvous store's session salt has {} bytes, not {}", v.size(), kSessionSaltBytes),
+                    "the store's host runs another version of gasloc");
+  return {v.begin(), v.end()};
 }
 
 }  // namespace gasloc::comm
