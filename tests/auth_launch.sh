@@ -3,6 +3,7 @@
 #  1. gasloc secret --out FILE writes 64 hex characters with mode 0600 and refuses to overwrite;
 #  2. a secret others may read is refused (exit 2) with the chmod that fixes it;
 #  3. gasloc launch --secret-file runs a 2-rank Gloo training job to the end, and comm-check too;
+#     an elastic GASLoC job with the secret (its transfers sealed) computes the open run's bits;
 #  4. at a `gasloc store --secret-file`, a rank with another secret, or with none, exits 2 at once
 #     naming cluster.secret_file, and the store goes on serving the job's real ranks;
 #  5. a secret with a command that is not gasloc's (c10d's TCPStore) is refused.
@@ -60,6 +61,20 @@ grep -q 'secret_file' run/run.json || fail "run.json does not record cluster.sec
 grep -qF "$before" run/run.json train.log && fail "the secret itself was written to run.json or the log"
 timeout 120 "$G" launch -n 2 --secret-file job.secret -- "$G" comm-check --numel 1000 > check.log 2>&1 ||
   fail "comm-check with a secret failed: $(tail -20 check.log)"
+# 3b. The job elastic on GASLoC-1peer, where every byte goes through pair transfers: sealed with the
+# secret, it computes the bits of its run without one (the seal changes nothing it carries).
+ejob=("${job[@]}" --set algo.name=gasloc --set algo.topology=1peer)
+for run in erun-sealed erun-open; do
+  secret=(); [ $run = erun-sealed ] && secret=(--secret-file job.secret)
+  timeout 240 "$G" launch --elastic -n 2 "${secret[@]}" -- "$G" train "${ejob[@]}" --set train.run_dir=$run > $run.log 2>&1 ||
+    fail "the elastic job $run failed: $(tail -30 $run.log)"
+done
+sealed=$(metric_rows erun-sealed eval_worker step worker val_loss) open=$(metric_rows erun-open eval_worker step worker val_loss)
+[ -n "$sealed" ] || fail "the sealed elastic run wrote no evaluation"
+[ "$sealed" = "$open" ] || fail "the sealed elastic run's losses differ from the open run's: $sealed / $open"
+# Sealed, every payload carries a 16-byte tag: more bytes left than in the open run.
+sent_sealed=$(metric_rows erun-sealed train bytes_sent | tail -1) sent_open=$(metric_rows erun-open train bytes_sent | tail -1)
+[ "$sent_sealed" -gt "$sent_open" ] || fail "the sealed run sent $sent_sealed bytes, the open one $sent_open: were its transfers sealed?"
 
 # 4. Ranks started by hand at a gasloc store with the secret.
 "$G" store --port 0 --job-id auth --secret-file job.secret > store.log 2>&1 &

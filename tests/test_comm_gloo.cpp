@@ -18,10 +18,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "gasloc/comm/cluster.hpp"
+#include "gasloc/comm/elastic_gloo.hpp"
+#include "gasloc/comm/elastic_host.hpp"
+#include "gasloc/comm/elastic_roster.hpp"
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/nccl.hpp"
 #include "gasloc/comm/inproc.hpp"
@@ -40,10 +44,11 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // Runs f(rank, comm) for n Gloo ranks as threads; returns each rank's error ("" = none).
 // `tweak` may change a rank's options (timeout, world, limit) before it joins.
 // `failed_ranks`, when given, receives each rank's CommError::failed_rank() (-2: no CommError).
+// `job`: the job's identity, its secret too (a store host and ranks with it: sealed transfers).
 std::vector<std::string> run_gloo(int n, const std::function<void(int, Communicator&)>& f, double timeout_s = 20,
                                   const std::function<void(GlooOptions&)>& tweak = {},
-                                  std::vector<int>* failed_ranks = nullptr) {
-  StoreHost host("127.0.0.1", 0, timeout_s);
+                                  std::vector<int>* failed_ranks = nullptr, const JobIdentity& job = {}) {
+  StoreHost host("127.0.0.1", 0, timeout_s, job);
   std::vector<std::string> errors(n);
   if (failed_ranks) failed_ranks->assign(n, -2);
   std::vector<std::thread> threads;
@@ -57,6 +62,7 @@ std::vector<std::string> run_gloo(int n, const std::function<void(int, Communica
         o.master_port = host.port();
         o.timeout_s = timeout_s;
         o.connect_only = true;
+        o.job = job;
         if (tweak) tweak(o);
         GlooCommunicator c(o);
         f(r, c);
@@ -498,6 +504,228 @@ TEST(GlooThreads, MatchesTheInProcessReference) {
       ASSERT_EQ(got[r].recv[k].size(), ref[r].recv[k].size());
       for (size_t j = 0; j < ref[r].recv[k].size(); ++j) EXPECT_TRUE(torch::equal(got[r].recv[k][j], ref[r].recv[k][j]));
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A job with a secret: every transfer sealed (pair_transfer.hpp), all-reduces and broadcasts made
+// of sealed transfers. An attacker on the path is played by the transport's test hook below.
+
+namespace {
+
+const JobIdentity kSealedJob{"sealed-job", "test", std::string(32, '\x3c')};
+
+// What the hook does to the sealed messages of one direction (from -> to) of one phase.
+struct Tamper {
+  std::atomic<int> mode{0};  // 0: nothing; 1: flip a byte of the n-th such message; 2: replace it by the first one
+  int from = 1, to = 0, phase = 1, nth = 1;
+  std::mutex mu;
+  int seen = 0;
+  std::vector<uint8_t> first;
+  std::atomic<int> done{0};  // messages altered
+};
+Tamper g_tamper;
+
+}  // namespace
+
+// The transport's hook (pair_transfer.hpp): an attacker on the path, in this test program only.
+extern "C" void gasloc_test_tamper_sealed(uint8_t* bytes, size_t n, int from_rank, int to_rank, int phase) {
+  Tamper& t = g_tamper;
+  if (t.mode.load() == 0 || from_rank != t.from || to_rank != t.to || phase != t.phase) return;
+  std::lock_guard lock(t.mu);
+  const int k = t.seen++;
+  if (k == 0) t.first.assign(bytes, bytes + n);
+  if (k != t.nth) return;
+  if (t.mode.load() == 1) {
+    bytes[n / 2] ^= 0x01;
+  } else if (t.first.size() == n) {
+    std::copy(t.first.begin(), t.first.end(), bytes);
+  } else {
+    return;
+  }
+  ++t.done;
+}
+
+namespace {
+struct TamperScope {
+  TamperScope(int mode, int from, int to, int phase, int nth) {
+    g_tamper.from = from, g_tamper.to = to, g_tamper.phase = phase, g_tamper.nth = nth;
+    g_tamper.seen = 0, g_tamper.first.clear(), g_tamper.done = 0;
+    g_tamper.mode = mode;
+  }
+  ~TamperScope() { g_tamper.mode = 0; }
+};
+}  // namespace
+
+TEST(GlooSealed, MatchesTheInProcessReferenceBitForBit) {
+  const int n = 4;
+  const int64_t N = 20000;
+  struct Out {
+    torch::Tensor ints, floats, halves, overlapped, cast;
+    std::vector<std::vector<torch::Tensor>> recv;
+    CommStats stats;
+  };
+  auto body = [&](std::vector<Out>& out) {
+    return [&](int r, Communicator& c) {
+      auto a = integer_data(r, N);
+      c.all_reduce_mean(a);
+      auto b = noise_data(r, N);
+      c.all_reduce_mean(b);
+      auto h = noise_data(r, 999).to(torch::kBFloat16);
+      c.all_reduce_mean(h);
+      auto o = noise_data(r + 7, N);
+      c.start_all_reduce_mean(o)->wait();
+      auto cast = noise_data(r + 3, 333);
+      c.broadcast(cast, 2);
+      out[r] = {a, b, h, o, cast, {}, {}};
+      for (int round = 0; round < 2; ++round) {
+        std::vector<torch::Tensor> recv;
+        c.exchange(round == 0 ? pair_peers(r, n) : ring_peers(r, n), message(r, round, N), recv);
+        out[r].recv.push_back(recv);
+      }
+      std::vector<torch::Tensor> recv;
+      c.start_exchange(ring_peers(r, n), message(r, 5, N), recv)->wait();
+      out[r].recv.push_back(recv);
+      out[r].stats = c.stats();
+    };
+  };
+  std::vector<Out> ref(n), got(n);
+  InProcCluster cluster(n);
+  cluster.run(body(ref));
+  expect_no_errors(run_gloo(n, body(got), 20, {}, nullptr, kSealedJob));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(torch::equal(got[r].ints, ref[r].ints)) << "rank " << r;
+    EXPECT_TRUE(torch::equal(got[r].floats, ref[r].floats)) << "rank " << r << ": the id-ordered sum must give the reference's bits";
+    EXPECT_TRUE(torch::equal(got[r].halves, ref[r].halves)) << "rank " << r;
+    EXPECT_TRUE(torch::equal(got[r].overlapped, ref[r].overlapped)) << "rank " << r;
+    EXPECT_TRUE(torch::equal(got[r].cast, ref[r].cast)) << "rank " << r;
+    ASSERT_EQ(got[r].recv.size(), ref[r].recv.size());
+    for (size_t k = 0; k < ref[r].recv.size(); ++k) {
+      ASSERT_EQ(got[r].recv[k].size(), ref[r].recv[k].size());
+      for (size_t j = 0; j < ref[r].recv[k].size(); ++j) EXPECT_TRUE(torch::equal(got[r].recv[k][j], ref[r].recv[k][j]));
+    }
+    // What left: every payload with its 16-byte tag; an all-reduce sends the whole buffer to each
+    // of the n - 1 others (4 all-reduces, one broadcast, 4 exchanges' peers).
+    const int64_t f = 4, tag = 16;
+    int64_t want = (n - 1) * (N * f + tag) * 3 + (n - 1) * (999 * 2 + tag);  // the all-reduces
+    want += (r == 2 ? n - 1 : 1) * (333 * f + tag);                           // the broadcast from rank 2
+    want += static_cast<int64_t>(pair_peers(r, n).size() + 2 * ring_peers(r, n).size()) * (N * f + tag);
+    EXPECT_EQ(got[r].stats.bytes_sent, want) << "rank " << r;
+  }
+}
+
+TEST(GlooSealed, AnAlteredOrReplayedPayloadIsRefusedNamingTheChannelAndBlamingNoRank) {
+  for (int mode : {1, 2}) {
+    SCOPED_TRACE(mode == 1 ? "a flipped byte" : "a payload replayed from an earlier call");
+    const TamperScope scope(mode, /*from=*/1, /*to=*/0, /*phase=*/1, /*nth=*/1);
+    std::vector<int> failed;
+    std::atomic<int> mixed{0};
+    const auto t0 = Clock::now();
+    auto errors = run_gloo(
+        2,
+        [&](int r, Communicator& c) {
+          for (int call = 0; call < 2; ++call) {
+            std::vector<torch::Tensor> recv;
+            c.exchange({1 - r}, message(r, call, 4096), recv);
+            // Nothing from an altered message may reach the caller.
+            if (r == 0 && call == 1) mixed = 1;
+          }
+        },
+        8.0, {}, &failed, kSealedJob);
+    EXPECT_EQ(g_tamper.done.load(), 1);
+    EXPECT_EQ(mixed.load(), 0) << "rank 0 used a message that did not open";
+    EXPECT_NE(errors[0].find("channel 'pg 0-1 call 1'"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("does not open"), std::string::npos) << errors[0];
+    EXPECT_EQ(failed[0], -1) << "a message that does not open is no evidence against rank 1: " << errors[0];
+    EXPECT_LT(since(t0), 8.0) << "rank 0 must fail when the message is refused, not at a timeout";
+  }
+}
+
+TEST(GlooSealed, AnAlteredHeaderEndsTheCallWithoutAHang) {
+  // The header of rank 1's first call to rank 0 is altered: rank 0 cannot read the size it
+  // announces, still moves its payload (so that rank 1 does not wait for it until a timeout),
+  // and refuses the call. Rank 1 opened everything: its exchange ends normally.
+  const TamperScope scope(1, /*from=*/1, /*to=*/0, /*phase=*/0, /*nth=*/0);
+  std::vector<int> failed;
+  std::atomic<bool> rank1_done{false};
+  const auto t0 = Clock::now();
+  auto errors = run_gloo(
+      2,
+      [&](int r, Communicator& c) {
+        std::vector<torch::Tensor> recv;
+        c.exchange({1 - r}, message(r, 0, 4096), recv);
+        if (r == 1) {
+          EXPECT_TRUE(torch::equal(recv[0], message(0, 0, 4096)));
+          rank1_done = true;
+        }
+      },
+      20.0, {}, &failed, kSealedJob);
+  EXPECT_TRUE(rank1_done.load()) << errors[1];
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("channel 'pg 0-1 call 0': message 0 from the peer does not open"), std::string::npos)
+      << errors[0];
+  EXPECT_EQ(failed[0], -1);
+  EXPECT_LT(since(t0), 10.0) << "no side may wait for a transfer the other never posts";
+}
+
+TEST(GlooSealed, AnElasticEdgeThatDoesNotOpenIsDroppedAndItsPeerNeitherSuspectedNorDeclaredDead) {
+  // gasloc store --elastic's host (by hand, on the real clock) with the job's secret, and two
+  // elastic ranks as threads. Rank 1's payload to rank 0 is altered in their second call: rank 0
+  // drops that edge for the call, reports nobody, and the pair goes on; the host judges nobody.
+  StoreServer server({"127.0.0.1", 0, false, kSealedJob});
+  const auto keys = job_keys(server.local());
+  ElasticHost host(*keys, ElasticHost::Options{.world = 2, .heartbeat_timeout_s = 10, .by_hand = true}, nullptr);
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::thread tending([&] {
+    const auto t0 = Clock::now();
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (const auto& e : host.tend(since(t0))) {
+        std::lock_guard lock(mu);
+        lines.push_back(e.line);
+      }
+    }
+  });
+  const TamperScope scope(1, /*from=*/1, /*to=*/0, /*phase=*/1, /*nth=*/1);
+  std::vector<std::vector<int>> received(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        GlooOptions o{r, 2, "127.0.0.1", server.port(), 20};
+        o.connect_only = true;
+        o.job = kSealedJob;
+        ElasticGlooComm c(o, /*incarnation=*/-1, /*join=*/false, /*heartbeat_timeout_s=*/10);
+        for (int call = 0; call < 4; ++call) {
+          c.roster().pin(call, 0);  // each round's view, as a run pins it (it tells the peer's incarnation)
+          std::vector<torch::Tensor> recv;
+          c.exchange({1 - r}, message(r, call, 4096), recv);
+          received[r].push_back(recv[0].defined());
+          if (recv[0].defined()) EXPECT_TRUE(torch::equal(recv[0], message(1 - r, call, 4096))) << r << " " << call;
+        }
+        // Long enough for a report to reach the host and the host to act on it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  stop = true;
+  tending.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(g_tamper.done.load(), 1);
+  EXPECT_EQ(received[0], (std::vector<int>{1, 0, 1, 1})) << "rank 0 must drop exactly the call it could not open";
+  EXPECT_EQ(received[1], (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_FALSE(keys->check({elastic_keys::suspect(1)})) << "rank 1 was reported for a message altered on the path";
+  EXPECT_FALSE(keys->check({elastic_keys::suspect(0)}));
+  std::lock_guard lock(mu);
+  for (const auto& l : lines) {
+    EXPECT_EQ(l.find("dead"), std::string::npos) << l;
+    EXPECT_EQ(l.find("suspect"), std::string::npos) << l;
   }
 }
 

@@ -11,6 +11,7 @@
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/comm/pair_transfer.hpp"
+#include "gasloc/comm/session_salt.hpp"
 #include "gasloc/comm/by_hand.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -98,6 +99,9 @@ struct ElasticGlooComm::Impl {
   // stale, and Gloo connecting to a dead process's address does not give up; the incarnation is
   // on its way out of the views (the store host declares it dead, or kills it as a suspect).
   std::map<int, int64_t> broken;
+  // A job with a secret: every transfer sealed, a channel per pair of incarnations and call (the
+  // pair's group forms once for two incarnations, and the salt is new at every start of the store).
+  std::unique_ptr<PairSealing> sealing;
   CommStats stats;
   std::unique_ptr<LinkLimit> limit;  // network.throttle_gloo
   Clock::time_point t0 = Clock::now();
@@ -173,6 +177,7 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
   po.timeout = timeout;
   po.stand_by_on_empty = true;
   po.limit = limit.get();
+  po.seal = sealing.get();
   // A peer cut off by a dead link sends no reset: its waits end once the roster lists it gone
   // (read over the abort watch's own connection), not at the timeout.
   if (watch_roster)
@@ -189,6 +194,12 @@ std::vector<torch::Tensor> ElasticGlooComm::Impl::swap(const std::vector<int>& p
     const PeerResult& r = results[k];
     if (r.outcome == PeerOutcome::mismatch)
       throw CommError(r.why, "both ends of a link must run the same job (model, algorithm and wire dtype)");
+    if (r.outcome == PeerOutcome::unopened) {
+      // A failed edge this round, and nothing against the peer: anyone on the path can alter a
+      // message. Its group is fine (both ends finished their transfers), so it is kept.
+      spdlog::warn("{} (the edge is dropped this round; the peer is not suspected)", r.why);
+      continue;
+    }
     if (r.outcome != PeerOutcome::failed) continue;
     // A Gloo group is unusable after a failed wait: dropped, and never formed again with this
     // incarnation (the works that referred to its buffers are released already).
@@ -237,6 +248,15 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool
     founding = a.founding;
   }
   I.roster = std::make_unique<ElasticRoster>(I.store, o.rank, incarnation, founding);
+  if (!o.job.secret.empty())
+    I.sealing = std::make_unique<PairSealing>(PairSealing{
+        o.job.secret, read_session_salt(I.store), o.job.token, [&I](const PairLink& l, uint32_t call) {
+          const auto g = I.groups.find(l.peer);
+          const int64_t peer_inc = g != I.groups.end() ? g->second.peer_inc : -1;
+          const bool me_lower = I.o.rank < l.peer;
+          return fmt::format("el {}.{}-{}.{} call {}", me_lower ? I.o.rank : l.peer, me_lower ? I.inc : peer_inc,
+                             me_lower ? l.peer : I.o.rank, me_lower ? peer_inc : I.inc, call);
+        }});
   // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would raise
   // SIGPIPE and kill this survivor too. Ignored, the write fails with EPIPE: a failed edge.
   std::signal(SIGPIPE, SIG_IGN);

@@ -8,8 +8,13 @@
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <sstream>
+#include <cstring>
 #include <thread>
+
+#include "gasloc/core/sealed_channel.hpp"
+#include "gasloc/core/secret.hpp"
 
 namespace gasloc::comm {
 
@@ -95,19 +100,20 @@ class Phase {
       std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return links[a].peer < links[b].peer; });
   }
 
-  // False when fail_fast stopped it at a failure.
-  bool run(const torch::Tensor& out, std::vector<torch::Tensor>& in, int phase, const std::vector<uint32_t>& calls) {
+  // False when fail_fast stopped it at a failure. outs: one tensor for every link, or one each.
+  bool run(const std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& in, int phase,
+           const std::vector<uint32_t>& calls) {
     if (o_.pairs_in_order) {
       for (size_t k : order_) {
         const bool lower = o_.rank < links_[k].peer;
-        if (!post(k, lower ? Post::send : Post::recv, out, in, phase, calls)) return false;
-        if (!post(k, lower ? Post::recv : Post::send, out, in, phase, calls)) return false;
+        if (!post(k, lower ? Post::send : Post::recv, outs, in, phase, calls)) return false;
+        if (!post(k, lower ? Post::recv : Post::send, outs, in, phase, calls)) return false;
       }
     } else {
       for (size_t k : order_)
-        if (!post(k, Post::recv, out, in, phase, calls)) return false;
+        if (!post(k, Post::recv, outs, in, phase, calls)) return false;
       for (size_t k : order_)
-        if (!post(k, Post::send, out, in, phase, calls)) return false;
+        if (!post(k, Post::send, outs, in, phase, calls)) return false;
     }
     const auto deadline = Clock::now() + o_.timeout;
     std::vector<AbortWatch::Watched> watched;
@@ -125,7 +131,7 @@ class Phase {
   enum class Post { send, recv };
   bool live(size_t k) const { return results_[k].outcome == PeerOutcome::received; }
 
-  bool post(size_t k, Post what, const torch::Tensor& out, std::vector<torch::Tensor>& in, int phase,
+  bool post(size_t k, Post what, const std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& in, int phase,
             const std::vector<uint32_t>& calls) {
     if (!live(k)) return true;
     const PairLink& l = links_[k];
@@ -135,7 +141,7 @@ class Phase {
         std::vector<at::Tensor> r{in[k]};
         recv_[k] = l.group->recv(r, l.remote, tag);
       } else {
-        std::vector<at::Tensor> s{out};
+        std::vector<at::Tensor> s{outs.size() == 1 ? outs[0] : outs[k]};
         send_[k] = l.group->send(s, l.remote, tag);
       }
     } catch (const std::exception& e) {
@@ -209,6 +215,59 @@ void check_header(const PairTransferOptions& o, const PairLink& l, const torch::
                    o.rank, l.peer, a, b)};
 }
 
+// One link's channel in a sealed call: seals what this rank sends and opens what the peer sent.
+constexpr int64_t kSealedHeaderBytes = 3 * 8 + static_cast<int64_t>(crypto::kGcmTagBytes);
+
+class Sealer {
+ public:
+  Sealer(const PairTransferOptions& o, const PairLink& l, uint32_t call)
+      : o_(o), peer_(l.peer), ch_(o.seal->secret, o.seal->salt, o.seal->job, o.seal->channel(l, call), o.rank < l.peer) {}
+
+  // The sealed bytes of `t` (its memory as it is: contiguous), on the backend's device.
+  torch::Tensor seal(const torch::Tensor& t, int phase) {
+    const torch::Tensor host = t.to(torch::kCPU).contiguous();
+    const std::span<const uint8_t> plain(static_cast<const uint8_t*>(host.data_ptr()),
+                                         static_cast<size_t>(host.numel()) * host.element_size());
+    std::vector<uint8_t> sealed = ch_.seal(plain);
+    if (gasloc_test_tamper_sealed) gasloc_test_tamper_sealed(sealed.data(), sealed.size(), o_.rank, peer_, phase);
+    auto out = torch::empty({static_cast<int64_t>(sealed.size())}, torch::kUInt8);
+    std::memcpy(out.data_ptr(), sealed.data(), sealed.size());
+    return out.to(o_.device);
+  }
+
+  // Opens the peer's sealed bytes into `into` (allocated like the plaintext). False, with r set to
+  // unopened, when they do not open; `into` is then left as it was.
+  bool open(const torch::Tensor& sealed_t, torch::Tensor& into, PeerResult& r) {
+    const torch::Tensor host = sealed_t.to(torch::kCPU).contiguous();
+    std::vector<uint8_t> plain;
+    try {
+      plain = ch_.open({static_cast<const uint8_t*>(host.data_ptr()), static_cast<size_t>(host.numel())});
+    } catch (const SealError& e) {
+      r = {PeerOutcome::unopened, false, fmt::format("rank {}: from rank {}: {}", o_.rank, peer_, e.what())};
+      return false;
+    }
+    const size_t want = static_cast<size_t>(into.numel()) * into.element_size();
+    if (plain.size() != want) {  // it opened, so the peer sealed it: a real disagreement
+      r = {PeerOutcome::mismatch, false,
+           fmt::format("rank {}: exchange with rank {}: received {} bytes where {} belong", o_.rank, peer_, plain.size(), want)};
+      return false;
+    }
+    if (into.is_cpu() && into.is_contiguous()) {
+      std::memcpy(into.data_ptr(), plain.data(), want);
+    } else {
+      auto host_into = torch::empty(into.sizes(), into.options().device(torch::kCPU));
+      std::memcpy(host_into.data_ptr(), plain.data(), want);
+      into.copy_(host_into);
+    }
+    return true;
+  }
+
+ private:
+  const PairTransferOptions& o_;
+  int peer_;
+  SealedChannel ch_;
+};
+
 }  // namespace
 
 std::string dtype_name(int64_t t) {
@@ -253,32 +312,77 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
   std::vector<uint32_t> calls(links.size());
   for (size_t k = 0; k < links.size(); ++k) calls[k] = (*links[k].calls)++;
   Phase phase(links, o, results);
+  std::vector<Sealer> sealers;
+  if (o.seal)
+    for (size_t k = 0; k < links.size(); ++k) sealers.emplace_back(o, links[k], calls[k]);
 
   // 1. Headers: each side learns the other's buffer.
   const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(o.device);
   const torch::Tensor header =
-      torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, torch::kInt64).to(o.device);
-  std::vector<torch::Tensor> headers(links.size());
-  for (auto& h : headers) h = torch::zeros({3}, i64);
-  if (!phase.run(header, headers, kHeader, calls)) return results;
+      torch::tensor({kMagic, send.numel(), static_cast<int64_t>(send.scalar_type())}, torch::kInt64);
+  std::vector<torch::Tensor> header_out, headers(links.size());
+  if (o.seal) {
+    for (auto& sealer : sealers) header_out.push_back(sealer.seal(header, kHeader));
+    for (auto& h : headers) h = torch::empty({kSealedHeaderBytes}, torch::TensorOptions().dtype(torch::kUInt8).device(o.device));
+  } else {
+    header_out.push_back(header.to(o.device));
+    for (auto& h : headers) h = torch::zeros({3}, i64);
+  }
+  if (!phase.run(header_out, headers, kHeader, calls)) return results;
+  // A sealed header that does not open is decided after the payload: the peer's header did open
+  // (or was altered too) and it moves its payload; so does this rank, as if the buffers agreed,
+  // and drops what it receives. Both ends post the same transfers, and neither waits for one that
+  // never comes (which would end as a failed link, against an honest peer).
+  std::vector<std::optional<PeerResult>> unopened(links.size());
   for (size_t k = 0; k < links.size(); ++k) {
     if (results[k].outcome != PeerOutcome::received) continue;
+    if (o.seal) {
+      auto opened = torch::empty({3}, torch::kInt64);
+      PeerResult r;
+      if (!sealers[k].open(headers[k], opened, r)) {
+        unopened[k] = r;
+        continue;
+      }
+      headers[k] = opened;
+    }
     check_header(o, links[k], headers[k], send, results[k]);
     if (o.fail_fast && results[k].outcome == PeerOutcome::mismatch) return results;
   }
 
   // 2. Payload, to the peers still fine. A rank with a bandwidth limit starts it late, as its
   // slow link would finish late.
-  const double nbytes = static_cast<double>(send.numel() * send.element_size());
+  const int64_t plain_bytes = send.numel() * static_cast<int64_t>(send.element_size());
+  const double nbytes = static_cast<double>(plain_bytes + (o.seal ? static_cast<int64_t>(crypto::kGcmTagBytes) : 0));
   const auto moving = std::count_if(results.begin(), results.end(),
                                     [](const PeerResult& r) { return r.outcome == PeerOutcome::received; });
-  if (moving == 0 || send.numel() == 0) return results;
+  auto settle_unopened = [&] {
+    for (size_t k = 0; k < links.size(); ++k)
+      if (unopened[k]) results[k] = *unopened[k];
+    return results;
+  };
+  if (moving == 0 || send.numel() == 0) return settle_unopened();
   if (o.limit) o.limit->pay(static_cast<double>(moving) * nbytes, static_cast<double>(moving) * nbytes);
-  phase.run(send, into, kPayload, calls);
+  if (o.seal) {
+    std::vector<torch::Tensor> sealed_out(links.size()), sealed_in(links.size());
+    const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(o.device);
+    for (size_t k = 0; k < links.size(); ++k) {
+      if (results[k].outcome != PeerOutcome::received) continue;
+      sealed_out[k] = sealers[k].seal(send, kPayload);
+      sealed_in[k] = torch::empty({static_cast<int64_t>(nbytes)}, u8);
+    }
+    // Links not moving keep an undefined tensor: Phase posts nothing for them.
+    phase.run(sealed_out, sealed_in, kPayload, calls);
+    for (size_t k = 0; k < links.size(); ++k)
+      if (results[k].outcome == PeerOutcome::received && !unopened[k]) sealers[k].open(sealed_in[k], into[k], results[k]);
+  } else {
+    phase.run({send}, into, kPayload, calls);
+  }
   if (bytes_moved)
-    for (const auto& r : results)
-      if (r.outcome == PeerOutcome::received) *bytes_moved += static_cast<int64_t>(nbytes);
-  return results;
+    for (size_t k = 0; k < links.size(); ++k)
+      // Sent is sent: a payload the peer could not open counts too.
+      if (results[k].outcome == PeerOutcome::received || results[k].outcome == PeerOutcome::unopened)
+        *bytes_moved += static_cast<int64_t>(nbytes);
+  return settle_unopened();
 }
 
 }  // namespace gasloc::comm

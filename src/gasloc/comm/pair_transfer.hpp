@@ -20,6 +20,12 @@
 // Abort: while a phase waits, a watch thread aborts the waits on a peer `gone` names (an elastic
 // peer that left: a dead link sends no reset) and on every peer once `abort` is set
 // (Pending::abort); both come back as kFailed.
+// Sealed (a job with a secret, `seal`): each pair's call is a channel of its own
+// (core/sealed_channel.hpp, AES-256-GCM under HKDF(secret, session salt, job, channel name)); the
+// header travels sealed as the channel's first message and the payload as its second, so a
+// header is believed only once it opened. A message that does not open ends that peer's call as
+// `unopened`: nothing from it reaches `into`, and it is no evidence against the peer (anyone on
+// the path can alter bytes), so callers neither blame nor fence it.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -46,12 +52,21 @@ enum class PeerOutcome {
   stood_by,   // it sent an empty buffer, or this rank did (stand_by_on_empty): nothing to receive
   mismatch,   // its header is not ours, or announces another buffer: `why` names both ranks
   failed,     // its link failed, timed out or was aborted: `why` has the backend's error whole
+  unopened,   // a sealed message from it did not open: `why` names the channel; not the peer's fault
 };
 struct PeerResult {
   PeerOutcome outcome = PeerOutcome::received;
   bool timed_out = false;  // failed at the deadline (c10d said timeout, or it ended there)
   std::string why;
   bool ok() const { return outcome == PeerOutcome::received || outcome == PeerOutcome::stood_by; }
+};
+
+// The job's secret, the store's session salt (session_salt.hpp) and the job's token, and how a
+// pair's call is named: both ends must give the same name, unique to the pair's incarnations and
+// the call (e.g. "pg 0-3 call 17"), so that no key is used for two calls.
+struct PairSealing {
+  std::string secret, salt, job;
+  std::function<std::string(const PairLink&, uint32_t call)> channel;
 };
 
 struct PairTransferOptions {
@@ -64,12 +79,14 @@ struct PairTransferOptions {
   LinkLimit* limit = nullptr;                     // the rank's bandwidth limit, paid before the payload
   std::function<bool(int peer)> gone;             // polled while waiting: abort that peer's waits
   const std::atomic<bool>* abort = nullptr;       // set: abort every wait
+  const PairSealing* seal = nullptr;              // set (a job with a secret): every message sealed
 };
 
 // Sends `send` to every link's peer and receives each peer's payload into into[k], which the
 // caller has allocated like `send` (contiguous, on the backend's device). Returns one result per
 // link, in links' order; bytes_moved (when given) gets the payload bytes sent to peers that
-// received it (the same count comes back from each of them). Never throws for a peer's failure.
+// received it, sealed size when sealed (the same count comes back from each of them). Never
+// throws for a peer's failure.
 std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const torch::Tensor& send,
                                        std::vector<torch::Tensor>& into, const PairTransferOptions& o,
                                        int64_t* bytes_moved = nullptr);
@@ -81,5 +98,11 @@ std::string dtype_name(int64_t scalar_type);
 // A backend's error as a reason: its whole message (every line), without the backtrace c10 adds
 // or Gloo's "[file.cc:123] " source prefixes.
 std::string backend_error(const std::exception& e);
+
+// Tests only: when a test program defines this function, every sealed message is handed to it
+// after sealing, before it is sent (phase 0: header, 1: payload), to be altered or replaced in
+// place as an attacker on the path would. The gasloc program does not define it.
+extern "C" __attribute__((weak)) void gasloc_test_tamper_sealed(uint8_t* bytes, size_t n, int from_rank, int to_rank,
+                                                                 int phase);
 
 }  // namespace gasloc::comm

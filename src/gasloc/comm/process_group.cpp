@@ -13,6 +13,7 @@
 
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/comm/pair_transfer.hpp"
+#include "gasloc/comm/session_salt.hpp"
 #include "gasloc/comm/token_bucket.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -74,6 +75,9 @@ struct ProcessGroupComm::Impl {
   Clock::time_point t0;
   Arrivals arrivals;    // store-side records of the collectives each rank entered
   int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
+  // A job with a secret: every transfer sealed (pair_transfer.hpp), and all-reduces and broadcasts
+  // made of sealed transfers, since Gloo's own collectives move bytes in the clear.
+  std::unique_ptr<PairSealing> sealing;
   // Last, so that it stops first: its connection must not outlive rank 0's store.
   std::unique_ptr<Heartbeat> heartbeat;
 
@@ -92,6 +96,10 @@ struct ProcessGroupComm::Impl {
     int64_t seq = 0;    // its arrival number
     Clock::time_point ready{}, deadline{};  // the bandwidth limit's end; the timeout's
   };
+  // With a secret: every rank sends its buffer to every other over sealed transfers and sums
+  // them in id order ((n - 1) P a rank instead of the ring's 2 (n - 1)/n P), half precision in
+  // fp32, then / n: the in-process reference's bits. Returns the bytes moved each way.
+  int64_t sealed_all_reduce(torch::Tensor& t, const std::atomic<bool>* abort = nullptr);
   void check_reduce_input(const torch::Tensor& t) const;
   PostedReduce post_all_reduce(const torch::Tensor& t, bool overlapped);
   void finish_all_reduce(PostedReduce& p, torch::Tensor& t);
@@ -304,6 +312,14 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
   I.limit = std::make_unique<LinkLimit>(o.bandwidth_limit_Bps);
   I.store = join_store(o);
   I.arrivals = Arrivals(I.store, o.rank, o.world);
+  if (!o.job.secret.empty()) {
+    // A fixed world's store serves one run (join_store refuses a rank claimed twice), and its salt
+    // is new at every start: a pair and its call count name a channel once.
+    I.sealing = std::make_unique<PairSealing>(PairSealing{
+        o.job.secret, read_session_salt(I.store), o.job.token, [rank = o.rank](const PairLink& l, uint32_t call) {
+          return fmt::format("pg {}-{} call {}", std::min(rank, l.peer), std::max(rank, l.peer), call);
+        }});
+  }
   I.built = build(o, I.store);
   // Everyone has finished connecting before anyone returns, so that rank 0 (which hosts the
   // store) cannot exit while a peer still reads the addresses it needs from the store. For NCCL
@@ -357,12 +373,15 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   po.device = dev();
   po.limit = limit.get();
   po.abort = abort;
+  po.seal = sealing.get();
   int64_t moved = 0;
   const std::vector<PeerResult> results = transfer_pairs(links, send, got, po, &moved);
   for (size_t k = 0; k < peers.size(); ++k) {
     const PeerResult& r = results[k];
     const int p = peers[k];
     if (r.outcome == PeerOutcome::mismatch) fail(r.why, p);
+    // Anyone on the path can make a message fail to open: no rank is named as the one that failed.
+    if (r.outcome == PeerOutcome::unopened) fail(r.why);
     if (r.outcome != PeerOutcome::failed) continue;
     fail(r.timed_out ? fmt::format("rank {}: exchange with rank {} timed out after {} (rank {} may have died, be stuck, "
                                    "or not list rank {} among its peers)",
@@ -375,6 +394,23 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
     if (into && on_other_device) recv[k].copy_(got[k]);
     else if (!into) recv[k] = on_other_device ? got[k].to(send_in.device()) : got[k];
   }
+  return moved;
+}
+
+int64_t ProcessGroupComm::Impl::sealed_all_reduce(torch::Tensor& t, const std::atomic<bool>* abort) {
+  std::vector<int> others;
+  for (int r = 0; r < o.world; ++r)
+    if (r != o.rank) others.push_back(r);
+  const torch::Tensor mine = staged(t, t.scalar_type());
+  std::vector<torch::Tensor> got(others.size());
+  for (auto& g : got) g = torch::empty_like(mine, torch::MemoryFormat::Contiguous);
+  const int64_t moved = exchange(others, mine, got, /*into=*/true, abort);
+  auto of = [&](int r) -> const torch::Tensor& { return r == o.rank ? mine : got[static_cast<size_t>(r < o.rank ? r : r - 1)]; };
+  const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+  torch::Tensor sum = upcast ? of(0).to(torch::kFloat) : of(0).clone();
+  for (int r = 1; r < o.world; ++r) sum.add_(of(r));
+  sum.div_(o.world);
+  t.copy_(sum.view(t.sizes()));
   return moved;
 }
 
@@ -425,6 +461,12 @@ void ProcessGroupComm::all_reduce_mean(torch::Tensor& t) {
   if (I.o.world == 1) return;
   OnDevice on(I.dev());
   Impl::Idle idle{I};
+  if (I.sealing) {
+    const int64_t moved = I.sealed_all_reduce(t);
+    I.stats.bytes_sent += moved;
+    I.stats.bytes_received += moved;
+    return;
+  }
   auto posted = I.post_all_reduce(t, /*overlapped=*/false);
   I.finish_all_reduce(posted, t);
 }
@@ -510,6 +552,22 @@ std::unique_ptr<Pending> ProcessGroupComm::start_all_reduce_mean(torch::Tensor& 
   I.check_no_flight("start_all_reduce_mean");
   I.check_reduce_input(t);
   if (I.o.world == 1) return Communicator::start_all_reduce_mean(t);
+  if (I.sealing) {
+    // Sealed transfers on a thread of its own, as an overlapped exchange; t is written there.
+    auto f = std::make_shared<Flight>();
+    f->thread = std::thread([&I, flight = f.get(), out = t]() mutable {
+      on_flight_thread = true;
+      try {
+        OnDevice on(I.dev());
+        flight->bytes = I.sealed_all_reduce(out, &flight->aborted);
+      } catch (...) {
+        flight->failure = std::current_exception();
+      }
+      flight->done = true;
+    });
+    I.flight = f;
+    return std::make_unique<InFlight>(I, std::move(f));
+  }
   OnDevice on(I.dev());
   // Posted now, on the worker's thread, so that every rank's collectives reach the backend in one
   // order; the backend's own threads move it while the worker computes.
@@ -538,6 +596,19 @@ void ProcessGroupComm::broadcast(torch::Tensor& t, int root) {
   if (I.o.world == 1) return;
   OnDevice on(I.dev());
   Impl::Idle idle{I};
+  if (I.sealing) {
+    // Over sealed transfers: the root to each rank. A transfer goes both ways, so every other rank
+    // sends its buffer to the root too, which drops it.
+    std::vector<int> peers;
+    for (int r = 0; r < I.o.world; ++r)
+      if (me == root ? r != root : r == root) peers.push_back(r);
+    std::vector<torch::Tensor> got(peers.size());
+    const int64_t moved = I.exchange(peers, I.staged(t, t.scalar_type()), got, /*into=*/false);
+    if (me != root) t.copy_(got[0].view(t.sizes()));
+    I.stats.bytes_sent += moved;
+    I.stats.bytes_received += moved;
+    return;
+  }
   I.check_same_buffer("broadcast", t);
   // Counted and throttled as a pipelined chain root -> root+1 -> ... like the in-process
   // backend: every rank but the last forwards the buffer once, every rank but the root receives it.

@@ -20,5 +20,7 @@ inline constexpr size_t kSessionSaltBytes = 32;
 // CommError when the store has none (it was started without the job's secret) or it has another
 // size.
 std::string read_session_salt(c10d::Store& raw);
+// The same through a job's keys (job_keys' prefix store) or a raw client.
+std::string read_session_salt(const c10::intrusive_ptr<c10d::Store>& store);
 
 }  // namespace gasloc::comm

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <spdlog/spdlog.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -961,6 +962,11 @@ std::string read_session_salt(c10d::Store& raw) {
     throw CommError(fmt::format("the rendezvous store's session salt has {} bytes, not {}", v.size(), kSessionSaltBytes),
                     "the store's host runs another version of gasloc");
   return {v.begin(), v.end()};
+}
+
+std::string read_session_salt(const c10::intrusive_ptr<c10d::Store>& store) {
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) return read_session_salt(*prefixed->getUnderlyingStore());
+  return read_session_salt(*store);
 }
 
 }  // namespace gasloc::comm
