@@ -16,6 +16,12 @@
 //
 //   build/bench_comm --codec [--elements-m 1,100] [--reps 3]
 //
+// --secret: the exchanges and all-reduces of the tables with a job secret (every transfer sealed,
+// the all-reduce an id-ordered reduction over sealed transfers) beside the same without, each
+// process count run open then sealed; what a secret costs a round.
+//
+//   build/bench_comm --secret [--procs 2,4] [--sizes-mb 4,268] [--reps 3]
+//
 // --auth: HMAC-SHA256 and AES-256-GCM beside memcpy, and a store request and connection with and without a job
 // secret (bench/auth_bench.hpp); no ranks.
 //
@@ -50,6 +56,7 @@
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/blas_threads.hpp"
 #include "gasloc/core/flat_params.hpp"
+#include "gasloc/core/secret.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/optim/adamw.hpp"
 #include "gasloc/optim/optimizer.hpp"
@@ -66,6 +73,7 @@ struct Args {
   bool overlap = false;    // the overlap bench instead of the tables
   bool codec = false;      // the codec bench instead of the tables
   bool auth = false;       // the job-secret bench instead of the tables
+  bool secret = false;     // the tables open and sealed, side by side
   std::vector<double> elements_m = {1, 100};  // --codec: buffer sizes in millions of elements
   double limit_gbit = 0;   // --overlap: each rank's link limited to this rate (gasloc launch --bandwidth-limit); 0 = none
   std::string worker_out;  // set in a rank process
@@ -83,6 +91,7 @@ int parse(int argc, char** argv, Args& a) {
       ->capture_default_str();
   app.add_flag("--codec", a.codec, "the codecs' encode and decode speed on one thread, against memcpy");
   app.add_flag("--auth", a.auth, "HMAC-SHA256 and AES-256-GCM against memcpy, and store requests with and without a job secret");
+  app.add_flag("--secret", a.secret, "the exchanges and all-reduces open and with a job secret (sealed), side by side");
   app.add_option("--elements-m", a.elements_m, "with --codec: buffer sizes in millions of fp32 elements, comma-separated")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
@@ -353,6 +362,14 @@ void print_overlap(const nlohmann::json& rows) {
 int worker(const Args& a) {
   auto opts = comm::gloo_options_from_env();
   opts.timeout_s = 300;  // large buffers on a loaded machine
+  if (const char* hex = std::getenv("GASLOC_BENCH_SECRET")) {
+    // --secret: a throwaway secret of this bench's own (a real job hands its ranks a file's path).
+    std::string secret;
+    for (size_t i = 0; i + 1 < std::strlen(hex); i += 2) secret.push_back(static_cast<char>(std::stoi(std::string(hex + i, 2), nullptr, 16)));
+    opts.job = {std::getenv("GASLOC_BENCH_JOB"), "bench_comm", secret};
+    opts.agent_store = false;
+    opts.connect_only = true;
+  }
   comm::GlooCommunicator c(opts);
   const int r = c.rank(), n = c.world();
   nlohmann::json out = nlohmann::json::array();
@@ -377,9 +394,12 @@ int worker(const Args& a) {
   return 0;
 }
 
-// Runs n rank processes of this binary; returns rank 0's results.
-nlohmann::json run_ranks(const Args& a, int n) {
-  comm::StoreHost host("127.0.0.1", 0, 300, {}, /*c10d_protocol=*/true);  // its ranks connect as to an agent store
+// Runs n rank processes of this binary; returns rank 0's results. sealed: with a job secret.
+nlohmann::json run_ranks(const Args& a, int n, bool sealed = false) {
+  const std::string secret = sealed ? crypto::random_bytes(32) : "", token = fmt::format("bench-{}-{}", ::getpid(), n);
+  // Open, its ranks connect as to an agent store; sealed, to gasloc's store with the job's secret.
+  comm::StoreHost host("127.0.0.1", 0, 300, sealed ? comm::JobIdentity{token, "bench_comm", secret} : comm::JobIdentity{},
+                       /*c10d_protocol=*/!sealed);
   const std::string out = fmt::format("/tmp/bench_comm_{}_{}.json", ::getpid(), n);
   std::vector<std::string> sizes;
   for (double s : a.sizes_mb) sizes.push_back(fmt::format("{}", s));
@@ -392,6 +412,12 @@ nlohmann::json run_ranks(const Args& a, int n) {
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(host.port()).c_str(), 1);
       ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+      if (sealed) {
+        std::string hex;
+        for (unsigned char ch : secret) hex += fmt::format("{:02x}", ch);
+        ::setenv("GASLOC_BENCH_SECRET", hex.c_str(), 1);
+        ::setenv("GASLOC_BENCH_JOB", token.c_str(), 1);
+      }
       const std::string reps = std::to_string(a.reps), sz = join(sizes);
       const std::string limit = fmt::format("{}", a.limit_gbit);
       ::execl("/proc/self/exe", "bench_comm", "--sizes-mb", sz.c_str(), "--reps", reps.c_str(), "--limit-gbit",
@@ -436,6 +462,25 @@ int main(int argc, char** argv) {
                  a.limit_gbit > 0 ? fmt::format(" limited to {} Gbit/s per rank", a.limit_gbit) : "",
                  std::thread::hardware_concurrency(), a.reps);
       print_overlap(run_ranks(a, 2));
+      return 0;
+    }
+    if (a.secret) {
+      fmt::print("bench_comm --secret: Gloo on loopback, open and with a job secret (every transfer sealed with "
+                 "AES-256-GCM; the all-reduce an id-ordered reduction over sealed transfers), {} cores; the slowest "
+                 "rank's median of {} after a warm-up\n\n| op | procs | MB | open ms | sealed ms | sealed - open ms | "
+                 "sealed / open |\n|---|---|---|---|---|---|---|\n",
+                 std::thread::hardware_concurrency(), a.reps);
+      for (int n : a.procs) {
+        const auto open = run_ranks(a, n), sealed = run_ranks(a, n, /*sealed=*/true);
+        for (size_t i = 0; i < open.size() && i < sealed.size(); ++i) {
+          const std::string op = open[i]["op"];
+          const double mb = open[i]["mb"], to = open[i]["seconds"], ts = sealed[i]["seconds"];
+          const std::string label = op == "pairs" ? "exchange 1peer" : op == "ring" ? "exchange 2peer (ring)" : "all-reduce";
+          fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.2f} |\n", label, n, mb, to * 1e3, ts * 1e3,
+                     (ts - to) * 1e3, ts / to);
+          std::fflush(stdout);
+        }
+      }
       return 0;
     }
     fmt::print("bench_comm: Gloo backend on loopback vs plain TCP sockets ({} cores; median of {} after a warm-up)\n",

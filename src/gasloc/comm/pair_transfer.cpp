@@ -218,53 +218,72 @@ void check_header(const PairTransferOptions& o, const PairLink& l, const torch::
 // One link's channel in a sealed call: seals what this rank sends and opens what the peer sent.
 constexpr int64_t kSealedHeaderBytes = 3 * 8 + static_cast<int64_t>(crypto::kGcmTagBytes);
 
+// A byte buffer of this thread's, reused from call to call: a fresh buffer's pages each cost a
+// page fault when first written (about 10 ms a 10 MB buffer on a virtual machine), several times
+// what sealing them costs. A slot is reused only when nothing else holds its memory; the buffers
+// stay allocated, at the size of the largest message sealed on this thread (two a peer).
+torch::Tensor scratch(size_t slot, int64_t bytes) {
+  thread_local std::vector<torch::Tensor> pool;
+  if (pool.size() <= slot) pool.resize(slot + 1);
+  torch::Tensor& t = pool[slot];
+  if (!t.defined() || t.numel() < bytes || t.storage().use_count() != 1) t = torch::empty({bytes}, torch::kUInt8);
+  return t.narrow(0, 0, bytes);
+}
+
+std::span<uint8_t> bytes_of(const torch::Tensor& t) {
+  return {static_cast<uint8_t*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size()};
+}
+
 class Sealer {
  public:
-  Sealer(const PairTransferOptions& o, const PairLink& l, uint32_t call)
-      : o_(o), peer_(l.peer), ch_(o.seal->secret, o.seal->salt, o.seal->job, o.seal->channel(l, call), o.rank < l.peer) {}
+  Sealer(const PairTransferOptions& o, const PairLink& l, uint32_t call, size_t k)
+      : o_(o), peer_(l.peer), k_(k),
+        ch_(o.seal->secret, o.seal->salt, o.seal->job, o.seal->channel(l, call), o.rank < l.peer) {}
 
-  // The sealed bytes of `t` (its memory as it is: contiguous), on the backend's device.
+  // The sealed bytes of `t` (contiguous), on the backend's device.
   torch::Tensor seal(const torch::Tensor& t, int phase) {
     const torch::Tensor host = t.to(torch::kCPU).contiguous();
-    const std::span<const uint8_t> plain(static_cast<const uint8_t*>(host.data_ptr()),
-                                         static_cast<size_t>(host.numel()) * host.element_size());
-    std::vector<uint8_t> sealed = ch_.seal(plain);
-    if (gasloc_test_tamper_sealed) gasloc_test_tamper_sealed(sealed.data(), sealed.size(), o_.rank, peer_, phase);
-    auto out = torch::empty({static_cast<int64_t>(sealed.size())}, torch::kUInt8);
-    std::memcpy(out.data_ptr(), sealed.data(), sealed.size());
+    const auto plain = bytes_of(host);
+    torch::Tensor out = phase == 0 ? torch::empty({kSealedHeaderBytes}, torch::kUInt8)
+                                   : scratch(2 * k_, static_cast<int64_t>(plain.size() + crypto::kGcmTagBytes));
+    ch_.seal_into(plain, bytes_of(out));
+    if (gasloc_test_tamper_sealed) gasloc_test_tamper_sealed(static_cast<uint8_t*>(out.data_ptr()), out.numel(), o_.rank, peer_, phase);
     return out.to(o_.device);
   }
 
+  // Where the peer's sealed payload of `bytes` lands.
+  torch::Tensor receive_buffer(int64_t bytes) const {
+    return o_.device.is_cpu() ? scratch(2 * k_ + 1, bytes) : torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(o_.device));
+  }
+
   // Opens the peer's sealed bytes into `into` (allocated like the plaintext). False, with r set to
-  // unopened, when they do not open; `into` is then left as it was.
+  // unopened, when they do not open; `into` then holds zeros, nothing of the message.
   bool open(const torch::Tensor& sealed_t, torch::Tensor& into, PeerResult& r) {
     const torch::Tensor host = sealed_t.to(torch::kCPU).contiguous();
-    std::vector<uint8_t> plain;
+    const auto sealed = bytes_of(host);
+    const size_t want = static_cast<size_t>(into.numel()) * into.element_size();
+    if (sealed.size() != want + crypto::kGcmTagBytes) {  // the headers agreed: a bug, not an attack
+      r = {PeerOutcome::mismatch, false,
+           fmt::format("rank {}: exchange with rank {}: received {} sealed bytes where {} belong", o_.rank, peer_,
+                       sealed.size(), want + crypto::kGcmTagBytes)};
+      return false;
+    }
+    const bool direct = into.is_cpu() && into.is_contiguous();
+    torch::Tensor plain = direct ? into : torch::empty(into.sizes(), into.options().device(torch::kCPU));
     try {
-      plain = ch_.open({static_cast<const uint8_t*>(host.data_ptr()), static_cast<size_t>(host.numel())});
+      ch_.open_into(sealed, bytes_of(plain));
     } catch (const SealError& e) {
       r = {PeerOutcome::unopened, false, fmt::format("rank {}: from rank {}: {}", o_.rank, peer_, e.what())};
       return false;
     }
-    const size_t want = static_cast<size_t>(into.numel()) * into.element_size();
-    if (plain.size() != want) {  // it opened, so the peer sealed it: a real disagreement
-      r = {PeerOutcome::mismatch, false,
-           fmt::format("rank {}: exchange with rank {}: received {} bytes where {} belong", o_.rank, peer_, plain.size(), want)};
-      return false;
-    }
-    if (into.is_cpu() && into.is_contiguous()) {
-      std::memcpy(into.data_ptr(), plain.data(), want);
-    } else {
-      auto host_into = torch::empty(into.sizes(), into.options().device(torch::kCPU));
-      std::memcpy(host_into.data_ptr(), plain.data(), want);
-      into.copy_(host_into);
-    }
+    if (!direct) into.copy_(plain);
     return true;
   }
 
  private:
   const PairTransferOptions& o_;
   int peer_;
+  size_t k_;  // the link's place in the call: its scratch slots
   SealedChannel ch_;
 };
 
@@ -313,8 +332,9 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
   for (size_t k = 0; k < links.size(); ++k) calls[k] = (*links[k].calls)++;
   Phase phase(links, o, results);
   std::vector<Sealer> sealers;
+  sealers.reserve(o.seal ? links.size() : 0);
   if (o.seal)
-    for (size_t k = 0; k < links.size(); ++k) sealers.emplace_back(o, links[k], calls[k]);
+    for (size_t k = 0; k < links.size(); ++k) sealers.emplace_back(o, links[k], calls[k], k);
 
   // 1. Headers: each side learns the other's buffer.
   const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(o.device);
@@ -364,11 +384,10 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
   if (o.limit) o.limit->pay(static_cast<double>(moving) * nbytes, static_cast<double>(moving) * nbytes);
   if (o.seal) {
     std::vector<torch::Tensor> sealed_out(links.size()), sealed_in(links.size());
-    const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(o.device);
     for (size_t k = 0; k < links.size(); ++k) {
       if (results[k].outcome != PeerOutcome::received) continue;
       sealed_out[k] = sealers[k].seal(send, kPayload);
-      sealed_in[k] = torch::empty({static_cast<int64_t>(nbytes)}, u8);
+      sealed_in[k] = sealers[k].receive_buffer(static_cast<int64_t>(nbytes));
     }
     // Links not moving keep an undefined tensor: Phase posts nothing for them.
     phase.run(sealed_out, sealed_in, kPayload, calls);

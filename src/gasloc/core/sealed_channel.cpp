@@ -33,25 +33,33 @@ std::string SealedChannel::nonce(bool mine, uint64_t count) const {
 }
 
 std::vector<uint8_t> SealedChannel::seal(std::span<const uint8_t> plaintext, std::span<const uint8_t> header) {
-  if (sent_ == std::numeric_limits<uint64_t>::max())
-    throw SealError(fmt::format("channel '{}': 2^64 messages sent; open a new channel", channel_));
   std::vector<uint8_t> out(plaintext.size() + crypto::kGcmTagBytes);
-  crypto::aes256gcm_seal(key_, nonce(true, sent_), header, plaintext, out);
-  ++sent_;
+  seal_into(plaintext, out, header);
   return out;
 }
 
+void SealedChannel::seal_into(std::span<const uint8_t> plaintext, std::span<uint8_t> out, std::span<const uint8_t> header) {
+  if (sent_ == std::numeric_limits<uint64_t>::max())
+    throw SealError(fmt::format("channel '{}': 2^64 messages sent; open a new channel", channel_));
+  crypto::aes256gcm_seal(key_, nonce(true, sent_), header, plaintext, out);
+  ++sent_;
+}
+
 std::vector<uint8_t> SealedChannel::open(std::span<const uint8_t> sealed, std::span<const uint8_t> header) {
+  std::vector<uint8_t> out(sealed.size() < crypto::kGcmTagBytes ? 0 : sealed.size() - crypto::kGcmTagBytes);
+  open_into(sealed, out, header);
+  return out;
+}
+
+void SealedChannel::open_into(std::span<const uint8_t> sealed, std::span<uint8_t> out, std::span<const uint8_t> header) {
   if (sealed.size() < crypto::kGcmTagBytes)
     throw SealError(fmt::format("channel '{}': message {} from the peer is {} bytes, shorter than its tag", channel_,
                                 received_, sealed.size()));
-  std::vector<uint8_t> out(sealed.size() - crypto::kGcmTagBytes);
   if (!crypto::aes256gcm_open(key_, nonce(false, received_), header, sealed, out))
     throw SealError(fmt::format("channel '{}': message {} from the peer does not open (altered, replayed, reordered or "
                                 "meant for another channel, run or direction)",
                                 channel_, received_));
   ++received_;
-  return out;
 }
 
 }  // namespace gasloc

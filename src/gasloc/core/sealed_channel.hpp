@@ -46,6 +46,11 @@ class SealedChannel {
   // The peer's next message, opened with the header it was sealed with. Throws SealError naming
   // the channel when it does not open.
   std::vector<uint8_t> open(std::span<const uint8_t> sealed, std::span<const uint8_t> header = {});
+  // The same two into the caller's memory (a transfer's buffers: nothing allocated). seal_into's
+  // `out` has plaintext.size() + 16 bytes; open_into's has sealed.size() - 16, zeroed when the
+  // message does not open.
+  void seal_into(std::span<const uint8_t> plaintext, std::span<uint8_t> out, std::span<const uint8_t> header = {});
+  void open_into(std::span<const uint8_t> sealed, std::span<uint8_t> out, std::span<const uint8_t> header = {});
 
   const std::string& name() const { return channel_; }
   uint64_t sent() const { return sent_; }
