@@ -1,0 +1,8 @@
+set terminal pngcairo size 900,560 noenhanced
+set output 'e10-homogeneous-step.png'
+set title 'E10: compressed exchanges, int8, int4 and top-k against fp32 [homogeneous]'
+set xlabel 'training step (inner steps)'
+set ylabel 'validation loss (nats per token, average model)'
+set grid
+set key top right
+plot 'e10-homogeneous-step.dat' index 0 with linespoints title 'diloco', 'e10-homogeneous-step.dat' index 1 with linespoints title 'diloco-int8', 'e10-homogeneous-step.dat' index 2 with linespoints title 'diloco-int4', 'e10-homogeneous-step.dat' index 3 with linespoints title 'diloco-topk', 'e10-homogeneous-step.dat' index 4 with linespoints title 'gasloc-1peer', 'e10-homogeneous-step.dat' index 5 with linespoints title 'gasloc-1peer-int8-modulo', 'e10-homogeneous-step.dat' index 6 with linespoints title 'gasloc-1peer-int8-direct', 'e10-homogeneous-step.dat' index 7 with linespoints title 'gasloc-1peer-int4-modulo', 'e10-homogeneous-step.dat' index 8 with linespoints title 'gasloc-1peer-int8-delta', 'e10-homogeneous-step.dat' index 9 with linespoints title 'gasloc-1peer-int8-delta-k2', 'e10-homogeneous-step.dat' index 10 with linespoints title 'gasloc-1peer-int8-delta-k20', 'e10-homogeneous-step.dat' index 11 with linespoints title 'gasloc-2peer', 'e10-homogeneous-step.dat' index 12 with linespoints title 'gasloc-2peer-int8-modulo', 'e10-homogeneous-step.dat' index 13 with linespoints title 'gasloc-2peer-int8-direct', 'e10-homogeneous-step.dat' index 14 with linespoints title 'gasloc-2peer-int4-modulo', 'e10-homogeneous-step.dat' index 15 with linespoints title 'gasloc-2peer-int8-delta', 5.9302412078695514 with lines dashtype 2 linecolor 'gray40' title 'unigram baseline (5.930)'
