@@ -10,7 +10,6 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
-#include <cstring>
 #include <thread>
 
 #include "gasloc/core/sealed_channel.hpp"
@@ -215,7 +214,7 @@ void check_header(const PairTransferOptions& o, const PairLink& l, const torch::
                    o.rank, l.peer, a, b)};
 }
 
-// One link's channel in a sealed call: seals what this rank sends and opens what the peer sent.
+// A sealed header: (magic, numel, dtype) and its tag.
 constexpr int64_t kSealedHeaderBytes = 3 * 8 + static_cast<int64_t>(crypto::kGcmTagBytes);
 
 // A byte buffer of this thread's, reused from call to call: a fresh buffer's pages each cost a
@@ -234,6 +233,7 @@ std::span<uint8_t> bytes_of(const torch::Tensor& t) {
   return {static_cast<uint8_t*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size()};
 }
 
+// One link's channel in a sealed call: seals what this rank sends and opens what the peer sent.
 class Sealer {
  public:
   Sealer(const PairTransferOptions& o, const PairLink& l, uint32_t call, size_t k)
