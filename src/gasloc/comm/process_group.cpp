@@ -75,6 +75,11 @@ struct ProcessGroupComm::Impl {
   Clock::time_point t0;
   Arrivals arrivals;    // store-side records of the collectives each rank entered
   int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
+  // The sealed all-reduce's buffers (a peer's tensor each, and the fp32 sum of half-precision
+  // ones), kept from call to call: a fresh 268 MB buffer costs a page fault a page when first
+  // written, which on a virtual machine took several times the seal itself. One operation runs at
+  // a time (check_no_flight), so one set serves the blocking and the overlapped form.
+  std::vector<torch::Tensor> reduce_bufs;
   // A job with a secret: every transfer sealed (pair_transfer.hpp), and all-reduces and broadcasts
   // made of sealed transfers, since Gloo's own collectives move bytes in the clear.
   std::unique_ptr<PairSealing> sealing;
@@ -402,15 +407,32 @@ int64_t ProcessGroupComm::Impl::sealed_all_reduce(torch::Tensor& t, const std::a
   for (int r = 0; r < o.world; ++r)
     if (r != o.rank) others.push_back(r);
   const torch::Tensor mine = staged(t, t.scalar_type());
+  // Slot k of reduce_bufs: `like`'s size in `dtype`, the front of a byte buffer kept at the largest
+  // size asked for (the small all-reduces of other dtypes between two of a model's must not shrink it).
+  auto reused = [&](size_t k, const torch::Tensor& like, c10::ScalarType dtype) {
+    if (reduce_bufs.size() <= k) reduce_bufs.resize(k + 1);
+    torch::Tensor& b = reduce_bufs[k];
+    const int64_t bytes = like.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+    if (!b.defined() || b.numel() < bytes || b.device() != like.device() || b.storage().use_count() != 1)
+      b = torch::empty({bytes}, like.options().dtype(torch::kUInt8));
+    return b.narrow(0, 0, bytes).view(dtype);
+  };
   std::vector<torch::Tensor> got(others.size());
-  for (auto& g : got) g = torch::empty_like(mine, torch::MemoryFormat::Contiguous);
+  for (size_t k = 0; k < got.size(); ++k) got[k] = reused(k, mine, mine.scalar_type());
   const int64_t moved = exchange(others, mine, got, /*into=*/true, abort);
-  auto of = [&](int r) -> const torch::Tensor& { return r == o.rank ? mine : got[static_cast<size_t>(r < o.rank ? r : r - 1)]; };
+  auto of = [&](int r) -> torch::Tensor {
+    return r == o.rank ? mine.view({-1}) : got[static_cast<size_t>(r < o.rank ? r : r - 1)];
+  };
+  // The sum in id order, ((x0 + x1) + x2) + ..., as the in-process reference adds; half-precision
+  // tensors are summed in fp32. It accumulates in rank 0's tensor (its received buffer, or on rank
+  // 0 its own), so the call allocates nothing once its buffers exist.
   const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
-  torch::Tensor sum = upcast ? of(0).to(torch::kFloat) : of(0).clone();
+  torch::Tensor sum;
+  if (upcast) sum = reused(got.size(), mine, torch::kFloat).copy_(of(0));
+  else sum = of(0);  // on rank 0 `mine`: `t` itself or its staged copy, both this call's to overwrite
   for (int r = 1; r < o.world; ++r) sum.add_(of(r));
   sum.div_(o.world);
-  t.copy_(sum.view(t.sizes()));
+  if (!(sum.data_ptr() == t.data_ptr() && sum.scalar_type() == t.scalar_type())) t.copy_(sum.view(t.sizes()));
   return moved;
 }
 
