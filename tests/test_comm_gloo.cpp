@@ -604,10 +604,11 @@ TEST(GlooSealed, MatchesTheInProcessReferenceBitForBit) {
       ASSERT_EQ(got[r].recv[k].size(), ref[r].recv[k].size());
       for (size_t j = 0; j < ref[r].recv[k].size(); ++j) EXPECT_TRUE(torch::equal(got[r].recv[k][j], ref[r].recv[k][j]));
     }
-    // What left: every payload with its 16-byte tag; an all-reduce sends the whole buffer to each
-    // of the n - 1 others (4 all-reduces, one broadcast, 4 exchanges' peers).
-    const int64_t f = 4, tag = 16;
-    int64_t want = (n - 1) * (N * f + tag) * 3 + (n - 1) * (999 * 2 + tag);  // the all-reduces
+    // What left: every payload with its 16-byte tag; an all-reduce sends a chunk of ceil(N / n)
+    // elements to each of the n - 1 others twice, reduce-scatter and all-gather (4 all-reduces,
+    // one broadcast, 4 exchanges' peers).
+    const int64_t f = 4, tag = 16, chunk = (N + n - 1) / n, half_chunk = (999 + n - 1) / n;
+    int64_t want = 2 * (n - 1) * (chunk * f + tag) * 3 + 2 * (n - 1) * (half_chunk * 2 + tag);  // the all-reduces
     want += (r == 2 ? n - 1 : 1) * (333 * f + tag);                           // the broadcast from rank 2
     want += static_cast<int64_t>(pair_peers(r, n).size() + 2 * ring_peers(r, n).size()) * (N * f + tag);
     EXPECT_EQ(got[r].stats.bytes_sent, want) << "rank " << r;

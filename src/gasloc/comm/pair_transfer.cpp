@@ -325,6 +325,19 @@ std::string backend_error(const std::exception& e) {
 std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const torch::Tensor& send,
                                        std::vector<torch::Tensor>& into, const PairTransferOptions& o,
                                        int64_t* bytes_moved) {
+  return transfer_pairs(links, std::vector<torch::Tensor>{send}, into, o, bytes_moved);
+}
+
+std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const std::vector<torch::Tensor>& sends,
+                                       std::vector<torch::Tensor>& into, const PairTransferOptions& o,
+                                       int64_t* bytes_moved) {
+  if (sends.size() != 1 && sends.size() != links.size())
+    throw CommError(fmt::format("transfer_pairs: {} buffers for {} links (one for all, or one each)", sends.size(), links.size()));
+  for (const auto& s : sends)
+    if (s.numel() != sends[0].numel() || s.scalar_type() != sends[0].scalar_type())
+      throw CommError("transfer_pairs: the buffers of one call must share a size and a dtype (the headers announce one)");
+  const torch::Tensor& send = sends[0];  // what the headers announce
+  auto send_of = [&](size_t k) -> const torch::Tensor& { return sends.size() == 1 ? sends[0] : sends[k]; };
   std::vector<PeerResult> results(links.size());
   if (bytes_moved) *bytes_moved = 0;
   if (links.empty()) return results;
@@ -386,7 +399,7 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
     std::vector<torch::Tensor> sealed_out(links.size()), sealed_in(links.size());
     for (size_t k = 0; k < links.size(); ++k) {
       if (results[k].outcome != PeerOutcome::received) continue;
-      sealed_out[k] = sealers[k].seal(send, kPayload);
+      sealed_out[k] = sealers[k].seal(send_of(k), kPayload);
       sealed_in[k] = sealers[k].receive_buffer(static_cast<int64_t>(nbytes));
     }
     // Links not moving keep an undefined tensor: Phase posts nothing for them.
@@ -394,7 +407,7 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
     for (size_t k = 0; k < links.size(); ++k)
       if (results[k].outcome == PeerOutcome::received && !unopened[k]) sealers[k].open(sealed_in[k], into[k], results[k]);
   } else {
-    phase.run({send}, into, kPayload, calls);
+    phase.run(sends, into, kPayload, calls);
   }
   if (bytes_moved)
     for (size_t k = 0; k < links.size(); ++k)

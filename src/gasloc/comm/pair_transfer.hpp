@@ -90,6 +90,11 @@ struct PairTransferOptions {
 std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const torch::Tensor& send,
                                        std::vector<torch::Tensor>& into, const PairTransferOptions& o,
                                        int64_t* bytes_moved = nullptr);
+// The same with a buffer of its own for each link (sends[k] to links[k]: the chunks of an
+// all-to-all), all of one size and dtype, which the headers announce.
+std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const std::vector<torch::Tensor>& sends,
+                                       std::vector<torch::Tensor>& into, const PairTransferOptions& o,
+                                       int64_t* bytes_moved = nullptr);
 
 // A dtype as messages name it ("float32"), from its c10::ScalarType number as headers carry it;
 // a number that is none says so.

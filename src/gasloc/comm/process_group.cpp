@@ -90,9 +90,10 @@ struct ProcessGroupComm::Impl {
 
   // Moves `send` to `peers` and theirs into recv (chosen or reused buffers; `into`: the tensors
   // already there, an overlapped exchange's); returns the bytes moved each way.
-  // `abort`: set by an overlapped exchange's Pending::abort.
+  // `abort`: set by an overlapped exchange's Pending::abort. `per_peer` (when given): a buffer of
+  // `send`'s size and dtype for each peer, sent in its place (the chunks of an all-to-all).
   int64_t exchange(const std::vector<int>& peers, const torch::Tensor& send, std::vector<torch::Tensor>& recv, bool into,
-                   const std::atomic<bool>* abort = nullptr);
+                   const std::atomic<bool>* abort = nullptr, const std::vector<torch::Tensor>* per_peer = nullptr);
   // An all-reduce posted to the backend, landed by finish_all_reduce.
   struct PostedReduce {
     c10::intrusive_ptr<c10d::Work> work;
@@ -359,7 +360,8 @@ CommStats ProcessGroupComm::stats() const { return impl_->stats; }
 double ProcessGroupComm::now() const { return std::chrono::duration<double>(Clock::now() - impl_->t0).count(); }
 
 int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const torch::Tensor& send_in,
-                                         std::vector<torch::Tensor>& recv, bool into, const std::atomic<bool>* abort) {
+                                         std::vector<torch::Tensor>& recv, bool into, const std::atomic<bool>* abort,
+                                         const std::vector<torch::Tensor>* per_peer) {
   OnDevice on(dev());
   Idle idle{*this};
   const torch::Tensor send = staged(send_in, send_in.scalar_type());
@@ -380,7 +382,8 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   po.abort = abort;
   po.seal = sealing.get();
   int64_t moved = 0;
-  const std::vector<PeerResult> results = transfer_pairs(links, send, got, po, &moved);
+  const std::vector<PeerResult> results =
+      per_peer ? transfer_pairs(links, *per_peer, got, po, &moved) : transfer_pairs(links, send, got, po, &moved);
   for (size_t k = 0; k < peers.size(); ++k) {
     const PeerResult& r = results[k];
     const int p = peers[k];
@@ -402,37 +405,57 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   return moved;
 }
 
+// With a secret, Gloo's ring (which moves bytes in the clear) is replaced by a reduce-scatter and
+// an all-gather over sealed transfers, each rank the owner of one chunk of C = ceil(N / n)
+// elements (the buffer padded with zeros to n C): every rank sends chunk p of its tensor to rank
+// p, which sums the n copies of its chunk in id order, ((x0 + x1) + x2) + ..., as the in-process
+// reference adds (half precision in fp32), divides by n, and sends the result to every other
+// rank. Each rank sends 2 (n - 1) C elements, the ring's 2 (n - 1) / n of the buffer; the sums are
+// the reference's bit for bit, since each element is added in the same order.
 int64_t ProcessGroupComm::Impl::sealed_all_reduce(torch::Tensor& t, const std::atomic<bool>* abort) {
+  const int n = o.world, me = o.rank;
   std::vector<int> others;
-  for (int r = 0; r < o.world; ++r)
-    if (r != o.rank) others.push_back(r);
-  const torch::Tensor mine = staged(t, t.scalar_type());
-  // Slot k of reduce_bufs: `like`'s size in `dtype`, the front of a byte buffer kept at the largest
-  // size asked for (the small all-reduces of other dtypes between two of a model's must not shrink it).
-  auto reused = [&](size_t k, const torch::Tensor& like, c10::ScalarType dtype) {
+  for (int r = 0; r < n; ++r)
+    if (r != me) others.push_back(r);
+  // Slot k of reduce_bufs: `numel` elements of `dtype`, the front of a byte buffer kept at the
+  // largest size asked for (the small all-reduces of other dtypes between two of a model's must
+  // not shrink it).
+  auto reused = [&](size_t k, int64_t numel, c10::ScalarType dtype) {
     if (reduce_bufs.size() <= k) reduce_bufs.resize(k + 1);
     torch::Tensor& b = reduce_bufs[k];
-    const int64_t bytes = like.numel() * static_cast<int64_t>(c10::elementSize(dtype));
-    if (!b.defined() || b.numel() < bytes || b.device() != like.device() || b.storage().use_count() != 1)
-      b = torch::empty({bytes}, like.options().dtype(torch::kUInt8));
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    if (!b.defined() || b.numel() < bytes || b.device() != dev() || b.storage().use_count() != 1)
+      b = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(dev()));
     return b.narrow(0, 0, bytes).view(dtype);
   };
-  std::vector<torch::Tensor> got(others.size());
-  for (size_t k = 0; k < got.size(); ++k) got[k] = reused(k, mine, mine.scalar_type());
-  const int64_t moved = exchange(others, mine, got, /*into=*/true, abort);
-  auto of = [&](int r) -> torch::Tensor {
-    return r == o.rank ? mine.view({-1}) : got[static_cast<size_t>(r < o.rank ? r : r - 1)];
-  };
-  // The sum in id order, ((x0 + x1) + x2) + ..., as the in-process reference adds; half-precision
-  // tensors are summed in fp32. It accumulates in rank 0's tensor (its received buffer, or on rank
-  // 0 its own), so the call allocates nothing once its buffers exist.
-  const bool upcast = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
-  torch::Tensor sum;
-  if (upcast) sum = reused(got.size(), mine, torch::kFloat).copy_(of(0));
-  else sum = of(0);  // on rank 0 `mine`: `t` itself or its staged copy, both this call's to overwrite
-  for (int r = 1; r < o.world; ++r) sum.add_(of(r));
-  sum.div_(o.world);
-  if (!(sum.data_ptr() == t.data_ptr() && sum.scalar_type() == t.scalar_type())) t.copy_(sum.view(t.sizes()));
+  const int64_t N = t.numel(), C = (N + n - 1) / n;
+  const auto dtype = t.scalar_type();
+  // This rank's tensor, padded: chunk c of it goes to rank c; chunk `me` collects the result.
+  torch::Tensor padded = reused(0, n * C, dtype);
+  padded.narrow(0, 0, N).copy_(t.reshape({-1}));
+  padded.narrow(0, N, n * C - N).zero_();
+  auto chunk = [&](int c) { return padded.narrow(0, c * C, C); };
+
+  // 1. Reduce-scatter: chunk p to rank p; from every other rank, its copy of chunk `me`.
+  std::vector<torch::Tensor> sends, got(others.size());
+  for (size_t k = 0; k < others.size(); ++k) {
+    sends.push_back(chunk(others[k]));
+    got[k] = reused(1 + k, C, dtype);
+  }
+  int64_t moved = exchange(others, sends[0], got, /*into=*/true, abort, &sends);
+  auto of = [&](int r) { return r == me ? chunk(me) : got[static_cast<size_t>(r < me ? r : r - 1)]; };
+  const bool upcast = dtype == torch::kHalf || dtype == torch::kBFloat16;
+  // Accumulates in rank 0's copy (on rank 0 its own chunk, else the received buffer), or in fp32.
+  torch::Tensor sum = upcast ? reused(n, C, torch::kFloat).copy_(of(0)) : of(0);
+  for (int r = 1; r < n; ++r) sum.add_(of(r));
+  sum.div_(n);
+  if (sum.data_ptr() != chunk(me).data_ptr()) chunk(me).copy_(sum);
+
+  // 2. All-gather: the reduced chunk to every other rank; theirs into their chunks.
+  std::vector<torch::Tensor> into;
+  for (int p : others) into.push_back(chunk(p));
+  moved += exchange(others, chunk(me), into, /*into=*/true, abort);
+  t.copy_(padded.narrow(0, 0, N).view(t.sizes()));
   return moved;
 }
 
