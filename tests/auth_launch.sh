@@ -69,7 +69,8 @@ for run in erun-sealed erun-open; do
   timeout 240 "$G" launch --elastic -n 2 "${secret[@]}" -- "$G" train "${ejob[@]}" --set train.run_dir=$run > $run.log 2>&1 ||
     fail "the elastic job $run failed: $(tail -30 $run.log)"
 done
-sealed=$(metric_rows erun-sealed eval_worker step worker val_loss) open=$(metric_rows erun-open eval_worker step worker val_loss)
+# Sorted: the two ranks append their evaluation rows in whichever order they finish.
+sealed=$(metric_rows erun-sealed eval_worker step worker val_loss | sort) open=$(metric_rows erun-open eval_worker step worker val_loss | sort)
 [ -n "$sealed" ] || fail "the sealed elastic run wrote no evaluation"
 [ "$sealed" = "$open" ] || fail "the sealed elastic run's losses differ from the open run's: $sealed / $open"
 # Sealed, every payload carries a 16-byte tag: more bytes left than in the open run.
