@@ -75,10 +75,11 @@ struct ProcessGroupComm::Impl {
   Clock::time_point t0;
   Arrivals arrivals;    // store-side records of the collectives each rank entered
   int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
-  // The sealed all-reduce's buffers (a peer's tensor each, and the fp32 sum of half-precision
-  // ones), kept from call to call: a fresh 268 MB buffer costs a page fault a page when first
-  // written, which on a virtual machine took several times the seal itself. One operation runs at
-  // a time (check_no_flight), so one set serves the blocking and the overlapped form.
+  // The sealed all-reduce's buffers (its padded tensor, a received chunk a peer, the fp32 sum of
+  // half-precision ones), kept from call to call: a fresh 268 MB buffer costs a page fault a page
+  // when first written, which on a virtual machine took several times the seal itself. They
+  // serve the overlapped all-reduce's thread, or a blocking call while nothing is in flight; a
+  // blocking call beside a flight allocates its own.
   std::vector<torch::Tensor> reduce_bufs;
   // A job with a secret: every transfer sealed (pair_transfer.hpp), and all-reduces and broadcasts
   // made of sealed transfers, since Gloo's own collectives move bytes in the clear.
@@ -420,9 +421,11 @@ int64_t ProcessGroupComm::Impl::sealed_all_reduce(torch::Tensor& t, const std::a
   // Slot k of reduce_bufs: `numel` elements of `dtype`, the front of a byte buffer kept at the
   // largest size asked for (the small all-reduces of other dtypes between two of a model's must
   // not shrink it).
+  std::vector<torch::Tensor> own;
+  std::vector<torch::Tensor>& bufs = !on_flight_thread && flight ? own : reduce_bufs;
   auto reused = [&](size_t k, int64_t numel, c10::ScalarType dtype) {
-    if (reduce_bufs.size() <= k) reduce_bufs.resize(k + 1);
-    torch::Tensor& b = reduce_bufs[k];
+    if (bufs.size() <= k) bufs.resize(k + 1);
+    torch::Tensor& b = bufs[k];
     const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
     if (!b.defined() || b.numel() < bytes || b.device() != dev() || b.storage().use_count() != 1)
       b = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(dev()));
