@@ -217,12 +217,14 @@ void check_header(const PairTransferOptions& o, const PairLink& l, const torch::
 // A sealed header: (magic, numel, dtype) and its tag.
 constexpr int64_t kSealedHeaderBytes = 3 * 8 + static_cast<int64_t>(crypto::kGcmTagBytes);
 
-// A byte buffer of this thread's, reused from call to call: a fresh buffer's pages each cost a
-// page fault when first written (about 10 ms a 10 MB buffer on a virtual machine), several times
-// what sealing them costs. A slot is reused only when nothing else holds its memory; the buffers
-// stay allocated, at the size of the largest message sealed on this thread (two a peer).
-torch::Tensor scratch(size_t slot, int64_t bytes) {
-  thread_local std::vector<torch::Tensor> pool;
+// A byte buffer reused from call to call, from the caller's kept buffers (or this thread's): a
+// fresh buffer's pages each cost a page fault when first written (about 10 ms a 10 MB buffer on
+// a virtual machine), several times what sealing them costs. A slot is reused only when nothing
+// else holds its memory; the buffers stay allocated, at the size of the largest message sealed
+// through them (two a peer).
+torch::Tensor scratch(std::vector<torch::Tensor>* kept, size_t slot, int64_t bytes) {
+  thread_local std::vector<torch::Tensor> own;
+  std::vector<torch::Tensor>& pool = kept ? *kept : own;
   if (pool.size() <= slot) pool.resize(slot + 1);
   torch::Tensor& t = pool[slot];
   if (!t.defined() || t.numel() < bytes || t.storage().use_count() != 1) t = torch::empty({bytes}, torch::kUInt8);
@@ -245,7 +247,7 @@ class Sealer {
     const torch::Tensor host = t.to(torch::kCPU).contiguous();
     const auto plain = bytes_of(host);
     torch::Tensor out = phase == 0 ? torch::empty({kSealedHeaderBytes}, torch::kUInt8)
-                                   : scratch(2 * k_, static_cast<int64_t>(plain.size() + crypto::kGcmTagBytes));
+                                   : scratch(o_.seal_buffers, 2 * k_, static_cast<int64_t>(plain.size() + crypto::kGcmTagBytes));
     ch_.seal_into(plain, bytes_of(out));
     if (gasloc_test_tamper_sealed) gasloc_test_tamper_sealed(static_cast<uint8_t*>(out.data_ptr()), out.numel(), o_.rank, peer_, phase);
     return out.to(o_.device);
@@ -253,7 +255,7 @@ class Sealer {
 
   // Where the peer's sealed payload of `bytes` lands.
   torch::Tensor receive_buffer(int64_t bytes) const {
-    return o_.device.is_cpu() ? scratch(2 * k_ + 1, bytes) : torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(o_.device));
+    return o_.device.is_cpu() ? scratch(o_.seal_buffers, 2 * k_ + 1, bytes) : torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(o_.device));
   }
 
   // Opens the peer's sealed bytes into `into` (allocated like the plaintext). False, with r set to

@@ -80,6 +80,7 @@ struct PairTransferOptions {
   std::function<bool(int peer)> gone;             // polled while waiting: abort that peer's waits
   const std::atomic<bool>* abort = nullptr;       // set: abort every wait
   const PairSealing* seal = nullptr;              // set (a job with a secret): every message sealed
+  std::vector<torch::Tensor>* seal_buffers = nullptr;  // sealing's buffers, kept by the caller (default: this thread's)
 };
 
 // Sends `send` to every link's peer and receives each peer's payload into into[k], which the

@@ -81,6 +81,9 @@ struct ProcessGroupComm::Impl {
   // serve the overlapped all-reduce's thread, or a blocking call while nothing is in flight; a
   // blocking call beside a flight allocates its own.
   std::vector<torch::Tensor> reduce_bufs;
+  // The transport's sealing buffers, kept here for the same reason: an overlapped operation runs
+  // on a new thread each time, whose own would start empty. The same rule: not beside a flight.
+  std::vector<torch::Tensor> seal_bufs;
   // A job with a secret: every transfer sealed (pair_transfer.hpp), and all-reduces and broadcasts
   // made of sealed transfers, since Gloo's own collectives move bytes in the clear.
   std::unique_ptr<PairSealing> sealing;
@@ -382,6 +385,7 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   po.limit = limit.get();
   po.abort = abort;
   po.seal = sealing.get();
+  if (on_flight_thread || !flight) po.seal_buffers = &seal_bufs;
   int64_t moved = 0;
   const std::vector<PeerResult> results =
       per_peer ? transfer_pairs(links, *per_peer, got, po, &moved) : transfer_pairs(links, send, got, po, &moved);
