@@ -217,18 +217,10 @@ void check_header(const PairTransferOptions& o, const PairLink& l, const torch::
 // A sealed header: (magic, numel, dtype) and its tag.
 constexpr int64_t kSealedHeaderBytes = 3 * 8 + static_cast<int64_t>(crypto::kGcmTagBytes);
 
-// A byte buffer reused from call to call, from the caller's kept buffers (or this thread's): a
-// fresh buffer's pages each cost a page fault when first written (about 10 ms a 10 MB buffer on
-// a virtual machine), several times what sealing them costs. A slot is reused only when nothing
-// else holds its memory; the buffers stay allocated, at the size of the largest message sealed
-// through them (two a peer).
+// The sealing buffers of a call: the caller's kept ones, or this thread's.
 torch::Tensor scratch(std::vector<torch::Tensor>* kept, size_t slot, int64_t bytes) {
   thread_local std::vector<torch::Tensor> own;
-  std::vector<torch::Tensor>& pool = kept ? *kept : own;
-  if (pool.size() <= slot) pool.resize(slot + 1);
-  torch::Tensor& t = pool[slot];
-  if (!t.defined() || t.numel() < bytes || t.storage().use_count() != 1) t = torch::empty({bytes}, torch::kUInt8);
-  return t.narrow(0, 0, bytes);
+  return kept_bytes(kept ? *kept : own, slot, bytes);
 }
 
 std::span<uint8_t> bytes_of(const torch::Tensor& t) {
@@ -322,6 +314,14 @@ std::string backend_error(const std::exception& e) {
     out += line;
   }
   return out;
+}
+
+torch::Tensor kept_bytes(std::vector<torch::Tensor>& pool, size_t slot, int64_t bytes, torch::Device device) {
+  if (pool.size() <= slot) pool.resize(slot + 1);
+  torch::Tensor& t = pool[slot];
+  if (!t.defined() || t.numel() < bytes || t.device() != device || t.storage().use_count() != 1)
+    t = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  return t.narrow(0, 0, bytes);
 }
 
 std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const torch::Tensor& send,

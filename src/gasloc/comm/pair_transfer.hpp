@@ -97,6 +97,12 @@ std::vector<PeerResult> transfer_pairs(const std::vector<PairLink>& links, const
                                        std::vector<torch::Tensor>& into, const PairTransferOptions& o,
                                        int64_t* bytes_moved = nullptr);
 
+// Slot `slot` of `pool`: `bytes` bytes on `device`, the front of a byte buffer kept from call to
+// call at the largest size asked for, and replaced only while something else still holds it. A
+// fresh buffer's pages each cost a page fault when first written (about 10 ms a 10 MB buffer on
+// a virtual machine), several times what sealing them costs.
+torch::Tensor kept_bytes(std::vector<torch::Tensor>& pool, size_t slot, int64_t bytes, torch::Device device = torch::kCPU);
+
 // A dtype as messages name it ("float32"), from its c10::ScalarType number as headers carry it;
 // a number that is none says so.
 std::string dtype_name(int64_t scalar_type);

@@ -76,13 +76,10 @@ struct ProcessGroupComm::Impl {
   Arrivals arrivals;    // store-side records of the collectives each rank entered
   int64_t collective_seq = 0;  // this rank's current collective (its arrival number)
   // The sealed all-reduce's buffers (its padded tensor, a received chunk a peer, the fp32 sum of
-  // half-precision ones), kept from call to call: a fresh 268 MB buffer costs a page fault a page
-  // when first written, which on a virtual machine took several times the seal itself. They
-  // serve the overlapped all-reduce's thread, or a blocking call while nothing is in flight; a
-  // blocking call beside a flight allocates its own.
+  // half-precision ones), kept from call to call (kept_bytes says why; may_keep_buffers when).
   std::vector<torch::Tensor> reduce_bufs;
-  // The transport's sealing buffers, kept here for the same reason: an overlapped operation runs
-  // on a new thread each time, whose own would start empty. The same rule: not beside a flight.
+  // The transport's sealing buffers, kept here rather than per thread: an overlapped operation
+  // runs on a new thread each time, whose own would start empty.
   std::vector<torch::Tensor> seal_bufs;
   // A job with a secret: every transfer sealed (pair_transfer.hpp), and all-reduces and broadcasts
   // made of sealed transfers, since Gloo's own collectives move bytes in the clear.
@@ -138,6 +135,11 @@ struct ProcessGroupComm::Impl {
       throw CommError(fmt::format("rank {}: {} while an overlapped operation is in flight", o.rank, op),
                       "wait() for the operation in flight first: one at a time per worker");
   }
+
+  // Whether this call may use the kept buffers (reduce_bufs, seal_bufs): on the flight's thread,
+  // or while nothing is in flight; a blocking call beside a flight must not share them. On the
+  // flight's thread `flight` is not read: the caller's thread sets it.
+  bool may_keep_buffers() const { return on_flight_thread || !flight; }
 
   // Completes the operation in flight, if any; its failure is kept for its handle's wait().
   void land() {
@@ -385,7 +387,7 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   po.limit = limit.get();
   po.abort = abort;
   po.seal = sealing.get();
-  if (on_flight_thread || !flight) po.seal_buffers = &seal_bufs;
+  if (may_keep_buffers()) po.seal_buffers = &seal_bufs;
   int64_t moved = 0;
   const std::vector<PeerResult> results =
       per_peer ? transfer_pairs(links, *per_peer, got, po, &moved) : transfer_pairs(links, send, got, po, &moved);
@@ -422,18 +424,12 @@ int64_t ProcessGroupComm::Impl::sealed_all_reduce(torch::Tensor& t, const std::a
   std::vector<int> others;
   for (int r = 0; r < n; ++r)
     if (r != me) others.push_back(r);
-  // Slot k of reduce_bufs: `numel` elements of `dtype`, the front of a byte buffer kept at the
-  // largest size asked for (the small all-reduces of other dtypes between two of a model's must
-  // not shrink it).
+  // Slot k: `numel` elements of `dtype` from the kept byte buffers (kept_bytes: the small
+  // all-reduces of other dtypes between two of a model's do not shrink them).
   std::vector<torch::Tensor> own;
-  std::vector<torch::Tensor>& bufs = !on_flight_thread && flight ? own : reduce_bufs;
+  std::vector<torch::Tensor>& bufs = may_keep_buffers() ? reduce_bufs : own;
   auto reused = [&](size_t k, int64_t numel, c10::ScalarType dtype) {
-    if (bufs.size() <= k) bufs.resize(k + 1);
-    torch::Tensor& b = bufs[k];
-    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-    if (!b.defined() || b.numel() < bytes || b.device() != dev() || b.storage().use_count() != 1)
-      b = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(dev()));
-    return b.narrow(0, 0, bytes).view(dtype);
+    return kept_bytes(bufs, k, numel * static_cast<int64_t>(c10::elementSize(dtype)), dev()).view(dtype);
   };
   const int64_t N = t.numel(), C = (N + n - 1) / n;
   const auto dtype = t.scalar_type();
