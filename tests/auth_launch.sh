@@ -3,7 +3,8 @@
 #  1. gasloc secret --out FILE writes 64 hex characters with mode 0600 and refuses to overwrite;
 #  2. a secret others may read is refused (exit 2) with the chmod that fixes it;
 #  3. gasloc launch --secret-file runs a 2-rank Gloo training job to the end, and comm-check too;
-#     an elastic GASLoC job with the secret (its transfers sealed) computes the open run's bits;
+#     an elastic GASLoC job with the secret (its transfers sealed) computes the open run's bits,
+#     and so does a fixed-world one with overlapped rounds;
 #  4. at a `gasloc store --secret-file`, a rank with another secret, or with none, exits 2 at once
 #     naming cluster.secret_file, and the store goes on serving the job's real ranks;
 #  5. a secret with a command that is not gasloc's (c10d's TCPStore) is refused.
@@ -76,6 +77,19 @@ sealed=$(metric_rows erun-sealed eval_worker step worker val_loss | sort) open=$
 # Sealed, every payload carries a 16-byte tag: more bytes left than in the open run.
 sent_sealed=$(metric_rows erun-sealed train bytes_sent | tail -1) sent_open=$(metric_rows erun-open train bytes_sent | tail -1)
 [ "$sent_sealed" -gt "$sent_open" ] || fail "the sealed run sent $sent_sealed bytes, the open one $sent_open: were its transfers sealed?"
+
+# 3c. Overlapped rounds (algo.overlap_steps) in a fixed world: the stop check's and the
+# evaluation's sealed collectives run while a sealed round is in flight, on the same pairs. It
+# runs to the end with the open run's bits (it once failed at its first round).
+ojob=("${job[@]}" --set algo.name=gasloc --set algo.topology=1peer --set algo.overlap_steps=2 --set train.steps=20)
+for run in orun-sealed orun-open; do
+  secret=(); [ $run = orun-sealed ] && secret=(--secret-file job.secret)
+  timeout 240 "$G" launch -n 2 "${secret[@]}" -- "$G" train "${ojob[@]}" --set train.run_dir=$run > $run.log 2>&1 ||
+    fail "the overlapped job $run failed: $(tail -30 $run.log)"
+done
+sealed=$(metric_rows orun-sealed eval step val_loss) open=$(metric_rows orun-open eval step val_loss)
+[ "$(wc -l <<<"$sealed")" = 2 ] || fail "the sealed overlapped run wrote $(wc -l <<<"$sealed") evaluations, not 2: $sealed"
+[ "$sealed" = "$open" ] || fail "the sealed overlapped run's losses differ from the open run's: $sealed / $open"
 
 # 4. Ranks started by hand at a gasloc store with the secret.
 "$G" store --port 0 --job-id auth --secret-file job.secret > store.log 2>&1 &

@@ -23,7 +23,10 @@ namespace {
 
 constexpr int kHeader = 0, kPayload = 1;
 constexpr int64_t kMagic = 0x6761736c6f63;  // "gasloc": a header that is not ours is a bug, not data
-int make_tag(uint32_t call, int phase) { return static_cast<int>(((call & 0x0FFFFFFFu) << 2) | phase); }
+// A pair's tag: its call count (27 bits, wrapping), its lane and the phase, below Gloo's slots.
+int make_tag(uint32_t call, int lane, int phase) {
+  return static_cast<int>(((call & 0x07FFFFFFu) << 3) | (static_cast<uint32_t>(lane & 1) << 2) | static_cast<uint32_t>(phase));
+}
 
 // While a phase waits: aborts the works of a peer `gone` names, or of every peer once `abort` is
 // set. A Gloo wait cannot be cut short by a timeout without breaking its group, so it is aborted.
@@ -134,7 +137,7 @@ class Phase {
             const std::vector<uint32_t>& calls) {
     if (!live(k)) return true;
     const PairLink& l = links_[k];
-    const int tag = make_tag(calls[k], phase);
+    const int tag = make_tag(calls[k], l.lane, phase);
     try {
       if (what == Post::recv) {
         std::vector<at::Tensor> r{in[k]};

@@ -44,6 +44,10 @@ struct PairLink {
   C10dBackend* group = nullptr;    // the c10d group carrying the pair's transfers
   int remote = -1;                 // the peer's rank inside `group`
   uint32_t* calls = nullptr;       // the calls this pair made together (both ends count alike)
+  // 0: the caller's blocking calls; 1: an overlapped operation's, on a thread of its own beside
+  // them. Each lane counts its own calls (`calls`) and has tags of its own, so that a blocking
+  // call made while an overlapped one is in flight never takes the other's messages.
+  int lane = 0;
 };
 
 // How the call went with one peer: a typed result, never an undefined tensor to guess from.

@@ -65,8 +65,10 @@ struct ProcessGroupComm::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   BuiltBackend built;
   // Exchanges done with each peer (pair_transfer.hpp's tags; Gloo's collectives use slots with a
-  // non-zero prefix, so these small tags never collide with them).
-  std::vector<uint32_t> pair_calls;
+  // non-zero prefix, so these small tags never collide with them): the blocking calls', and
+  // apart from them an overlapped operation's, whose thread runs beside the caller's (a stop
+  // check's or an evaluation's sealed all-reduce may come while a round is in flight).
+  std::vector<uint32_t> pair_calls, flight_pair_calls;
   std::unique_ptr<LinkLimit> limit;  // network.throttle_gloo: shared with an overlapped exchange's thread
   CommStats stats;
   std::string broken;  // the first error; the group is unusable after it
@@ -103,9 +105,9 @@ struct ProcessGroupComm::Impl {
     int64_t seq = 0;    // its arrival number
     Clock::time_point ready{}, deadline{};  // the bandwidth limit's end; the timeout's
   };
-  // With a secret: every rank sends its buffer to every other over sealed transfers and sums
-  // them in id order ((n - 1) P a rank instead of the ring's 2 (n - 1)/n P), half precision in
-  // fp32, then / n: the in-process reference's bits. Returns the bytes moved each way.
+  // With a secret: a reduce-scatter and an all-gather over sealed transfers, the sums in id
+  // order, half precision in fp32, then / n: the in-process reference's bits (at its definition).
+  // Returns the bytes moved each way.
   int64_t sealed_all_reduce(torch::Tensor& t, const std::atomic<bool>* abort = nullptr);
   void check_reduce_input(const torch::Tensor& t) const;
   PostedReduce post_all_reduce(const torch::Tensor& t, bool overlapped);
@@ -321,6 +323,7 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
   I.o = o;
   I.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   I.pair_calls.assign(o.world, 0);
+  I.flight_pair_calls.assign(o.world, 0);
   I.limit = std::make_unique<LinkLimit>(o.bandwidth_limit_Bps);
   I.store = join_store(o);
   I.arrivals = Arrivals(I.store, o.rank, o.world);
@@ -329,7 +332,8 @@ ProcessGroupComm::ProcessGroupComm(const GlooOptions& o, const BackendBuilder& b
     // is new at every start: a pair and its call count name a channel once.
     I.sealing = std::make_unique<PairSealing>(PairSealing{
         o.job.secret, read_session_salt(I.store), o.job.token, [rank = o.rank](const PairLink& l, uint32_t call) {
-          return fmt::format("pg {}-{} call {}", std::min(rank, l.peer), std::max(rank, l.peer), call);
+          return fmt::format("pg {}-{} {}call {}", std::min(rank, l.peer), std::max(rank, l.peer),
+                             l.lane ? "overlapped " : "", call);
         }});
   }
   I.built = build(o, I.store);
@@ -373,7 +377,8 @@ int64_t ProcessGroupComm::Impl::exchange(const std::vector<int>& peers, const to
   const torch::Tensor send = staged(send_in, send_in.scalar_type());
   const bool on_other_device = send_in.device() != dev();
   std::vector<PairLink> links;
-  for (int p : peers) links.push_back({p, built.backend.get(), p, &pair_calls[p]});
+  const int lane = on_flight_thread ? 1 : 0;
+  for (int p : peers) links.push_back({p, built.backend.get(), p, lane ? &flight_pair_calls[p] : &pair_calls[p], lane});
   std::vector<torch::Tensor> got(peers.size());
   for (size_t k = 0; k < peers.size(); ++k)
     got[k] = on_other_device ? torch::empty_like(send, torch::MemoryFormat::Contiguous)
