@@ -11,13 +11,14 @@
 //                       [--data data/default] [--threads 0] [--rounds 1]
 //
 // --scale 1,64,256,1024 measures the simulator's overhead at those worker counts instead: wall
-// seconds per simulated inner step (every worker's steps over the cluster's wall time) against one
-// worker alone, with the cores shared as `gasloc train` shares them (cluster.compute_slots: the
+// seconds per simulated inner step (every worker's steps over the cluster's wall time, after a
+// warm-up round of 10 steps) against one worker alone and against lone workers pinned to every core, with the cores shared as `gasloc train` shares them (cluster.compute_slots: the
 // cores beyond 64 workers), and the memory each worker took (resident set, after the warm-up
 // step) beside train/host_fit.hpp's estimate.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <torch/torch.h>
 
@@ -30,6 +31,7 @@
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/core/error.hpp"
 #include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/host_fit.hpp"
 #include "gasloc/train/worker.hpp"
@@ -46,22 +48,92 @@ int64_t resident_bytes() {
   return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
-// The --scale table: n workers of GASLoC-1peer (H = 10) for `steps` steps each (the first a
-// warm-up), one LibTorch and one BLAS thread each and the cores shared as the trainer plans,
-// against one such worker alone: at best n workers take n / cores times its step.
+// This process's CPU seconds (user, system) and minor page faults so far.
+struct Usage {
+  double user = 0, sys = 0;
+  int64_t faults = 0;
+};
+Usage usage() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return {secs(u.ru_utime), secs(u.ru_stime), static_cast<int64_t>(u.ru_minflt)};
+}
+
+// Seconds for `timed` steps of each of `lanes` x `per_lane` workers without the simulator: a
+// thread per lane (the caller sets one LibTorch and one BLAS thread) steps its `per_lane` workers
+// in turn, one step each per pass, after `warmup` steps each; `pin`: lane c runs on CPU c. No
+// communication, no gate, no clock. The slowest lane's seconds: the lanes start together.
+double lone_workers_seconds(const train::JobConfig& job, const model::LlamaConfig& mc, const data::Dataset& ds, int lanes,
+                            int per_lane, int64_t warmup, int64_t timed, bool pin) {
+  std::barrier start(lanes);
+  std::vector<double> secs(static_cast<size_t>(lanes));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < lanes; ++c)
+    threads.emplace_back([&, c] {
+      if (pin) {
+        cpu_set_t one_cpu;
+        CPU_ZERO(&one_cpu);
+        CPU_SET(c, &one_cpu);
+        sched_setaffinity(0, sizeof(one_cpu), &one_cpu);
+      }
+      // Algorithm `none` never communicates, so its workers step outside the cluster's run().
+      comm::InProcCluster cluster(per_lane);
+      algo::AlgoConfig a;
+      a.name = "none";
+      std::vector<std::unique_ptr<train::Worker>> ws;
+      for (int r = 0; r < per_lane; ++r)
+        ws.push_back(std::make_unique<train::Worker>(job, mc, ds, cluster.comm(r), algo::make_synchronizer(a, 1, job.train.seed)));
+      for (int64_t s = 0; s < warmup; ++s)
+        for (auto& w : ws) w->step();
+      start.arrive_and_wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t s = 0; s < timed; ++s)
+        for (auto& w : ws) w->step();
+      secs[static_cast<size_t>(c)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& t : threads) t.join();
+  return *std::max_element(secs.begin(), secs.end());
+}
+
+// The --scale table: n workers of GASLoC-1peer (H = 10) for `steps` steps each, the first round
+// (10 steps) a warm-up that allocates what a round holds, one LibTorch and one BLAS thread each
+// and the cores shared as the trainer plans. Against two references, measured again before each
+// row (the fastest kept: on a shared machine other work only ever slows a run): one such worker
+// alone (n workers take at best n / cores times its step), and what the cores allow when all are
+// busy (one lone worker pinned to each core, all at once: they share caches and memory bandwidth),
+// and, beyond one worker a core, the same workers without the simulator (n / cores of them stepped
+// in turn on each pinned core: what n models' memory costs on this machine, whatever runs them).
 int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const data::Dataset& ds, const std::vector<int>& ns,
                 int64_t steps, int64_t forced_slots) {
+  constexpr int64_t kRound = 10, kReferenceSteps = 200;
+  if (steps <= kRound) throw Error(fmt::format("--scale needs --steps above {} (the first round is a warm-up)", kRound));
   torch::set_num_threads(1);
   const BlasThreads one(1);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  double one_step = 0.0;
-  fmt::print("bench_cluster --scale: preset {} ({:.3f}M params), B={} T={}, {} timed steps per worker, {} cores, one "
-             "thread of everything per worker\n",
-             job.model.preset.str(), mc.num_params() / 1e6, job.data.batch_size, job.data.seq_len, steps - 1, cores);
-  fmt::print("| workers | compute slots | wall s per simulated inner step | vs the ideal (one worker's step / {} cores) | "
-             "resident MB per worker | estimate MB per worker |\n| --- | --- | --- | --- | --- | --- |\n",
+  double one_step = 1e30, cores_step = 1e30;
+  fmt::print("bench_cluster --scale: preset {} ({:.3f}M params), B={} T={}, {} timed steps per worker after a warm-up "
+             "round of {}, {} cores, one thread of everything per worker\n",
+             job.model.preset.str(), mc.num_params() / 1e6, job.data.batch_size, job.data.seq_len, steps - kRound, kRound,
+             cores);
+  fmt::print("| workers | compute slots | wall s per simulated inner step | vs the ideal (one worker's step / {0} cores) | "
+             "vs what the cores allow ({0} pinned lone workers at once) | vs the same workers without the simulator (stepped "
+             "in turn on {0} pinned threads) | cores busy in user code | system share of CPU "
+             "time | page faults per step | resident MB per worker | estimate MB per worker |\n"
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
              cores);
   for (const int n : ns) {
+    one_step = std::min(one_step, lone_workers_seconds(job, mc, ds, 1, 1, kRound, kReferenceSteps, false) / kReferenceSteps);
+    cores_step = std::min(cores_step, lone_workers_seconds(job, mc, ds, cores, 1, kRound, kReferenceSteps, true) /
+                                          (kReferenceSteps * static_cast<double>(cores)));
+    // The same n workers without the simulator: n / cores stepped in turn on each pinned core.
+    double in_turn_step = 0.0;
+    if (n > cores) {
+      const int per_lane = (n + cores - 1) / cores;
+      const int64_t passes = std::max<int64_t>(3, kReferenceSteps / per_lane);
+      in_turn_step = lone_workers_seconds(job, mc, ds, cores, per_lane, 1, passes, true) /
+                     (static_cast<double>(passes) * per_lane * cores);
+    }
     train::JobConfig j = job;
     j.cluster.workers = n;
     j.cluster.compute_slots = forced_slots;
@@ -70,7 +142,7 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
     if (slots > 0) gate.emplace(slots);
     algo::AlgoConfig a;
     a.name = n == 1 ? "none" : "gasloc";
-    a.H = 10;
+    a.H = kRound;
     a.topology = "1peer";
     const int64_t before = resident_bytes();
     comm::InProcCluster cluster(n, comm::NetworkModel{}, 3600.0);
@@ -79,24 +151,34 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
       ws.push_back(std::make_unique<train::Worker>(j, mc, ds, cluster.comm(r), algo::make_synchronizer(a, n, job.train.seed)));
       ws.back()->share_cores(gate ? &*gate : nullptr);
     }
-    cluster.run([&](int r, comm::Communicator&) { ws[r]->step(); });  // warm-up
+    cluster.run([&](int r, comm::Communicator&) {
+      for (int64_t s = 0; s < kRound; ++s) ws[r]->step();
+    });
     const double per_worker_mb = static_cast<double>(resident_bytes() - before) / n / 1e6;
     const double state = static_cast<double>(ws[0]->optimizer_state_bytes() + ws[0]->sync_state_bytes()) / ws[0]->numel();
     const auto m = train::estimated_worker_memory(mc, j.data.batch_size, j.data.seq_len, state);
     const double estimate_mb = static_cast<double>(train::needed_bytes(m, n, slots > 0 ? slots : n)) / n / 1e6;
+    const Usage u0 = usage();
     const auto t0 = std::chrono::steady_clock::now();
     cluster.run([&](int r, comm::Communicator&) {
-      for (int64_t s = 1; s < steps; ++s) ws[r]->step();
+      for (int64_t s = kRound; s < steps; ++s) ws[r]->step();
     });
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double per_step = wall / (static_cast<double>(n) * static_cast<double>(steps - 1));
-    if (one_step == 0.0) one_step = per_step;
-    const double ideal = one_step / std::min(n, cores);
-    fmt::print("| {} | {} | {:.5f} | {:.2f} | {:.1f} | {:.1f} |\n", n, slots > 0 ? fmt::format("{}", slots) : "no gate",
-               per_step, per_step / ideal, per_worker_mb, estimate_mb);
+    const Usage u1 = usage();
+    const double worker_steps = static_cast<double>(n) * static_cast<double>(steps - kRound);
+    const double per_step = wall / worker_steps;
+    const int busy = std::min(n, cores);
+    fmt::print("| {} | {} | {:.5f} | {:.2f} | {:.2f} | {} | {:.2f} | {:.0f}% | {:.0f} | {:.1f} | {:.1f} |\n", n,
+               slots > 0 ? fmt::format("{}", slots) : "no gate", per_step, per_step / (one_step / busy),
+               per_step / (n >= cores ? cores_step : one_step / busy),
+               in_turn_step > 0 ? fmt::format("{:.2f}", per_step / in_turn_step) : "-", (u1.user - u0.user) / wall,
+               100 * (u1.sys - u0.sys) / std::max(1e-9, (u1.user - u0.user) + (u1.sys - u0.sys)),
+               static_cast<double>(u1.faults - u0.faults) / worker_steps, per_worker_mb, estimate_mb);
     std::fflush(stdout);
   }
-  fmt::print("(the first row is the one worker; issue 45's goal at 1,024 workers: at most 1.15 of the ideal)\n");
+  fmt::print("one worker alone: {:.5f} s a step; {} pinned lone workers at once: {:.5f} s a step each ({:.2f}x one "
+             "worker's throughput). Issue 45's goal at 1,024 workers: at most 1.15 of the ideal.\n",
+             one_step, cores, cores_step * cores, one_step / cores_step);
   return 0;
 }
 
@@ -155,33 +237,8 @@ int main(int argc, char** argv) {
     });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  // Seconds for `steps` inner steps of `cores` lone workers at once, each on a thread of its own
-  // pinned to its own core, one LibTorch and one BLAS thread each (the steps start together).
-  auto time_pinned = [&](int cores) {
-    std::barrier start(cores);
-    std::vector<double> secs(static_cast<size_t>(cores));
-    std::vector<std::thread> threads;
-    for (int c = 0; c < cores; ++c)
-      threads.emplace_back([&, c] {
-        cpu_set_t one_cpu;
-        CPU_ZERO(&one_cpu);
-        CPU_SET(c, &one_cpu);
-        sched_setaffinity(0, sizeof(one_cpu), &one_cpu);
-        comm::InProcCluster cluster(1);
-        algo::AlgoConfig a;
-        a.name = "none";
-        train::Worker w(job, mc, ds, cluster.comm(0), algo::make_synchronizer(a, 1, job.train.seed));
-        cluster.run([&](int, comm::Communicator&) { w.step(); });  // warm-up
-        start.arrive_and_wait();
-        const auto t0 = std::chrono::steady_clock::now();
-        cluster.run([&](int, comm::Communicator&) {
-          for (int64_t s = 1; s < steps; ++s) w.step();
-        });
-        secs[static_cast<size_t>(c)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      });
-    for (auto& t : threads) t.join();
-    return *std::max_element(secs.begin(), secs.end());
-  };
+  // Seconds for `steps` inner steps of `cores` lone workers at once, each pinned to its own core.
+  auto time_pinned = [&](int cores) { return lone_workers_seconds(job, mc, ds, cores, 1, 1, steps - 1, true); };
   if (!scale.empty()) return scale_table(job, mc, ds, scale, steps, slots);
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
   const int64_t planned = train::planned_streams(0, "cpu", batch, 1, std::thread::hardware_concurrency());

@@ -3,8 +3,12 @@
 // arithmetic and its refusal before a job too large starts.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <atomic>
+#include <barrier>
 #include <chrono>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -59,6 +63,53 @@ TEST(ComputeGate, TheFurthestBehindGoesFirst) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 0}));
   EXPECT_THROW(train::ComputeGate(0), Error);
+}
+
+namespace {
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+}  // namespace
+
+// As many slots as CPUs: the holders, all at once, each run on one CPU, a different one each, and
+// return to every CPU when they let go. One slot more than CPUs: nobody is confined.
+TEST(ComputeGate, EachSlotIsACpuWhenThereAreAsManySlotsAsCpus) {
+  const std::vector<int> all = allowed_cpus();
+  const int n = static_cast<int>(all.size());
+  for (const int slots : {n, n + 1}) {
+    train::ComputeGate gate(slots);
+    EXPECT_EQ(gate.pinned(), slots == n);
+    std::barrier all_inside(slots);
+    std::vector<std::vector<int>> inside(static_cast<size_t>(slots)), after(static_cast<size_t>(slots));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < slots; ++r)
+      threads.emplace_back([&, r] {
+        {
+          const train::ComputeGate::Slot slot(&gate, 0.0, r);
+          inside[static_cast<size_t>(r)] = allowed_cpus();
+          all_inside.arrive_and_wait();  // every slot held at once
+        }
+        after[static_cast<size_t>(r)] = allowed_cpus();
+      });
+    for (auto& t : threads) t.join();
+    std::set<int> used;
+    for (int r = 0; r < slots; ++r) {
+      EXPECT_EQ(after[static_cast<size_t>(r)], all) << "slots " << slots << ", holder " << r;
+      if (slots == n) {
+        ASSERT_EQ(inside[static_cast<size_t>(r)].size(), 1u) << "holder " << r;
+        used.insert(inside[static_cast<size_t>(r)][0]);
+      } else {
+        EXPECT_EQ(inside[static_cast<size_t>(r)], all) << "holder " << r;
+      }
+    }
+    if (slots == n) EXPECT_EQ(used, std::set<int>(all.begin(), all.end()));
+  }
 }
 
 // 10 workers of 100 MB state: 1 GB, which fits in 2 GB free and not in 1 GB (90% of it serves 9).

@@ -1,6 +1,8 @@
 // The cores shared by an in-process cluster's workers; see compute_gate.hpp.
 #include "gasloc/train/compute_gate.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <string>
 
@@ -8,11 +10,29 @@
 
 namespace gasloc::train {
 
+namespace {
+// Confines the calling thread to `cpus`. A failure (a cpuset changed under the process) leaves
+// the thread where it was: pinning is for speed, never for correctness.
+void run_on(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus) CPU_SET(c, &set);
+  (void)sched_setaffinity(0, sizeof(set), &set);
+}
+}  // namespace
+
 ComputeGate::ComputeGate(int slots) : slots_(slots) {
   if (slots < 1) throw Error("ComputeGate: slots must be >= 1, got " + std::to_string(slots));
+  for (int k = slots - 1; k >= 0; --k) free_.push_back(k);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus_.push_back(c);
+  if (static_cast<int>(cpus_.size()) != slots) cpus_.clear();
 }
 
-void ComputeGate::acquire(double clock, int rank) {
+int ComputeGate::acquire(double clock, int rank) {
   std::unique_lock lk(mu_);
   const std::pair<double, int> me{clock, rank};
   std::condition_variable mine;
@@ -22,11 +42,18 @@ void ComputeGate::acquire(double clock, int rank) {
   most_held_ = std::max(most_held_, ++held_);
   // Another slot may be free for the next in line.
   if (held_ < slots_ && !waiting_.empty()) waiting_.begin()->second->notify_one();
+  const int index = free_.back();
+  free_.pop_back();
+  lk.unlock();
+  if (pinned()) run_on({cpus_[static_cast<size_t>(index)]});
+  return index;
 }
 
-void ComputeGate::release() {
+void ComputeGate::release(int index) {
+  if (pinned()) run_on(cpus_);
   std::lock_guard lk(mu_);
   --held_;
+  free_.push_back(index);
   if (!waiting_.empty()) waiting_.begin()->second->notify_one();
 }
 
@@ -41,11 +68,11 @@ int ComputeGate::waiting() const {
 }
 
 ComputeGate::Slot::Slot(ComputeGate* gate, double clock, int rank) : gate_(gate) {
-  if (gate_) gate_->acquire(clock, rank);
+  if (gate_) index_ = gate_->acquire(clock, rank);
 }
 
 ComputeGate::Slot::~Slot() {
-  if (gate_) gate_->release();
+  if (gate_) gate_->release(index_);
 }
 
 }  // namespace gasloc::train
