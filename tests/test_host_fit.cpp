@@ -112,6 +112,16 @@ TEST(ComputeGate, EachSlotIsACpuWhenThereAreAsManySlotsAsCpus) {
   }
 }
 
+// nano (vocab 512: 164,160 parameters, `gasloc model-info --preset nano`) with 16 bytes a parameter
+// of state: 8 of parameters and gradients, 16 of state, 56 of a round's and a checkpoint's buffers
+// (what 256 GASLoC workers measured at their peak), and 1 MiB of thread and module objects.
+TEST(HostFit, AWorkersEstimateCountsTheBuffersEveryWorkerHoldsAtOnce) {
+  const auto nano = model::LlamaConfig::preset("nano");
+  ASSERT_EQ(nano.num_params(), 164160);
+  const auto m = train::estimated_worker_memory(nano, 8, 64, 16.0);
+  EXPECT_EQ(m.state_bytes, 164160LL * (8 + 16 + 56) + (1 << 20));
+}
+
 // 10 workers of 100 MB state: 1 GB, which fits in 2 GB free and not in 1 GB (90% of it serves 9).
 // Activations count once per worker computing at once: 10 MB state and 50 MB activations, 2 of
 // 10 computing, make 100 + 100 MB.

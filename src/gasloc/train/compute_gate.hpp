@@ -12,7 +12,7 @@
 //
 // With as many slots as CPUs this process may run on, each slot is one CPU: a holder runs on its
 // slot's CPU and returns to all of them when it lets go. Why: unpinned, the worker woken for a
-// freed slot is often queued behind the other holder while the freed CPU idles (1,024 nano
+// freed slot is often queued behind the other holder while the freed CPU idles (256 nano
 // workers on 2 cores kept 1.74 of them busy; pinned, 1.90; bench_cluster --scale).
 #pragma once
 #include <condition_variable>

@@ -18,6 +18,13 @@ namespace {
 constexpr int kUngatedWorkers = 64;
 // A worker's thread (the stack it touches) and its model's module objects.
 constexpr int64_t kFixedBytes = 1 << 20;
+// What every worker holds at once, though briefly, since neither is gated: a round's buffers (the
+// message, what arrives, the outer step's temporaries) and a checkpoint's (the state dict and its
+// serialized bytes). glibc keeps what was freed (model/fused.cpp keep_freed_memory), so the peak
+// stays resident. 256 nano GASLoC-1peer workers peaked at 16.8 and 18.4 MB each in two runs
+// (`gasloc train`, 21 steps: two rounds and the final checkpoint), where parameters, gradients
+// and state made 5.6.
+constexpr double kTransientBytesPerParam = 56;
 }  // namespace
 
 WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch_size, int64_t seq_len,
@@ -27,7 +34,8 @@ WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch
   const double T = static_cast<double>(seq_len), tokens = static_cast<double>(batch_size) * T;
   const double per_token_layer = 10 * C + 3 * F + static_cast<double>(mc.n_heads) * T;
   const double activations = 4 * tokens * (static_cast<double>(mc.n_layers) * per_token_layer + 3 * static_cast<double>(mc.vocab_size));
-  return {static_cast<int64_t>(P * (8 + state_bytes_per_param)) + kFixedBytes, static_cast<int64_t>(activations)};
+  return {static_cast<int64_t>(P * (8 + state_bytes_per_param + kTransientBytesPerParam)) + kFixedBytes,
+          static_cast<int64_t>(activations)};
 }
 
 int64_t needed_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent) {
@@ -49,15 +57,16 @@ int64_t available_memory_bytes() {
 std::string check_workers_fit(int64_t workers, const WorkerMemory& m, int64_t concurrent, int64_t available) {
   const double need = static_cast<double>(needed_bytes(m, workers, concurrent));
   const double per_worker = need / static_cast<double>(std::max<int64_t>(1, workers));
-  const std::string line = fmt::format("memory: about {:.2f} GB for {} workers ({:.1f} MB of state each, {:.1f} MB of "
-                                       "activations for each of the {} computing at once); {} free",
+  const std::string line = fmt::format("memory: about {:.2f} GB for {} workers ({:.1f} MB of state and buffers each, "
+                                       "{:.1f} MB of activations for each of the {} computing at once); {} free",
                                        need / 1e9, workers, m.state_bytes / 1e6, m.activation_bytes / 1e6,
                                        std::min(workers, concurrent),
                                        available < 0 ? std::string("unknown") : fmt::format("{:.2f} GB", available / 1e9));
   if (available >= 0 && need > 0.9 * static_cast<double>(available))
     throw ConfigError(fmt::format("config key 'cluster.workers': {} workers in this process need about {:.2f} GB "
-                                  "(parameters, gradients, optimizer and algorithm state, and the activations of one "
-                                  "batch for each worker computing at once), more than 90% of the {:.2f} GB this host has free",
+                                  "(parameters, gradients, optimizer and algorithm state, a round's and a checkpoint's "
+                                  "buffers, and the activations of one batch for each worker computing at once), more "
+                                  "than 90% of the {:.2f} GB this host has free",
                                   workers, need / 1e9, available / 1e9),
                       fmt::format("run at most {} workers here, a smaller model (model.preset; `gasloc model-info` prints "
                                   "its size) or batch, or spread them over hosts with gasloc launch",

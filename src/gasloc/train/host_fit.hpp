@@ -14,7 +14,9 @@ namespace gasloc::train {
 // One worker's memory, estimated from the model's shape and the job's batch.
 struct WorkerMemory {
   // Held for the whole run: parameters, gradients, `state_bytes_per_param` of optimizer and
-  // algorithm state, and a fixed part for its thread and model objects.
+  // algorithm state, a fixed part for its thread and model objects, and the buffers every worker
+  // holds at once at a round's end and while checkpoints are written (56 bytes a parameter,
+  // measured: host_fit.cpp).
   int64_t state_bytes = 0;
   // Held while it steps: the activations autograd keeps for one batch (fp32: per token and layer
   // the block's inputs, projections, attention weights over the sequence and the SwiGLU's three
