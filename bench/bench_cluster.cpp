@@ -12,9 +12,11 @@
 //
 // --scale 1,64,256,1024 measures the simulator's overhead at those worker counts instead: wall
 // seconds per simulated inner step (every worker's steps over the cluster's wall time, after a
-// warm-up round of 10 steps) against one worker alone and against lone workers pinned to every core, with the cores shared as `gasloc train` shares them (cluster.compute_slots: the
-// cores beyond 64 workers), and the memory each worker took (resident set, after the warm-up
-// step) beside train/host_fit.hpp's estimate.
+// warm-up round of 10 steps), with the cores shared as `gasloc train` shares them
+// (cluster.compute_slots: the cores beyond 64 workers), against one worker alone, lone workers
+// pinned to every core, and the same workers stepped in turn without the simulator; and the
+// memory each worker took (resident set, after the warm-up round) beside train/host_fit.hpp's
+// estimate.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sched.h>
