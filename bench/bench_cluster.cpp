@@ -33,6 +33,7 @@
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/host_fit.hpp"
@@ -64,11 +65,13 @@ Usage usage() {
 
 // Seconds for `timed` steps of each of `lanes` x `per_lane` workers without the simulator: a
 // thread per lane (the caller sets one LibTorch and one BLAS thread) steps its `per_lane` workers
-// in turn, one step each per pass, after `warmup` steps each; `pin`: lane c runs on CPU c. No
-// communication, no gate, no clock. The slowest lane's seconds: the lanes start together.
+// in turn, one step each per pass, after `warmup` steps each; `pin`: lane c runs on the c-th CPU
+// this process may use. No communication, no gate, no clock. The slowest lane's seconds: the
+// lanes start together.
 double lone_workers_seconds(const train::JobConfig& job, const model::LlamaConfig& mc, const data::Dataset& ds, int lanes,
                             int per_lane, int64_t warmup, int64_t timed, bool pin) {
   std::barrier start(lanes);
+  const std::vector<int> cpus = usable_cpu_ids();
   std::vector<double> secs(static_cast<size_t>(lanes));
   std::vector<std::thread> threads;
   for (int c = 0; c < lanes; ++c)
@@ -76,7 +79,7 @@ double lone_workers_seconds(const train::JobConfig& job, const model::LlamaConfi
       if (pin) {
         cpu_set_t one_cpu;
         CPU_ZERO(&one_cpu);
-        CPU_SET(c, &one_cpu);
+        CPU_SET(cpus[static_cast<size_t>(c) % cpus.size()], &one_cpu);
         sched_setaffinity(0, sizeof(one_cpu), &one_cpu);
       }
       // Algorithm `none` never communicates, so its workers step outside the cluster's run().
@@ -112,7 +115,7 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
   if (steps <= kRound) throw Error(fmt::format("--scale needs --steps above {} (the first round is a warm-up)", kRound));
   torch::set_num_threads(1);
   const BlasThreads one(1);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = usable_cpus();
   double one_step = 1e30, cores_step = 1e30;
   fmt::print("bench_cluster --scale: preset {} ({:.3f}M params), B={} T={}, {} timed steps per worker after a warm-up "
              "round of {}, {} cores, one thread of everything per worker\n",
@@ -243,7 +246,7 @@ int main(int argc, char** argv) {
   auto time_pinned = [&](int cores) { return lone_workers_seconds(job, mc, ds, cores, 1, 1, steps - 1, true); };
   if (!scale.empty()) return scale_table(job, mc, ds, scale, steps, slots);
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
-  const int64_t planned = train::planned_streams(0, "cpu", batch, 1, std::thread::hardware_concurrency());
+  const int64_t planned = train::planned_streams(0, "cpu", batch, 1, usable_cpus());
   const int default_threads = torch::get_num_threads();
   const int one_threads = threads > 0 ? static_cast<int>(threads) : default_threads;
   // One worker and the cluster with one BLAS thread each alternate `rounds` times and the fastest
@@ -251,7 +254,7 @@ int main(int argc, char** argv) {
   // exposes both to it alike.
   std::vector<double> t1s, t1plans, tn1s, tcores, tpinned;
   bool blas_control = false;
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = usable_cpus();
   for (int r = 0; r < rounds; ++r) {
     torch::set_num_threads(one_threads);
     t1s.push_back(time_cluster(1, "none"));
@@ -260,12 +263,12 @@ int main(int argc, char** argv) {
       t1plans.push_back(time_cluster(1, "none", planned));
     }
     {
-      // One core's work: one worker with one thread of everything, pinned to CPU 0 (its thread
+      // One core's work: one worker with one thread of everything, pinned to the first CPU it may use (its thread
       // inherits this thread's affinity). `cores` times this is what the cores can do at best.
       cpu_set_t all, one_cpu;
       sched_getaffinity(0, sizeof(all), &all);
       CPU_ZERO(&one_cpu);
-      CPU_SET(0, &one_cpu);
+      CPU_SET(usable_cpu_ids().front(), &one_cpu);
       sched_setaffinity(0, sizeof(one_cpu), &one_cpu);
       torch::set_num_threads(1);
       const BlasThreads single(1);

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/host_fit.hpp"
@@ -65,22 +66,10 @@ TEST(ComputeGate, TheFurthestBehindGoesFirst) {
   EXPECT_THROW(train::ComputeGate(0), Error);
 }
 
-namespace {
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
-}
-}  // namespace
-
 // As many slots as CPUs: the holders, all at once, each run on one CPU, a different one each, and
 // return to every CPU when they let go. One slot more than CPUs: nobody is confined.
 TEST(ComputeGate, EachSlotIsACpuWhenThereAreAsManySlotsAsCpus) {
-  const std::vector<int> all = allowed_cpus();
+  const std::vector<int> all = usable_cpu_ids();
   const int n = static_cast<int>(all.size());
   for (const int slots : {n, n + 1}) {
     train::ComputeGate gate(slots);
@@ -92,10 +81,10 @@ TEST(ComputeGate, EachSlotIsACpuWhenThereAreAsManySlotsAsCpus) {
       threads.emplace_back([&, r] {
         {
           const train::ComputeGate::Slot slot(&gate, 0.0, r);
-          inside[static_cast<size_t>(r)] = allowed_cpus();
+          inside[static_cast<size_t>(r)] = usable_cpu_ids();
           all_inside.arrive_and_wait();  // every slot held at once
         }
-        after[static_cast<size_t>(r)] = allowed_cpus();
+        after[static_cast<size_t>(r)] = usable_cpu_ids();
       });
     for (auto& t : threads) t.join();
     std::set<int> used;
@@ -110,6 +99,27 @@ TEST(ComputeGate, EachSlotIsACpuWhenThereAreAsManySlotsAsCpus) {
     }
     if (slots == n) EXPECT_EQ(used, std::set<int>(all.begin(), all.end()));
   }
+}
+
+// A process confined to fewer CPUs than the host has (taskset, a container's cpuset): the gate
+// gets as many slots as the CPUs it may use, and so still gives each slot a CPU of its own. With
+// the host's count it would get more slots than CPUs, and pin none. Checked in a thread confined
+// to one CPU, which needs a host of two or more.
+TEST(HostFit, ComputeSlotsAreTheCpusThisProcessMayUseNotTheHosts) {
+  const std::vector<int> all = usable_cpu_ids();
+  if (all.size() < 2) GTEST_SKIP() << "needs 2 or more CPUs to confine a thread to fewer";
+  train::JobConfig job;
+  EXPECT_EQ(train::planned_compute_slots(job, 1024), static_cast<int>(all.size()));
+  std::thread confined([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(all.back(), &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    EXPECT_EQ(train::planned_compute_slots(job, 1024), 1);
+    EXPECT_TRUE(train::ComputeGate(train::planned_compute_slots(job, 1024)).pinned());
+    EXPECT_EQ(train::planned_compute_slots(job, 64), 0);  // few workers: no gate
+  });
+  confined.join();
 }
 
 // nano (vocab 512: 164,160 parameters, `gasloc model-info --preset nano`) with 16 bytes a parameter

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/rng.hpp"
 #include "gasloc/data/corpus.hpp"
@@ -280,7 +281,7 @@ PrepareResult prepare(const PrepareOptions& opt, const std::function<void(const 
     throw DataError("'" + opt.out.string() + "' already holds a prepared dataset: preparing into it would replace the data "
                         "that runs trained on",
                     "choose another --out, or pass --force to replace it");
-  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = opt.threads > 0 ? opt.threads : usable_cpus();
 
   std::vector<std::string> docs;
   DatasetMeta meta;

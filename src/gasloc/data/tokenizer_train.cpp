@@ -7,9 +7,9 @@
 
 #include <atomic>
 #include <fstream>
-#include <thread>
 #include <unordered_map>
 
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/spm_runtime.hpp"
 #include "gasloc/data/tokenizer.hpp"
@@ -127,7 +127,7 @@ Tokenizer Tokenizer::train_bpe(const std::vector<std::string_view>& sentences, c
       throw DataError("cannot write the tokenizer training text to '" + tmp.path.string() + "'",
                       "check free disk space and that the output directory is writable");
   }
-  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = opt.threads > 0 ? opt.threads : usable_cpus();
   const std::unordered_map<std::string, std::string> args = {
       {"input", tmp.path.string()},
       {"model_type", "bpe"},

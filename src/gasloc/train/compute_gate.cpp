@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::train {
@@ -24,11 +25,7 @@ void run_on(const std::vector<int>& cpus) {
 ComputeGate::ComputeGate(int slots) : slots_(slots) {
   if (slots < 1) throw Error("ComputeGate: slots must be >= 1, got " + std::to_string(slots));
   for (int k = slots - 1; k >= 0; --k) free_.push_back(k);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus_.push_back(c);
+  cpus_ = usable_cpu_ids();
   if (static_cast<int>(cpus_.size()) != slots) cpus_.clear();
 }
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::train {
@@ -78,7 +78,7 @@ int planned_compute_slots(const JobConfig& job, int local_workers) {
   if (job.cluster.backend != "inproc") return 0;
   if (job.cluster.compute_slots > 0) return static_cast<int>(job.cluster.compute_slots);
   if (local_workers <= kUngatedWorkers) return 0;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return usable_cpus();
 }
 
 }  // namespace gasloc::train

@@ -33,8 +33,8 @@ int64_t available_memory_bytes();
 // Refuses, naming cluster.workers and the estimate, workers that would need more than 90% of
 // `available` bytes (no check when available < 0). Returns the line the run prints.
 std::string check_workers_fit(int64_t workers, const WorkerMemory& m, int64_t concurrent, int64_t available);
-// How many in-process workers compute at once: cluster.compute_slots, or for 0 the cores when
-// there are more than 64 local workers; 0: no gate.
+// How many in-process workers compute at once: cluster.compute_slots, or for 0 the CPUs this
+// process may use (core/cpus.hpp) when there are more than 64 local workers; 0: no gate.
 int planned_compute_slots(const JobConfig& job, int local_workers);
 
 }  // namespace gasloc::train

@@ -9,11 +9,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <unistd.h>
 
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/core/atomic_file.hpp"
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::train {
@@ -117,7 +117,7 @@ nlohmann::json with_planned_streams(nlohmann::json config) {
   const auto data = config.value("data", nlohmann::json::object()), cluster = config.value("cluster", nlohmann::json::object());
   if (train["streams"].is_number_integer() && train["streams"].get<int64_t>() == 0)
     train["streams"] = planned_streams(0, train.value("device", std::string("cpu")), data.value("batch_size", int64_t{1}),
-                                       cluster.value("workers", 1), std::thread::hardware_concurrency());
+                                       cluster.value("workers", 1), usable_cpus());
   return config;
 }
 }  // namespace

@@ -4,9 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "gasloc/algo/registry.hpp"
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/secret.hpp"
 
@@ -116,7 +116,7 @@ int64_t prepare_start(const TrainRequest& req, const Run& run, const RunCheckpoi
 int planned_blas_threads(const JobConfig& job, int local_workers, int host_processes) {
   if (job.train.blas_threads > 0) return static_cast<int>(job.train.blas_threads);
   if (local_workers > 1 || job.train.streams > 1) return 1;
-  if (host_processes > 1) return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / host_processes);
+  if (host_processes > 1) return std::max(1, usable_cpus() / host_processes);
   return 0;
 }
 
@@ -127,7 +127,7 @@ void print_thread_plan(const JobConfig& job, int local_workers, int host_process
                                                                     planned_blas_threads(job, local_workers, host_processes));
   if (host_processes > 1 && local_workers == 1 && job.train.streams == 1) {
     fmt::print("{} processes of this job on this host (LOCAL_WORLD_SIZE) share its {} cores: {} each{}\n", host_processes,
-               std::thread::hardware_concurrency(), blas, job.train.blas_threads > 0 ? "" : " (train.blas_threads overrides)");
+               usable_cpus(), blas, job.train.blas_threads > 0 ? "" : " (train.blas_threads overrides)");
     return;
   }
   fmt::print("{} worker thread(s) in this process{}, {}\n", local_workers,

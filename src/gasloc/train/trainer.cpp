@@ -5,11 +5,11 @@
 
 #include <limits>
 #include <optional>
-#include <thread>
 
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/core/cpus.hpp"
 #include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/coordination.hpp"
 #include "gasloc/train/host_fit.hpp"
@@ -147,7 +147,7 @@ TrainSummary run_training(const TrainRequest& req) {
   // The thread plan: run.json records the stream count the run used (a resume keeps it).
   const bool auto_streams = job.train.streams == 0;
   job.train.streams = planned_streams(job.train.streams, job.train.device, job.data.batch_size, world,
-                                      std::thread::hardware_concurrency());
+                                      usable_cpus());
   const Run run(job, mc, world);
   comm::Communicator* processes = cluster->processes();
   const auto coord = make_coordination(*cluster, job);
