@@ -123,13 +123,17 @@ TEST(HostFit, ComputeSlotsAreTheCpusThisProcessMayUseNotTheHosts) {
 }
 
 // nano (vocab 512: 164,160 parameters, `gasloc model-info --preset nano`) with 16 bytes a parameter
-// of state: 8 of parameters and gradients, 16 of state, 56 of a round's and a checkpoint's buffers
-// (what 256 GASLoC workers measured at their peak), and 1 MiB of thread and module objects.
+// of state: held by every worker, 8 of parameters and gradients, 16 of state, 40 of a round's
+// buffers and 1 MiB of thread and module objects; held while it writes a checkpoint, 24 (what
+// 256 GASLoC workers measured at their peak, with a margin: host_fit.cpp). 1,024 such workers, 2
+// computing at once: every worker's state, and 2 workers' activations and checkpoint bytes.
 TEST(HostFit, AWorkersEstimateCountsTheBuffersEveryWorkerHoldsAtOnce) {
   const auto nano = model::LlamaConfig::preset("nano");
   ASSERT_EQ(nano.num_params(), 164160);
   const auto m = train::estimated_worker_memory(nano, 8, 64, 16.0);
-  EXPECT_EQ(m.state_bytes, 164160LL * (8 + 16 + 56) + (1 << 20));
+  EXPECT_EQ(m.state_bytes, 164160LL * (8 + 16 + 40) + (1 << 20));
+  EXPECT_EQ(m.checkpoint_bytes, 164160LL * 24);
+  EXPECT_EQ(train::needed_bytes(m, 1024, 2), 1024 * m.state_bytes + 2 * (m.activation_bytes + m.checkpoint_bytes));
 }
 
 // 10 workers of 100 MB state: 1 GB, which fits in 2 GB free and not in 1 GB (90% of it serves 9).
@@ -150,6 +154,7 @@ TEST(HostFit, TheCheckIsTheEstimateAgainstNinetyPercentOfWhatIsFree) {
   }
   EXPECT_EQ(train::needed_bytes({10'000'000, 50'000'000}, 10, 2), 200'000'000);
   EXPECT_EQ(train::needed_bytes({10'000'000, 50'000'000}, 10, 64), 600'000'000);  // no more than the workers
+  EXPECT_EQ(train::needed_bytes({10'000'000, 50'000'000, 5'000'000}, 10, 2), 210'000'000);  // checkpoints in turns too
   EXPECT_GT(train::available_memory_bytes(), 0);  // Linux: /proc/meminfo has MemAvailable
 }
 
@@ -175,6 +180,27 @@ TEST_F(ManyWorkers, OneSlotForFourWorkersGivesTheSameBits) {
   ASSERT_EQ(free_for_all.train_losses.size(), 30u);
   EXPECT_EQ(one_slot.train_losses, free_for_all.train_losses);
   EXPECT_EQ(one_slot.final_val_loss, free_for_all.final_val_loss);
+}
+
+// Checkpoints written in turns (one slot for four workers: rank_loop.cpp writes in a slot) hold
+// the same state: stopped at step 15 and resumed, the gated run continues with the bits of the
+// run that never stopped.
+TEST_F(ManyWorkers, CheckpointsWrittenInTurnsResumeBitExactly) {
+  const std::vector<std::string> job = {"train.steps=30", "train.eval_every=10", "cluster.workers=4", "algo.name=gasloc",
+                                        "algo.topology=2peer", "algo.H=5", "cluster.compute_slots=1"};
+  const auto whole = train::run_training(test_util::nano_request(root_, "whole", job));
+  auto halves = job;
+  halves.push_back("train.stop_at=15");
+  const auto first = train::run_training(test_util::nano_request(root_, "halves", halves));
+  train::TrainRequest again;
+  again.quiet = true;
+  again.resume_dir = (root_ / "halves").string();
+  const auto second = train::run_training(again);
+  ASSERT_EQ(whole.train_losses.size(), 30u);
+  ASSERT_EQ(first.train_losses.size(), 15u);
+  ASSERT_EQ(second.train_losses.size(), 15u);
+  for (size_t i = 0; i < 15; ++i) EXPECT_EQ(second.train_losses[i], whole.train_losses[15 + i]) << "step " << 16 + i;
+  EXPECT_EQ(second.final_val_loss, whole.final_val_loss);
 }
 
 // 4,096 workers of the small preset (~25M parameters each) need terabytes: refused at the start,

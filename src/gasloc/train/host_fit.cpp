@@ -18,13 +18,19 @@ namespace {
 constexpr int kUngatedWorkers = 64;
 // A worker's thread (the stack it touches) and its model's module objects.
 constexpr int64_t kFixedBytes = 1 << 20;
-// What every worker holds at once, though briefly, since neither is gated: a round's buffers (the
-// message, what arrives, the outer step's temporaries) and a checkpoint's (the state dict and its
-// serialized bytes). glibc keeps what was freed (model/fused.cpp keep_freed_memory), so the peak
-// stays resident. 256 nano GASLoC-1peer workers peaked at 16.8 and 18.4 MB each in two runs
-// (`gasloc train`, 21 steps: two rounds and the final checkpoint), where parameters, gradients
-// and state made 5.6.
-constexpr double kTransientBytesPerParam = 56;
+// What every worker holds at once, though briefly, since it is not gated: a round's buffers (the
+// message, what arrives, the outer step's temporaries). glibc keeps what was freed
+// (model/fused.cpp keep_freed_memory), so the peak stays resident.
+constexpr double kRoundBytesPerParam = 40;
+// What a worker holds while it writes a checkpoint (its serialized bytes): beyond 64 in-process
+// workers only the compute slots' holders write at once (rank_loop.cpp), below it every worker.
+constexpr double kCheckpointBytesPerParam = 24;
+// Measured: 256 nano GASLoC-1peer workers (vocab 1,024: 229,376 parameters; `gasloc train`, 20
+// steps, H = 10, an evaluation and a checkpoint every 10) peaked at 13.5 MB each (2peer 13.6,
+// DiLoCo 13.0) with checkpoints written in slots, and at 16.5 and 17.7 MB each (21 steps, the
+// final checkpoint only) with every worker writing at once; parameters, gradients and state made
+// 5.5 of it: a round's buffers about 31 bytes a parameter, a checkpoint's about 18. The constants
+// above keep a margin over both.
 }  // namespace
 
 WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch_size, int64_t seq_len,
@@ -34,12 +40,12 @@ WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch
   const double T = static_cast<double>(seq_len), tokens = static_cast<double>(batch_size) * T;
   const double per_token_layer = 10 * C + 3 * F + static_cast<double>(mc.n_heads) * T;
   const double activations = 4 * tokens * (static_cast<double>(mc.n_layers) * per_token_layer + 3 * static_cast<double>(mc.vocab_size));
-  return {static_cast<int64_t>(P * (8 + state_bytes_per_param + kTransientBytesPerParam)) + kFixedBytes,
-          static_cast<int64_t>(activations)};
+  return {static_cast<int64_t>(P * (8 + state_bytes_per_param + kRoundBytesPerParam)) + kFixedBytes,
+          static_cast<int64_t>(activations), static_cast<int64_t>(P * kCheckpointBytesPerParam)};
 }
 
 int64_t needed_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent) {
-  return workers * m.state_bytes + std::min(workers, concurrent) * m.activation_bytes;
+  return workers * m.state_bytes + std::min(workers, concurrent) * (m.activation_bytes + m.checkpoint_bytes);
 }
 
 int64_t available_memory_bytes() {
@@ -58,14 +64,15 @@ std::string check_workers_fit(int64_t workers, const WorkerMemory& m, int64_t co
   const double need = static_cast<double>(needed_bytes(m, workers, concurrent));
   const double per_worker = need / static_cast<double>(std::max<int64_t>(1, workers));
   const std::string line = fmt::format("memory: about {:.2f} GB for {} workers ({:.1f} MB of state and buffers each, "
-                                       "{:.1f} MB of activations for each of the {} computing at once); {} free",
-                                       need / 1e9, workers, m.state_bytes / 1e6, m.activation_bytes / 1e6,
+                                       "{:.1f} MB of activations and checkpoint bytes for each of the {} computing at once); {} free",
+                                       need / 1e9, workers, m.state_bytes / 1e6,
+                                       static_cast<double>(m.activation_bytes + m.checkpoint_bytes) / 1e6,
                                        std::min(workers, concurrent),
                                        available < 0 ? std::string("unknown") : fmt::format("{:.2f} GB", available / 1e9));
   if (available >= 0 && need > 0.9 * static_cast<double>(available))
     throw ConfigError(fmt::format("config key 'cluster.workers': {} workers in this process need about {:.2f} GB "
-                                  "(parameters, gradients, optimizer and algorithm state, a round's and a checkpoint's "
-                                  "buffers, and the activations of one batch for each worker computing at once), more "
+                                  "(parameters, gradients, optimizer and algorithm state, a round's buffers, and one "
+                                  "batch's activations and a checkpoint's bytes for each worker computing at once), more "
                                   "than 90% of the {:.2f} GB this host has free",
                                   workers, need / 1e9, available / 1e9),
                       fmt::format("run at most {} workers here, a smaller model (model.preset; `gasloc model-info` prints "

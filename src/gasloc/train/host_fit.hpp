@@ -15,18 +15,22 @@ namespace gasloc::train {
 struct WorkerMemory {
   // Held for the whole run: parameters, gradients, `state_bytes_per_param` of optimizer and
   // algorithm state, a fixed part for its thread and model objects, and the buffers every worker
-  // holds at once at a round's end and while checkpoints are written (56 bytes a parameter,
-  // measured: host_fit.cpp).
+  // holds at once at a round's end (40 bytes a parameter, measured: host_fit.cpp).
   int64_t state_bytes = 0;
   // Held while it steps: the activations autograd keeps for one batch (fp32: per token and layer
   // the block's inputs, projections, attention weights over the sequence and the SwiGLU's three
   // widths; per token the logits three times: values, softmax, gradient). Freed after the step,
   // so only the workers computing at once hold them.
   int64_t activation_bytes = 0;
+  // Held while it writes a checkpoint: the serialized bytes (24 bytes a parameter, measured).
+  // Workers that share the cores write in turns (rank_loop.cpp), so, like the activations, only
+  // those computing at once hold them.
+  int64_t checkpoint_bytes = 0;
 };
 WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch_size, int64_t seq_len,
                                      double state_bytes_per_param);
-// `workers` workers' state and the activations of the `concurrent` of them that compute at once.
+// `workers` workers' state, and the activations and checkpoint bytes of the `concurrent` of them
+// that compute at once.
 int64_t needed_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent);
 // MemAvailable of /proc/meminfo, in bytes; -1 where it cannot be read.
 int64_t available_memory_bytes();

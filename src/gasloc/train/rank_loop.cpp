@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "gasloc/core/error.hpp"
+#include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/signals.hpp"
 
 namespace gasloc::train {
@@ -215,7 +216,13 @@ class Checkpointer {
     c.meta["step"] = step;
     c.meta["counters"] = s_.counters(rank_, c_, w_.compute_wall_s()).to_json();
     c.tensors = w_.state();
-    s_.checkpoints.write(step, rank_, c);
+    {
+      // Written in a compute slot: the serialized bytes of the state are then held by as many
+      // workers at once as there are slots, not by every in-process worker (train/host_fit.cpp).
+      const ComputeGate::Slot slot(w_.shared_cores(), c_.now(), rank_);
+      s_.checkpoints.write(step, rank_, c);
+      c.tensors.clear();
+    }
     s_.coord->commit(rank_, step, s_.checkpoints);
     s_.committed[rank_] = step;
   }

@@ -89,9 +89,11 @@ class Worker {
   // joiner takes it, keeping only its own random generator: its data stream stays its own,
   // advanced to the donor's position. False when a joiner got nothing (its donor died at it).
   bool heal(const algo::HealPlan& plan);
-  // In-process workers beyond the cores take turns at them (compute_gate.hpp): each step's compute
-  // and each evaluation then wait for a slot of `gate` (null: no gate). The bits do not change.
+  // In-process workers beyond the cores take turns at them (compute_gate.hpp): each step's compute,
+  // each evaluation and each checkpoint's write then wait for a slot of `gate` (null: no gate).
+  // The bits do not change.
   void share_cores(ComputeGate* gate) { gate_ = gate; }
+  ComputeGate* shared_cores() const { return gate_; }
 
  private:
   // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
