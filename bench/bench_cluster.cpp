@@ -16,10 +16,14 @@
 // (cluster.compute_slots: the cores beyond 64 workers), against one worker alone, lone workers
 // pinned to every core, and the same workers stepped in turn without the simulator; and the
 // memory each worker took (resident set, after the warm-up round) beside train/host_fit.hpp's
-// estimate.
+// estimate. Each row runs in a process of its own, as `gasloc train` runs one cluster a process:
+// 1,024 workers measured after the smaller rows in the same process were up to 1.4x slower than
+// alone (what the earlier rows freed, spread over glibc's arenas, faulted in again).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sched.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <torch/torch.h>
@@ -103,30 +107,35 @@ double lone_workers_seconds(const train::JobConfig& job, const model::LlamaConfi
 
 // The --scale table: n workers of GASLoC-1peer (H = 10) for `steps` steps each, the first round
 // (10 steps) a warm-up that allocates what a round holds, one LibTorch and one BLAS thread each
-// and the cores shared as the trainer plans. Against two references, measured again before each
-// row (the fastest kept: on a shared machine other work only ever slows a run): one such worker
-// alone (n workers take at best n / cores times its step), and what the cores allow when all are
-// busy (one lone worker pinned to each core, all at once: they share caches and memory bandwidth),
-// and, beyond one worker a core, the same workers without the simulator (n / cores of them stepped
-// in turn on each pinned core: what n models' memory costs on this machine, whatever runs them).
+// and the cores shared as the trainer plans. Against references measured just before the row: one
+// such worker alone (n workers take at best n / cores times its step), what the cores allow when
+// all are busy (one lone worker pinned to each core, all at once: they share caches and memory
+// bandwidth), and, beyond one worker a core, the same workers without the simulator (n / cores
+// of them stepped in turn on each pinned core: what n models' memory costs on this machine,
+// whatever runs them). `header`: prints the table's head; `rows`: measures and prints the rows.
 int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const data::Dataset& ds, const std::vector<int>& ns,
-                int64_t steps, int64_t forced_slots) {
+                int64_t steps, int64_t forced_slots, bool header, bool rows) {
   constexpr int64_t kRound = 10, kReferenceSteps = 200;
   if (steps <= kRound) throw Error(fmt::format("--scale needs --steps above {} (the first round is a warm-up)", kRound));
   torch::set_num_threads(1);
   const BlasThreads one(1);
   const int cores = usable_cpus();
   double one_step = 1e30, cores_step = 1e30;
-  fmt::print("bench_cluster --scale: preset {} ({:.3f}M params), B={} T={}, {} timed steps per worker after a warm-up "
-             "round of {}, {} cores, one thread of everything per worker\n",
-             job.model.preset.str(), mc.num_params() / 1e6, job.data.batch_size, job.data.seq_len, steps - kRound, kRound,
-             cores);
-  fmt::print("| workers | compute slots | wall s per simulated inner step | vs the ideal (one worker's step / {0} cores) | "
-             "vs what the cores allow ({0} pinned lone workers at once) | vs the same workers without the simulator (stepped "
-             "in turn on {0} pinned threads) | cores busy in user code | system share of CPU "
-             "time | page faults per step | resident MB per worker | estimate MB per worker |\n"
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-             cores);
+  if (header) {
+    fmt::print("bench_cluster --scale: preset {} ({:.3f}M params), B={} T={}, {} timed steps per worker after a warm-up "
+               "round of {}, {} cores, one thread of everything per worker, each row a process of its own\n",
+               job.model.preset.str(), mc.num_params() / 1e6, job.data.batch_size, job.data.seq_len, steps - kRound, kRound,
+               cores);
+    fmt::print("| workers | compute slots | wall s per simulated inner step | vs the ideal (one worker's step / {0} cores) | "
+               "vs what the cores allow ({0} pinned lone workers at once) | vs the same workers without the simulator (stepped "
+               "in turn on {0} pinned threads) | cores busy in user code | system share of CPU "
+               "time | page faults per step | resident MB per worker | estimate MB per worker | one worker's step (s) | "
+               "{0} pinned lone workers' step (s) |\n"
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+               cores);
+    std::fflush(stdout);
+  }
+  if (!rows) return 0;
   for (const int n : ns) {
     one_step = std::min(one_step, lone_workers_seconds(job, mc, ds, 1, 1, kRound, kReferenceSteps, false) / kReferenceSteps);
     cores_step = std::min(cores_step, lone_workers_seconds(job, mc, ds, cores, 1, kRound, kReferenceSteps, true) /
@@ -173,18 +182,34 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
     const double worker_steps = static_cast<double>(n) * static_cast<double>(steps - kRound);
     const double per_step = wall / worker_steps;
     const int busy = std::min(n, cores);
-    fmt::print("| {} | {} | {:.5f} | {:.2f} | {:.2f} | {} | {:.2f} | {:.0f}% | {:.0f} | {:.1f} | {:.1f} |\n", n,
+    fmt::print("| {} | {} | {:.5f} | {:.2f} | {:.2f} | {} | {:.2f} | {:.0f}% | {:.0f} | {:.1f} | {:.1f} | {:.5f} | {:.5f} |\n", n,
                slots > 0 ? fmt::format("{}", slots) : "no gate", per_step, per_step / (one_step / busy),
                per_step / (n >= cores ? cores_step : one_step / busy),
                in_turn_step > 0 ? fmt::format("{:.2f}", per_step / in_turn_step) : "-", (u1.user - u0.user) / wall,
                100 * (u1.sys - u0.sys) / std::max(1e-9, (u1.user - u0.user) + (u1.sys - u0.sys)),
-               static_cast<double>(u1.faults - u0.faults) / worker_steps, per_worker_mb, estimate_mb);
+               static_cast<double>(u1.faults - u0.faults) / worker_steps, per_worker_mb, estimate_mb, one_step,
+               cores_step * cores);
     std::fflush(stdout);
   }
-  fmt::print("one worker alone: {:.5f} s a step; {} pinned lone workers at once: {:.5f} s a step each ({:.2f}x one "
-             "worker's throughput). Issue 45's goal at 1,024 workers: at most 1.15 of the ideal.\n",
-             one_step, cores, cores_step * cores, one_step / cores_step);
   return 0;
+}
+
+// Runs this program again with its arguments and `--scale-row n`: one row of the --scale table in
+// a process of its own, printing to this one's output.
+void run_row_process(int argc, char** argv, int n) {
+  std::vector<std::string> args(argv, argv + argc);
+  args.push_back("--scale-row");
+  args.push_back(std::to_string(n));
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargs.data(), environ) != 0)
+    throw Error(fmt::format("--scale: could not start the process for {} workers", n));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw Error(fmt::format("--scale: the row of {} workers failed (status {})", n, status));
 }
 
 }  // namespace
@@ -196,6 +221,7 @@ int main(int argc, char** argv) {
   int rounds = 1;
   std::vector<int> scale;
   int64_t slots = 0;
+  int scale_row = 0;
   CLI::App app{"Inner-step throughput of an in-process cluster of N workers against one worker alone, in one run"};
   app.add_option("--preset", preset, "model preset")->capture_default_str();
   app.add_option("--workers", workers, "workers of the cluster")->check(CLI::Range(1, 256))->capture_default_str();
@@ -216,6 +242,8 @@ int main(int argc, char** argv) {
   app.add_option("--slots", slots, "--scale: cluster.compute_slots for every row but the first (0: the trainer's plan)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--scale-row", scale_row, "--scale: measure and print only the row of this many workers (each row's process)")
+      ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
   try {
   const auto job = train::load_job("", {"model.preset=" + preset, "data.dir=" + data_dir, "data.batch_size=" + std::to_string(batch),
@@ -244,7 +272,12 @@ int main(int argc, char** argv) {
   };
   // Seconds for `steps` inner steps of `cores` lone workers at once, each pinned to its own core.
   auto time_pinned = [&](int cores) { return lone_workers_seconds(job, mc, ds, cores, 1, 1, steps - 1, true); };
-  if (!scale.empty()) return scale_table(job, mc, ds, scale, steps, slots);
+  if (scale_row > 0) return scale_table(job, mc, ds, {scale_row}, steps, slots, false, true);
+  if (!scale.empty()) {
+    scale_table(job, mc, ds, scale, steps, slots, true, false);
+    for (const int n : scale) run_row_process(argc, argv, n);
+    return 0;
+  }
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
   const int64_t planned = train::planned_streams(0, "cpu", batch, 1, usable_cpus());
   const int default_threads = torch::get_num_threads();
