@@ -296,8 +296,9 @@ int main(int argc, char** argv) {
       t1plans.push_back(time_cluster(1, "none", planned));
     }
     {
-      // One core's work: one worker with one thread of everything, pinned to the first CPU it may use (its thread
-      // inherits this thread's affinity). `cores` times this is what the cores can do at best.
+      // One core's work: one worker with one thread of everything, pinned to the first CPU this
+      // process may use (its thread inherits this thread's affinity). `cores` times this is what
+      // the cores can do at best.
       cpu_set_t all, one_cpu;
       sched_getaffinity(0, sizeof(all), &all);
       CPU_ZERO(&one_cpu);
