@@ -18,7 +18,9 @@
 // memory each worker took (resident set, after the warm-up round) beside train/host_fit.hpp's
 // estimate. Each row runs in a process of its own, as `gasloc train` runs one cluster a process:
 // 1,024 workers measured after the smaller rows in the same process were up to 1.4x slower than
-// alone (what the earlier rows freed, spread over glibc's arenas, faulted in again).
+// alone (what the earlier rows freed, spread over glibc's arenas, faulted in again). Gated rows
+// keep freed tensors for reuse as the trainer does (core/cpu_block_cache.hpp); --block-cache both
+// measures each gated row without it too, in a process of its own.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sched.h>
@@ -37,6 +39,7 @@
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/core/cpu_block_cache.hpp"
 #include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/compute_gate.hpp"
@@ -112,9 +115,10 @@ double lone_workers_seconds(const train::JobConfig& job, const model::LlamaConfi
 // all are busy (one lone worker pinned to each core, all at once: they share caches and memory
 // bandwidth), and, beyond one worker a core, the same workers without the simulator (n / cores
 // of them stepped in turn on each pinned core: what n models' memory costs on this machine,
-// whatever runs them). `header`: prints the table's head; `rows`: measures and prints the rows.
+// whatever runs them). `header`: prints the table's head; `rows`: measures and prints the rows,
+// gated ones with the trainer's block cache if `block_cache`.
 int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const data::Dataset& ds, const std::vector<int>& ns,
-                int64_t steps, int64_t forced_slots, bool header, bool rows) {
+                int64_t steps, int64_t forced_slots, bool header, bool rows, bool block_cache = true) {
   constexpr int64_t kRound = 10, kReferenceSteps = 200;
   if (steps <= kRound) throw Error(fmt::format("--scale needs --steps above {} (the first round is a warm-up)", kRound));
   torch::set_num_threads(1);
@@ -126,12 +130,12 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
                "round of {}, {} cores, one thread of everything per worker, each row a process of its own\n",
                job.model.preset.str(), mc.num_params() / 1e6, job.data.batch_size, job.data.seq_len, steps - kRound, kRound,
                cores);
-    fmt::print("| workers | compute slots | wall s per simulated inner step | vs the ideal (one worker's step / {0} cores) | "
+    fmt::print("| workers | compute slots | block cache | wall s per simulated inner step | vs the ideal (one worker's step / {0} cores) | "
                "vs what the cores allow ({0} pinned lone workers at once) | vs the same workers without the simulator (stepped "
                "in turn on {0} pinned threads) | cores busy in user code | system share of CPU "
                "time | page faults per step | resident MB per worker | estimate MB per worker | one worker's step (s) | "
                "{0} pinned lone workers' step (s) |\n"
-               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
                cores);
     std::fflush(stdout);
   }
@@ -154,6 +158,9 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
     const int slots = n > 1 ? train::planned_compute_slots(j, n) : 0;
     std::optional<train::ComputeGate> gate;
     if (slots > 0) gate.emplace(slots);
+    std::optional<CpuBlockCache> cache;
+    if (gate && block_cache)
+      cache.emplace(train::reallocated_bytes(train::estimated_worker_memory(mc, j.data.batch_size, j.data.seq_len, 16.0), n, slots));
     algo::AlgoConfig a;
     a.name = n == 1 ? "none" : "gasloc";
     a.H = kRound;
@@ -182,8 +189,8 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
     const double worker_steps = static_cast<double>(n) * static_cast<double>(steps - kRound);
     const double per_step = wall / worker_steps;
     const int busy = std::min(n, cores);
-    fmt::print("| {} | {} | {:.5f} | {:.2f} | {:.2f} | {} | {:.2f} | {:.0f}% | {:.0f} | {:.1f} | {:.1f} | {:.5f} | {:.5f} |\n", n,
-               slots > 0 ? fmt::format("{}", slots) : "no gate", per_step, per_step / (one_step / busy),
+    fmt::print("| {} | {} | {} | {:.5f} | {:.2f} | {:.2f} | {} | {:.2f} | {:.0f}% | {:.0f} | {:.1f} | {:.1f} | {:.5f} | {:.5f} |\n", n,
+               slots > 0 ? fmt::format("{}", slots) : "no gate", cache ? "yes" : "no", per_step, per_step / (one_step / busy),
                per_step / (n >= cores ? cores_step : one_step / busy),
                in_turn_step > 0 ? fmt::format("{:.2f}", per_step / in_turn_step) : "-", (u1.user - u0.user) / wall,
                100 * (u1.sys - u0.sys) / std::max(1e-9, (u1.user - u0.user) + (u1.sys - u0.sys)),
@@ -196,10 +203,9 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
 
 // Runs this program again with its arguments and `--scale-row n`: one row of the --scale table in
 // a process of its own, printing to this one's output.
-void run_row_process(int argc, char** argv, int n) {
+void run_row_process(int argc, char** argv, int n, bool block_cache) {
   std::vector<std::string> args(argv, argv + argc);
-  args.push_back("--scale-row");
-  args.push_back(std::to_string(n));
+  args.insert(args.end(), {"--scale-row", std::to_string(n), "--row-block-cache", block_cache ? "1" : "0"});
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);
@@ -222,6 +228,8 @@ int main(int argc, char** argv) {
   std::vector<int> scale;
   int64_t slots = 0;
   int scale_row = 0;
+  std::string block_cache = "on";
+  bool row_block_cache = true;
   CLI::App app{"Inner-step throughput of an in-process cluster of N workers against one worker alone, in one run"};
   app.add_option("--preset", preset, "model preset")->capture_default_str();
   app.add_option("--workers", workers, "workers of the cluster")->check(CLI::Range(1, 256))->capture_default_str();
@@ -242,6 +250,10 @@ int main(int argc, char** argv) {
   app.add_option("--slots", slots, "--scale: cluster.compute_slots for every row but the first (0: the trainer's plan)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--block-cache", block_cache, "--scale: gated rows with the trainer's cache of freed tensors (on), without (off), or each both ways")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
+  app.add_option("--row-block-cache", row_block_cache, "--scale-row: with the block cache (1) or without (0)");
   app.add_option("--scale-row", scale_row, "--scale: measure and print only the row of this many workers (each row's process)")
       ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
@@ -272,10 +284,16 @@ int main(int argc, char** argv) {
   };
   // Seconds for `steps` inner steps of `cores` lone workers at once, each pinned to its own core.
   auto time_pinned = [&](int cores) { return lone_workers_seconds(job, mc, ds, cores, 1, 1, steps - 1, true); };
-  if (scale_row > 0) return scale_table(job, mc, ds, {scale_row}, steps, slots, false, true);
+  if (scale_row > 0) return scale_table(job, mc, ds, {scale_row}, steps, slots, false, true, row_block_cache);
   if (!scale.empty()) {
     scale_table(job, mc, ds, scale, steps, slots, true, false);
-    for (const int n : scale) run_row_process(argc, argv, n);
+    train::JobConfig planned = job;
+    planned.cluster.compute_slots = slots;
+    for (const int n : scale) {
+      const bool gated = n > 1 && train::planned_compute_slots(planned, n) > 0;
+      if (block_cache != "off" || !gated) run_row_process(argc, argv, n, true);
+      if (block_cache != "on" && gated) run_row_process(argc, argv, n, false);
+    }
     return 0;
   }
   const double tokens = static_cast<double>(batch * seq * (steps - 1));
@@ -327,7 +345,7 @@ int main(int argc, char** argv) {
   fmt::print("| 1 worker alone, train.streams = 1 (OpenBLAS's own threads) | {:.0f} | 1.00 |\n", tps1);
   fmt::print("| 1 worker alone, train.streams = 0 (auto: {} streams, 1 BLAS thread each) | {:.0f} | {:.2f} |\n", planned, tps_plan,
              tps_plan / tps1);
-  fmt::print("| 1 worker alone on one core (1 LibTorch and 1 BLAS thread, pinned to CPU 0) | {:.0f} | {:.2f} |\n", tps_core,
+  fmt::print("| 1 worker alone on one core (1 LibTorch and 1 BLAS thread, pinned to the first CPU this process may use) | {:.0f} | {:.2f} |\n", tps_core,
              tps_core / tps1);
   fmt::print("| {} lone workers at once, each pinned to its own core, 1 thread of everything | {:.0f} | {:.2f} |\n", cores,
              tps_pinned, tps_pinned / tps1);

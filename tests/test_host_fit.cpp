@@ -12,6 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
+
+#include "gasloc/core/cpu_block_cache.hpp"
 #include "gasloc/core/cpus.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/compute_gate.hpp"
@@ -134,6 +138,10 @@ TEST(HostFit, AWorkersEstimateCountsTheBuffersEveryWorkerHoldsAtOnce) {
   EXPECT_EQ(m.state_bytes, 164160LL * (8 + 16 + 40) + (1 << 20));
   EXPECT_EQ(m.checkpoint_bytes, 164160LL * 24);
   EXPECT_EQ(train::needed_bytes(m, 1024, 2), 1024 * m.state_bytes + 2 * (m.activation_bytes + m.checkpoint_bytes));
+  // What is freed and allocated again: every worker's round buffers, the slot holders' activations
+  // and checkpoints.
+  EXPECT_EQ(m.round_bytes, 164160LL * 40);
+  EXPECT_EQ(train::reallocated_bytes(m, 1024, 2), 1024 * 164160LL * 40 + 2 * (m.activation_bytes + m.checkpoint_bytes));
 }
 
 // 10 workers of 100 MB state: 1 GB, which fits in 2 GB free and not in 1 GB (90% of it serves 9).
@@ -158,6 +166,74 @@ TEST(HostFit, TheCheckIsTheEstimateAgainstNinetyPercentOfWhatIsFree) {
   EXPECT_GT(train::available_memory_bytes(), 0);  // Linux: /proc/meminfo has MemAvailable
 }
 
+// A freed tensor's block goes to the next tensor of the same size, never to one of another size
+// and never while it is held; blocks are aligned as c10's.
+TEST(CpuBlockCache, AFreedBlockGoesToTheNextTensorOfItsSize) {
+  c10::Allocator* torch_own = c10::GetCPUAllocator();
+  {
+    const CpuBlockCache cache(1 << 20);
+    EXPECT_NE(c10::GetCPUAllocator(), torch_own);
+    void* first = nullptr;
+    {
+      const auto a = torch::full({1000}, 3.0f);
+      first = a.data_ptr();
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 64, 0u);
+    }
+    EXPECT_EQ(CpuBlockCache::stats().cached_bytes, 4000);
+    const auto other_size = torch::zeros({999});
+    EXPECT_NE(other_size.data_ptr(), first);
+    const auto b = torch::zeros({1000});
+    EXPECT_EQ(b.data_ptr(), first);  // reused, and its bytes are the new tensor's
+    EXPECT_EQ(b.sum().item<float>(), 0.0f);
+    const auto c = torch::ones({1000});  // b holds the cached block: c gets another
+    const auto s = CpuBlockCache::stats();
+    EXPECT_EQ(s.reused, 1);
+    EXPECT_GE(s.allocations, 4);  // a, other_size, b, c, and any scalar torch makes on the way
+    EXPECT_NE(c.data_ptr(), first);
+    EXPECT_EQ(b.sum().item<float>(), 0.0f);
+    EXPECT_EQ(c.sum().item<float>(), 1000.0f);
+    // torch's raw interface (context == data) works with the cache's blocks too.
+    const int64_t cached = CpuBlockCache::stats().cached_bytes;
+    void* raw = c10::GetCPUAllocator()->raw_allocate(128);
+    ASSERT_NE(raw, nullptr);
+    c10::GetCPUAllocator()->raw_deallocate(raw);
+    EXPECT_EQ(CpuBlockCache::stats().cached_bytes, cached + 128);
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), torch_own);
+}
+
+// No more than its bound is kept; beyond it a freed block goes back to the system.
+TEST(CpuBlockCache, KeepsNoMoreThanItsBound) {
+  const CpuBlockCache cache(10'000);
+  {
+    std::vector<torch::Tensor> held;
+    for (int i = 0; i < 5; ++i) held.push_back(torch::empty({1000}));  // 4,000 bytes each
+  }
+  EXPECT_EQ(CpuBlockCache::stats().cached_bytes, 8000);
+}
+
+// Nested caches share one: the inner one's end keeps it installed; a tensor made under the cache
+// and freed after its end is freed normally (ASan checks that).
+TEST(CpuBlockCache, TheLastOneToGoPutsTorchsAllocatorBack) {
+  c10::Allocator* torch_own = c10::GetCPUAllocator();
+  torch::Tensor outlives;
+  {
+    const CpuBlockCache outer(1 << 20);
+    c10::Allocator* cache = c10::GetCPUAllocator();
+    {
+      const CpuBlockCache inner(1 << 20);
+      outlives = torch::arange(100, torch::kFloat);
+    }
+    EXPECT_EQ(c10::GetCPUAllocator(), cache);
+    torch::empty({10});
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), torch_own);
+  EXPECT_EQ(CpuBlockCache::stats().cached_bytes, 0);
+  EXPECT_EQ(outlives.sum().item<float>(), 4950.0f);
+  outlives = torch::Tensor();
+  EXPECT_EQ(CpuBlockCache::stats().cached_bytes, 0);  // freed, not kept: no cache is installed
+}
+
 class ManyWorkers : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -177,6 +253,7 @@ TEST_F(ManyWorkers, OneSlotForFourWorkersGivesTheSameBits) {
   };
   const auto free_for_all = train::run_training(request("free", "0"));
   const auto one_slot = train::run_training(request("gated", "1"));
+  EXPECT_GT(CpuBlockCache::stats().reused, 1000) << "the gated run's steps reuse freed blocks";
   ASSERT_EQ(free_for_all.train_losses.size(), 30u);
   EXPECT_EQ(one_slot.train_losses, free_for_all.train_losses);
   EXPECT_EQ(one_slot.final_val_loss, free_for_all.final_val_loss);

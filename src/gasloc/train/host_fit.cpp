@@ -41,11 +41,16 @@ WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch
   const double per_token_layer = 10 * C + 3 * F + static_cast<double>(mc.n_heads) * T;
   const double activations = 4 * tokens * (static_cast<double>(mc.n_layers) * per_token_layer + 3 * static_cast<double>(mc.vocab_size));
   return {static_cast<int64_t>(P * (8 + state_bytes_per_param + kRoundBytesPerParam)) + kFixedBytes,
-          static_cast<int64_t>(activations), static_cast<int64_t>(P * kCheckpointBytesPerParam)};
+          static_cast<int64_t>(activations), static_cast<int64_t>(P * kCheckpointBytesPerParam),
+          static_cast<int64_t>(P * kRoundBytesPerParam)};
 }
 
 int64_t needed_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent) {
   return workers * m.state_bytes + std::min(workers, concurrent) * (m.activation_bytes + m.checkpoint_bytes);
+}
+
+int64_t reallocated_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent) {
+  return workers * m.round_bytes + std::min(workers, concurrent) * (m.activation_bytes + m.checkpoint_bytes);
 }
 
 int64_t available_memory_bytes() {

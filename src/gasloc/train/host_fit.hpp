@@ -26,12 +26,18 @@ struct WorkerMemory {
   // Workers that share the cores write in turns (rank_loop.cpp), so, like the activations, only
   // those computing at once hold them.
   int64_t checkpoint_bytes = 0;
+  // Of state_bytes, the round's buffers: freed after each round and allocated again at the next.
+  int64_t round_bytes = 0;
 };
 WorkerMemory estimated_worker_memory(const model::LlamaConfig& mc, int64_t batch_size, int64_t seq_len,
                                      double state_bytes_per_param);
 // `workers` workers' state, and the activations and checkpoint bytes of the `concurrent` of them
 // that compute at once.
 int64_t needed_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent);
+// What `workers` workers free and allocate again, step after step and round after round: every
+// worker's round buffers, and the activations and checkpoint bytes of the `concurrent` of them
+// that compute at once. A cache of freed blocks (core/cpu_block_cache.hpp) never needs more.
+int64_t reallocated_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent);
 // MemAvailable of /proc/meminfo, in bytes; -1 where it cannot be read.
 int64_t available_memory_bytes();
 // Refuses, naming cluster.workers and the estimate, workers that would need more than 90% of

@@ -9,6 +9,7 @@
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
+#include "gasloc/core/cpu_block_cache.hpp"
 #include "gasloc/core/cpus.hpp"
 #include "gasloc/train/compute_gate.hpp"
 #include "gasloc/train/coordination.hpp"
@@ -80,6 +81,12 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   const int slots = planned_compute_slots(job, static_cast<int>(ranks.size()));
   std::optional<ComputeGate> gate;
   if (slots > 0) gate.emplace(slots);
+  // Workers that share the cores are hundreds of threads: their freed tensors are kept for the
+  // next of the same size (core/cpu_block_cache.hpp). Made before the workers, gone after them.
+  std::optional<CpuBlockCache> block_cache;
+  if (gate)
+    block_cache.emplace(reallocated_bytes(estimated_worker_memory(s.mc, job.data.batch_size, job.data.seq_len, 16.0),
+                                          static_cast<int64_t>(ranks.size()), slots));
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(
