@@ -130,8 +130,9 @@ class Cache final : public c10::Allocator {
   int64_t max_cached_ = 0;
   c10::Allocator* previous_ = nullptr;
   // By the CPU that freed them, then by size, the newest last. Why by CPU: a block freed on one
-  // core and taken on another moves its cache lines between the cores (1,024 nano workers on 2
-  // pinned slots ran 1.24x the same workers stepped in turn with one list for all, ...).
+  // core and taken on another moves its cache lines between the cores: 1,024 nano workers on 2
+  // pinned slots ran 1.24x the same workers stepped in turn with one list for all, slower than
+  // without a cache (1.09x), and 0.96x to 1.03x with lists by CPU (bench_cluster --scale).
   std::vector<std::unordered_map<size_t, std::vector<void*>>> free_ =
       std::vector<std::unordered_map<size_t, std::vector<void*>>>(static_cast<size_t>(std::max(1L, sysconf(_SC_NPROCESSORS_CONF))));
   CpuBlockCache::Stats stats_;

@@ -3,10 +3,10 @@
 // Why: an in-process cluster of hundreds of workers runs as many threads, and glibc spreads
 // threads over its arenas (8 per core): a block freed by one worker's step goes back to its
 // arena, the next worker to compute allocates from another, and every step faults in pages the
-// kernel had to hand over again (28 to 69 page faults per worker step at 1,024 nano workers:
-// bench_cluster --scale). Workers of one cluster train one model shape, so the sizes recur:
-// with a cache of freed blocks by size, shared by all threads, a worker's step reuses what the
-// previous one freed (3 faults a step).
+// kernel had to hand over again (24 to 69 page faults per worker step at 256 and 1,024 nano
+// workers: bench_cluster --scale). Workers of one cluster train one model shape, so the sizes
+// recur: with a cache of freed blocks by CPU and size, shared by all threads, a worker's step
+// reuses what the previous step on its CPU freed (3 faults a step).
 //
 // The cache changes where a tensor's bytes live, never what they are: torch::empty's bytes are
 // unspecified with either allocator, and every block handed out is one nobody else holds. The
