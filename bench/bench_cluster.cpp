@@ -159,8 +159,7 @@ int scale_table(const train::JobConfig& job, const model::LlamaConfig& mc, const
     std::optional<train::ComputeGate> gate;
     if (slots > 0) gate.emplace(slots);
     std::optional<CpuBlockCache> cache;
-    if (gate && block_cache)
-      cache.emplace(train::reallocated_bytes(train::estimated_worker_memory(mc, j.data.batch_size, j.data.seq_len, 16.0), n, slots));
+    if (gate && block_cache) cache.emplace(train::block_cache_bytes(mc, j, n, slots));
     algo::AlgoConfig a;
     a.name = n == 1 ? "none" : "gasloc";
     a.H = kRound;

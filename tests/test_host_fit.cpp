@@ -142,6 +142,10 @@ TEST(HostFit, AWorkersEstimateCountsTheBuffersEveryWorkerHoldsAtOnce) {
   // and checkpoints.
   EXPECT_EQ(m.round_bytes, 164160LL * 40);
   EXPECT_EQ(train::reallocated_bytes(m, 1024, 2), 1024 * 164160LL * 40 + 2 * (m.activation_bytes + m.checkpoint_bytes));
+  train::JobConfig job;  // the block cache's bound: the same, for the job's batch (B = 8, T = 64)
+  job.data.batch_size = 8;
+  job.data.seq_len = 64;
+  EXPECT_EQ(train::block_cache_bytes(nano, job, 1024, 2), train::reallocated_bytes(m, 1024, 2));
 }
 
 // 10 workers of 100 MB state: 1 GB, which fits in 2 GB free and not in 1 GB (90% of it serves 9).

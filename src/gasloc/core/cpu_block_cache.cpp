@@ -103,9 +103,9 @@ class Cache final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.allocations;
       // This CPU's blocks first, the newest first: the likeliest still in this core's caches.
-      const size_t cpu = this_cpu();
+      const size_t here = this_cpu();
       for (size_t k = 0; k < free_.size() && !data; ++k) {
-        auto& on_cpu = free_[(cpu + k) % free_.size()];
+        auto& on_cpu = free_[(here + k) % free_.size()];
         auto it = on_cpu.find(n);
         if (it == on_cpu.end() || it->second.empty()) continue;
         data = it->second.back();

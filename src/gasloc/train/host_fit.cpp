@@ -55,6 +55,11 @@ int64_t reallocated_bytes(const WorkerMemory& m, int64_t workers, int64_t concur
   return workers * m.round_bytes + std::min(workers, concurrent) * (m.activation_bytes + m.checkpoint_bytes);
 }
 
+int64_t block_cache_bytes(const model::LlamaConfig& mc, const JobConfig& job, int64_t workers, int64_t concurrent) {
+  // The optimizer and algorithm state is not reallocated: its size does not matter here.
+  return reallocated_bytes(estimated_worker_memory(mc, job.data.batch_size, job.data.seq_len, 0.0), workers, concurrent);
+}
+
 int64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string line;

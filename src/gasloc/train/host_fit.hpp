@@ -38,6 +38,8 @@ int64_t needed_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent)
 // worker's round buffers, and the activations and checkpoint bytes of the `concurrent` of them
 // that compute at once. A cache of freed blocks (core/cpu_block_cache.hpp) never needs more.
 int64_t reallocated_bytes(const WorkerMemory& m, int64_t workers, int64_t concurrent);
+// The bound of that cache for `workers` workers of `job`'s batch: their reallocated_bytes.
+int64_t block_cache_bytes(const model::LlamaConfig& mc, const JobConfig& job, int64_t workers, int64_t concurrent);
 // MemAvailable of /proc/meminfo, in bytes; -1 where it cannot be read.
 int64_t available_memory_bytes();
 // Refuses, naming cluster.workers and the estimate, workers that would need more than 90% of

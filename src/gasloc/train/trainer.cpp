@@ -84,9 +84,7 @@ TrainSummary train_workers(const JobSetup& s, const RunStart& start) {
   // Workers that share the cores are hundreds of threads: their freed tensors are kept for the
   // next of the same size (core/cpu_block_cache.hpp). Made before the workers, gone after them.
   std::optional<CpuBlockCache> block_cache;
-  if (gate)
-    block_cache.emplace(reallocated_bytes(estimated_worker_memory(s.mc, job.data.batch_size, job.data.seq_len, 16.0),
-                                          static_cast<int64_t>(ranks.size()), slots));
+  if (gate) block_cache.emplace(block_cache_bytes(s.mc, job, static_cast<int64_t>(ranks.size()), slots));
   std::vector<std::unique_ptr<Worker>> workers;
   for (size_t i = 0; i < ranks.size(); ++i) {
     workers.push_back(
