@@ -8,7 +8,7 @@
 #   scripts/demo.sh [--set section.key=value ...]     (extra settings apply to all three runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --program
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
 research_data

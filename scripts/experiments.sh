@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
-[ -x build/gasloc ] || scripts/setup.sh
+[ -x build/gasloc ] || scripts/setup.sh --program
 quick=()
 suffix=""
 if [ "${1:-}" = "--quick" ]; then quick=(--quick); suffix="-quick"; shift; fi

@@ -5,7 +5,7 @@
 # A directory already prepared is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x build/gasloc ] || scripts/setup.sh
+[ -x build/gasloc ] || scripts/setup.sh --program
 # shellcheck source=lib/results.sh
 source scripts/lib/results.sh
 prepare_corpus "${1:-data/default}" "${2:-8192}"

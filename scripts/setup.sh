@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # Installs what gasloc needs on a Debian 12 machine (idempotent), fetches the default corpus,
 # and builds. Safe to run repeatedly: each part is skipped when already done.
-#   scripts/setup.sh            # install + corpus + build
-#   GASLOC_SKIP_BUILD=1 ...     # install + corpus only
+#   scripts/setup.sh               # install + corpus + build everything into build/ (program, tests, benchmarks)
+#   scripts/setup.sh --program     # only what the program needs (scripts/demo.sh): no test packages, no tests built
+#   scripts/setup.sh --torch pip   # PyPI's torch 2.x into .venv/ and build-torch2/ against it (docs/testing.md)
+#   GASLOC_SKIP_BUILD=1 ...        # install + corpus only
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=all
+while (($#)); do
+  case "$1" in
+    --program) mode=program ;;
+    --torch)
+      [ "${2:-}" = pip ] || { echo "setup: --torch takes 'pip' (Debian's LibTorch 1.13 is the default)" >&2; exit 2; }
+      shift; mode=torch2 ;;
+    *) echo "setup: unknown option '$1' (--program, --torch pip)" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 PACKAGES=(
   build-essential cmake pkg-config git
@@ -13,11 +26,16 @@ PACKAGES=(
   libsentencepiece-dev                       # tokenizer training and loading
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libssl-dev                                 # OpenSSL 3's libcrypto: job secrets, authenticated store
-  libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox                                # plots
+  ccache                                     # rebuilds (CI, a second build directory) reuse compiled objects
+)
+# Only the tests and benchmarks need these; the demo (--program) goes without them.
+[ "$mode" = program ] || PACKAGES+=(
+  libgtest-dev libgmock-dev libbenchmark-dev
   iproute2 procps                            # ss, ip, pgrep: the process and network-namespace tests
   chromium                                   # headless: the dashboard test draws its page (tests/dashboard_page.sh)
 )
+[ "$mode" = torch2 ] && PACKAGES+=(python3-venv)
 # `npm pack` fetches the default corpus; some machines ship npm with their own Node.js build.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
@@ -69,7 +87,19 @@ if [ ! -f "$UPLOT_DIR/.complete" ] || [ "$(cat "$UPLOT_DIR/.complete")" != "$UPL
   rm -rf "$tmp_uplot"
 fi
 
-if [ -z "${GASLOC_SKIP_BUILD:-}" ]; then
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build -j"$(nproc)"
-fi
+[ -n "${GASLOC_SKIP_BUILD:-}" ] && exit 0
+# ccache keyed on paths relative to this checkout, so that another clone (CI's) reuses the objects.
+export CCACHE_BASEDIR=$PWD CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+case "$mode" in
+  all)
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DGASLOC_BUILD_TESTS=ON -DGASLOC_BUILD_BENCH=ON >/dev/null
+    cmake --build build -j"$(nproc)" ;;
+  program)
+    # A build directory that has the tests keeps them; a new one is configured without.
+    [ -f build/CMakeCache.txt ] || launcher+=(-DGASLOC_BUILD_TESTS=OFF -DGASLOC_BUILD_BENCH=OFF)
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
+    echo "setup: building the program (build/gasloc; the tests are built by scripts/test.sh)"
+    cmake --build build -j"$(nproc)" --target gasloc ;;
+  torch2) exec scripts/setup_torch2.sh ;;
+esac

@@ -14,7 +14,7 @@ prepare_corpus() {
 # Builds gasloc if needed and prepares data/default (configs/tiny.toml reads it;
 # scripts/bench_train_report.sh uses it).
 results_prereqs() {
-  [ -x build/gasloc ] || scripts/setup.sh
+  [ -x build/gasloc ] || scripts/setup.sh --program
   prepare_corpus data/default 8192
 }
 
@@ -32,6 +32,6 @@ run_study() {
     echo "$(basename "$0") takes no step or round count any more: $file fixes them (--quick runs fewer)" >&2
     return 2
   fi
-  [ -x build/gasloc ] || scripts/setup.sh
+  [ -x build/gasloc ] || scripts/setup.sh --program
   build/gasloc sweep "$file" --doc "${RESULTS_DOC:-docs/results.md}" "$@"
 }
