@@ -45,7 +45,7 @@ BuiltBackend gloo_backend(const GlooOptions& o, const c10::intrusive_ptr<c10d::S
   auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
   opts->devices.push_back(make_device(o));
   try {
-    return {c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world, opts), DevicePolicy{}, {}};
+    return {c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world, opts), DevicePolicy{}, false, {}};
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {} could not connect to the other ranks over Gloo: {}{}", o.rank,
                                 first_line(e.what()), describe_dead_ranks(*store, o.rank, o.world)),
