@@ -9,17 +9,37 @@
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/data/dataset.hpp"
+#include "gasloc/data/sampler.hpp"
+#include "gasloc/model/safetensors.hpp"
 #include "gasloc/train/inference.hpp"
 #include "model_source.hpp"
 
 namespace gasloc::app {
 namespace fs = std::filesystem;
 
+namespace {
+// Batch k of score_stream's batches, with the model's logits on it and its loss.
+void write_batch_logits(const fs::path& path, model::Llama& model, const data::TokenStream& stream, int64_t bs,
+                        int64_t T, int64_t k) {
+  const auto batches = data::validation_batches(stream, bs, T, k + 1);
+  if (static_cast<int64_t>(batches.size()) <= k)
+    throw DataError(fmt::format("--logits-batch {}: the split holds {} batches of {} x {} tokens", k, batches.size(), bs, T),
+                    "pass a smaller --logits-batch, --batch-size or --seq-len");
+  torch::NoGradGuard no_grad;
+  const auto& b = batches[static_cast<size_t>(k)];
+  const auto dev = model->parameters().front().device();
+  const torch::Tensor logits = model->forward(b.inputs.to(dev)).to(torch::kCPU, torch::kFloat);
+  const double loss = model->loss(b.inputs.to(dev), b.targets.to(dev)).item<double>();
+  model::save_safetensors(path, {{"inputs", b.inputs}, {"targets", b.targets}, {"logits", logits}},
+                          {{"loss", fmt::format("{}", loss)}});
+}
+}  // namespace
+
 Action add_eval(CLI::App& app) {
   struct Opts {
     ModelChoice model;
-    std::string data, split = "val";
-    int64_t batch_size = 0, seq_len = 0, batches = -1;
+    std::string data, split = "val", logits_out;
+    int64_t batch_size = 0, seq_len = 0, batches = -1, logits_batch = 0;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
@@ -31,6 +51,12 @@ Action add_eval(CLI::App& app) {
   app.add_option("--batches", o->batches,
                  "batches from the start of the split, 0 = all that fit (default: the run's data.val_batches, else all)");
   app.add_flag("--json", o->json, "print one JSON object instead of text");
+  app.add_option("--logits-out", o->logits_out,
+                 "also write one batch's tokens, targets and logits (safetensors: inputs, targets, logits) and its loss "
+                 "(metadata), to check the model against another implementation (e.g. transformers)");
+  app.add_option("--logits-batch", o->logits_batch, "which batch --logits-out writes, from 0")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   return [o]() {
     LoadedModel m = load_model(o->model);
     const int64_t bs = o->batch_size > 0 ? o->batch_size : m.batch_size;
@@ -57,6 +83,7 @@ Action add_eval(CLI::App& app) {
                       "(a run's copy) or HF_DIR/tokenizer.model; byte-level models need --byte-level data");
     const auto& stream = o->split == "val" ? *ds.val : *ds.train;
     const train::StreamScore s = train::score_stream(m.model, stream, bs, T, nb, tok ? &*tok : nullptr);
+    if (!o->logits_out.empty()) write_batch_logits(o->logits_out, m.model, stream, bs, T, o->logits_batch);
     if (o->json) {
       nlohmann::json j = {{"model", m.what},     {"data", o->data},        {"split", o->split},
                           {"batch_size", bs},    {"seq_len", T},           {"batches", s.batches},

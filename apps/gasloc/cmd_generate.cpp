@@ -1,5 +1,6 @@
 // gasloc generate: text from a run's model (the average of its workers by default) or an export.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <iostream>
 
@@ -15,7 +16,7 @@ Action add_generate(CLI::App& app) {
     ModelChoice model;
     std::string prompt;
     train::SampleOptions sample;
-    bool no_stop = false;
+    bool no_stop = false, json = false;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(app, o->model);
@@ -27,6 +28,9 @@ Action add_generate(CLI::App& app) {
   app.add_option("--top-k", o->sample.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o->sample.seed, "seed of the draws: the same seed gives the same text")->capture_default_str();
   app.add_flag("--no-stop", o->no_stop, "go on past the end of a document (the BOS token) up to --max-tokens");
+  app.add_flag("--json", o->json,
+               "print one JSON object: the text, the prompt's token ids (BOS first) and the new ones (to compare with "
+               "another implementation's decoding)");
   return [o]() {
     LoadedModel m = load_model(o->model);
     if (!m.tokenizer)
@@ -42,7 +46,10 @@ Action add_generate(CLI::App& app) {
     const train::SampleResult r = train::sample(m.model, prompt, opt);
     std::vector<int> all(prompt.begin(), prompt.end());
     all.insert(all.end(), r.tokens.begin(), r.tokens.end());
-    std::cout << tok.decode(all) << std::endl;
+    if (o->json)
+      std::cout << nlohmann::json{{"text", tok.decode(all)}, {"prompt_ids", prompt}, {"new_ids", r.tokens}}.dump() << std::endl;
+    else
+      std::cout << tok.decode(all) << std::endl;
     std::cerr << fmt::format("({}: {} new tokens, {})\n", m.what, r.tokens.size(),
                              r.stopped ? "stopped at the end of a document" : "--max-tokens reached");
     return 0;

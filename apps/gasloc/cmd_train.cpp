@@ -14,7 +14,7 @@ namespace gasloc::app {
 Action add_train(CLI::App& app) {
   struct Opts {
     train::TrainRequest req;
-    std::string device, dtype;
+    std::string device, dtype, init_from;
     bool help_config = false;
   };
   auto o = std::make_shared<Opts>();
@@ -32,6 +32,11 @@ Action add_train(CLI::App& app) {
                  "newest is damaged)");
   app.add_option("--device", o->device, train::device_choices().names() + " (same as --set train.device=...)");
   app.add_option("--dtype", o->dtype, train::dtype_choices().names() + " (same as --set train.dtype=...)");
+  app.add_option("--init-from", o->init_from,
+                 "continue pretraining a Hugging Face Llama checkpoint (DIR/config.json, DIR/model.safetensors, as "
+                 "transformers' save_pretrained writes them): the model's shape, epsilon, rotary base and vocabulary "
+                 "come from its config.json, its weights from model.safetensors (same as --set model.init_from=DIR "
+                 "plus the shape settings; --set after it still wins)");
   app.add_flag("--help-config", o->help_config, "list every setting with its default and doc, then exit");
   app.add_option("--job-id", o->req.job_id,
                  "gloo/nccl: the job token gasloc launch hands its ranks, or a gasloc store's --job-id (ranks started by "
@@ -48,6 +53,13 @@ Action add_train(CLI::App& app) {
     }
     auto req = o->req;
     req.config_path = find_shipped(req.config_path);
+    if (!o->init_from.empty()) {
+      if (!req.resume_dir.empty())
+        throw ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues a run",
+                          "drop --init-from: the run's own checkpoint holds the weights it trained since");
+      auto hf = train::hf_init_settings(o->init_from);
+      req.overrides.insert(req.overrides.begin(), hf.begin(), hf.end());  // the user's --set come after, and win
+    }
     if (req.config_path.empty() && req.resume_dir.empty() && req.overrides.empty() && o->device.empty() &&
         o->dtype.empty())
       throw ConfigError("gasloc train needs a job: --config FILE, --resume RUN, or --set options over the defaults",

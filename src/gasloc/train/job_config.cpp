@@ -7,6 +7,7 @@
 
 #include "gasloc/comm/heartbeat.hpp"
 #include "gasloc/core/config.hpp"
+#include "gasloc/model/hf_export.hpp"
 
 namespace gasloc::train {
 using config::require;
@@ -80,6 +81,7 @@ model::LlamaConfig ModelSection::resolve(int64_t vocab_size) const {
   pick(c.multiple_of, multiple_of);
   pick(c.ffn_dim_multiplier, ffn_dim_multiplier);
   pick(c.max_seq_len, max_seq_len);
+  pick(c.norm_eps, norm_eps);
   pick(c.vocab_size, vocab_size);
   c.rope_theta = rope_theta;
   c.tie_embeddings = tie_embeddings;
@@ -87,6 +89,23 @@ model::LlamaConfig ModelSection::resolve(int64_t vocab_size) const {
   c.fused = fused;
   c.validate();
   return c;
+}
+
+std::vector<std::string> hf_init_settings(const std::filesystem::path& dir) {
+  const model::LlamaConfig c = model::read_hf_config(dir / "config.json");
+  // fmt's "{}" writes the shortest text that reads back as the same double.
+  return {fmt::format("model.init_from={}", dir.string()),
+          fmt::format("model.dim={}", c.dim),
+          fmt::format("model.n_layers={}", c.n_layers),
+          fmt::format("model.n_heads={}", c.n_heads),
+          fmt::format("model.n_kv_heads={}", c.n_kv_heads),
+          fmt::format("model.multiple_of={}", c.multiple_of),
+          fmt::format("model.ffn_dim_multiplier={}", c.ffn_dim_multiplier),
+          fmt::format("model.norm_eps={}", c.norm_eps),
+          fmt::format("model.rope_theta={}", c.rope_theta),
+          fmt::format("model.max_seq_len={}", c.max_seq_len),
+          fmt::format("model.tie_embeddings={}", c.tie_embeddings),
+          fmt::format("data.vocab_size={}", c.vocab_size)};
 }
 
 namespace {
@@ -233,6 +252,7 @@ void validate_model(const ModelSection& model) {
                       {"n_kv_heads", model.n_kv_heads}, {"max_seq_len", model.max_seq_len}})
     require(v >= 0, std::string("model.") + k, "must be >= 0 (0 = preset's)");
   require(model.rope_theta > 0, "model.rope_theta", "must be positive");
+  require(model.norm_eps >= 0 && model.norm_eps < 1, "model.norm_eps", "must be in [0, 1) (0 = preset's)");
   require(model.init_std > 0, "model.init_std", "must be positive");
 }
 

@@ -38,6 +38,7 @@ struct ModelSection {
   int64_t multiple_of = 0;
   double ffn_dim_multiplier = 0.0;
   double rope_theta = 500000.0;
+  double norm_eps = 0.0;
   int64_t max_seq_len = 0;
   bool tie_embeddings = false;
   double init_std = 0.02;
@@ -54,6 +55,7 @@ struct ModelSection {
     v("multiple_of", multiple_of, "SwiGLU hidden size rounding (0 = preset's)");
     v("ffn_dim_multiplier", ffn_dim_multiplier, "SwiGLU hidden size factor (0 = preset's)");
     v("rope_theta", rope_theta, "rotary embedding base");
+    v("norm_eps", norm_eps, "RMSNorm epsilon (0 = preset's, 1e-5)");
     v("max_seq_len", max_seq_len, "longest sequence the model accepts (0 = preset's)");
     v("tie_embeddings", tie_embeddings, "share the input embedding and the output head");
     v("init_std", init_std, "std of the normal init; residual outputs use init_std/sqrt(2*n_layers)");
@@ -63,6 +65,13 @@ struct ModelSection {
   // The preset with this section's overrides applied and the dataset's vocabulary.
   model::LlamaConfig resolve(int64_t vocab_size) const;
 };
+
+// `gasloc train --init-from DIR`: the settings that continue pretraining a Hugging Face Llama
+// checkpoint (DIR/config.json and DIR/model.safetensors, as transformers' save_pretrained or
+// `gasloc export` write them): its shape, norm epsilon, rotary base and vocabulary, and
+// model.init_from = DIR, as `section.key=value` overrides. CheckpointError naming the file for a
+// config the model cannot represent (model::read_hf_config).
+std::vector<std::string> hf_init_settings(const std::filesystem::path& dir);
 
 struct DataSection {
   std::string dir = "data/default";
