@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -29,6 +30,7 @@
 #include "gasloc/comm/gloo.hpp"
 #include "gasloc/comm/nccl.hpp"
 #include "gasloc/comm/inproc.hpp"
+#include "gasloc/comm/pair_transfer.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/error.hpp"
 
@@ -190,6 +192,30 @@ TEST(GlooTokenBucket, PacesToTheRate) {
 
 // ---------------------------------------------------------------------------------------------
 // Ranks as threads.
+
+// Gloo prints a port as sin_port lies in memory (network byte order); gasloc's messages show the
+// port itself.
+TEST(GlooMessages, PortsThatGlooPrintsInNetworkByteOrderAreDecoded) {
+  sockaddr_in in{};
+  in.sin_port = htons(41235);
+  const int printed = in.sin_port;  // what Gloo's Address::str() writes
+  const std::string gloo = fmt::format("[../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect [127.0.0.1]:{}: "
+                                       "Connection refused",
+                                       printed);
+  EXPECT_EQ(first_line(gloo), "connect [127.0.0.1]:41235: Connection refused");
+  EXPECT_EQ(backend_error(std::runtime_error(gloo + "\nException raised from ...")),
+            "connect [127.0.0.1]:41235: Connection refused; Exception raised from ...");
+  // IPv6, a sequence number after the port, two addresses in one message.
+  sockaddr_in6 in6{};
+  in6.sin6_port = htons(29500);
+  EXPECT_EQ(gloo_ports_decoded(fmt::format("Read error [::1]:{}$3: Connection reset by peer; then [10.1.2.3]:{}", in6.sin6_port,
+                                           in.sin_port)),
+            "Read error [::1]:29500$3: Connection reset by peer; then [10.1.2.3]:41235");
+  // Brackets that hold no IP address, or no port, are not Gloo's addresses.
+  for (const std::string kept : {"[rank 1]:5025", "[pair.cc:12]:5025", "[127.0.0.1] no port", "[127.0.0.1]:",
+                                 "[127.0.0.1]:9999999", "[127.0.0.1:5025", "connect [none]"})
+    EXPECT_EQ(gloo_ports_decoded(kept), kept);
+}
 
 TEST(GlooThreads, AllReduceMeanOfIntegerDataIsExact) {
   for (int n : {2, 3, 4, 8}) {
@@ -692,65 +718,135 @@ TEST(GlooSealed, AnAlteredHeaderEndsTheCallWithoutAHang) {
   EXPECT_LT(since(t0), 10.0) << "no side may wait for a transfer the other never posts";
 }
 
-TEST(GlooSealed, AnElasticEdgeThatDoesNotOpenIsDroppedAndItsPeerNeitherSuspectedNorDeclaredDead) {
-  // gasloc store --elastic's host (by hand, on the real clock) with the job's secret, and two
-  // elastic ranks as threads. Rank 1's payload to rank 0 is altered in their second call: rank 0
-  // drops that edge for the call, reports nobody, and the pair goes on; the host judges nobody.
-  StoreServer server({"127.0.0.1", 0, false, kSealedJob});
-  const auto keys = job_keys(server.local());
-  ElasticHost host(*keys, ElasticHost::Options{.world = 2, .heartbeat_timeout_s = 10, .by_hand = true}, nullptr);
-  std::atomic<bool> stop{false};
-  std::mutex mu;
+namespace {
+// Two elastic ranks of the sealed job as threads, at gasloc store --elastic's host (by hand, on the
+// real clock): `calls` exchanges each, then long enough for a report to reach the host and the
+// host to act on it. What each received whole, each rank's error and the host's lines.
+struct ElasticPairRun {
+  StoreServer server{{"127.0.0.1", 0, false, kSealedJob}};
+  c10::intrusive_ptr<c10d::Store> keys = job_keys(server.local());
+  ElasticHost host{*keys, ElasticHost::Options{.world = 2, .heartbeat_timeout_s = 10, .by_hand = true}, nullptr};
+  std::vector<std::vector<int>> received = std::vector<std::vector<int>>(2);
+  std::vector<std::string> errors = std::vector<std::string>(2);
   std::vector<std::string> lines;
-  std::thread tending([&] {
-    const auto t0 = Clock::now();
-    while (!stop.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      for (const auto& e : host.tend(since(t0))) {
-        std::lock_guard lock(mu);
-        lines.push_back(e.line);
-      }
-    }
-  });
-  const TamperScope scope(1, /*from=*/1, /*to=*/0, /*phase=*/1, /*nth=*/1);
-  std::vector<std::vector<int>> received(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        GlooOptions o{r, 2, "127.0.0.1", server.port(), 20};
-        o.connect_only = true;
-        o.job = kSealedJob;
-        ElasticGlooComm c(o, /*incarnation=*/-1, /*join=*/false, /*heartbeat_timeout_s=*/10);
-        for (int call = 0; call < 4; ++call) {
-          c.roster().pin(call, 0);  // each round's view, as a run pins it (it tells the peer's incarnation)
-          std::vector<torch::Tensor> recv;
-          c.exchange({1 - r}, message(r, call, 4096), recv);
-          received[r].push_back(recv[0].defined());
-          if (recv[0].defined()) EXPECT_TRUE(torch::equal(recv[0], message(1 - r, call, 4096))) << r << " " << call;
-        }
-        // Long enough for a report to reach the host and the host to act on it.
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
+
+  void run(int calls) {
+    std::atomic<bool> stop{false};
+    std::thread tending([&] {
+      const auto t0 = Clock::now();
+      while (!stop.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        for (const auto& e : host.tend(since(t0))) lines.push_back(e.line);
       }
     });
-  for (auto& t : ranks) t.join();
-  stop = true;
-  tending.join();
-  EXPECT_EQ(errors[0], "");
-  EXPECT_EQ(errors[1], "");
-  EXPECT_EQ(g_tamper.done.load(), 1);
-  EXPECT_EQ(received[0], (std::vector<int>{1, 0, 1, 1})) << "rank 0 must drop exactly the call it could not open";
-  EXPECT_EQ(received[1], (std::vector<int>{1, 1, 1, 1}));
-  EXPECT_FALSE(keys->check({elastic_keys::suspect(1)})) << "rank 1 was reported for a message altered on the path";
-  EXPECT_FALSE(keys->check({elastic_keys::suspect(0)}));
-  std::lock_guard lock(mu);
-  for (const auto& l : lines) {
-    EXPECT_EQ(l.find("dead"), std::string::npos) << l;
-    EXPECT_EQ(l.find("suspect"), std::string::npos) << l;
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          GlooOptions o{r, 2, "127.0.0.1", server.port(), 20};
+          o.connect_only = true;
+          o.job = kSealedJob;
+          ElasticGlooComm c(o, /*incarnation=*/-1, /*join=*/false, /*heartbeat_timeout_s=*/10);
+          for (int call = 0; call < calls; ++call) {
+            c.roster().pin(call, 0);  // each round's view, as a run pins it (it tells the peer's incarnation)
+            std::vector<torch::Tensor> recv;
+            c.exchange({1 - r}, message(r, call, 4096), recv);
+            received[r].push_back(recv[0].defined() && torch::equal(recv[0], message(1 - r, call, 4096)));
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : ranks) t.join();
+    stop = true;
+    tending.join();
   }
+  // Neither rank reported by the other nor declared dead by the host.
+  void expect_nobody_blamed() {
+    EXPECT_FALSE(keys->check({elastic_keys::suspect(1)})) << "rank 1 was reported";
+    EXPECT_FALSE(keys->check({elastic_keys::suspect(0)})) << "rank 0 was reported";
+    for (const auto& l : lines) {
+      EXPECT_EQ(l.find("dead"), std::string::npos) << l;
+      EXPECT_EQ(l.find("suspect"), std::string::npos) << l;
+    }
+  }
+};
+}  // namespace
+
+TEST(GlooSealed, AnElasticEdgeThatDoesNotOpenIsDroppedAndItsPeerNeitherSuspectedNorDeclaredDead) {
+  // Rank 1's payload to rank 0 is altered in their second call (the pair's first sealed message
+  // each way is its group's hello): rank 0 drops that edge for the call, reports nobody, and the
+  // pair goes on; the host judges nobody.
+  ElasticPairRun job;
+  const TamperScope scope(1, /*from=*/1, /*to=*/0, /*phase=*/1, /*nth=*/2);
+  job.run(4);
+  EXPECT_EQ(job.errors[0], "");
+  EXPECT_EQ(job.errors[1], "");
+  EXPECT_EQ(g_tamper.done.load(), 1);
+  EXPECT_EQ(job.received[0], (std::vector<int>{1, 0, 1, 1})) << "rank 0 must drop exactly the call it could not open";
+  EXPECT_EQ(job.received[1], (std::vector<int>{1, 1, 1, 1}));
+  job.expect_nobody_blamed();
+}
+
+namespace {
+// The hijacker: connects first to each Gloo address that a rank reads while forming the first try
+// of a pair group, and holds the connection.
+std::atomic<bool> g_hijack{false};
+std::atomic<int> g_hijacked{0};
+std::mutex g_hijack_mu;
+std::vector<int> g_hijack_fds;
+
+// Whether something listens on 127.0.0.1:port (/proc/net/tcp: local address, state 0A = LISTEN).
+bool listening_on(uint16_t port) {
+  std::ifstream tcp("/proc/net/tcp");
+  const std::string local = fmt::format("0100007F:{:04X}", port);
+  for (std::string line; std::getline(tcp, line);)
+    if (line.find(" " + local + " ") != std::string::npos && line.find(" 0A ") != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+// The elastic communicator's hook (elastic_gloo.hpp), in this test program only.
+extern "C" void gasloc_test_pair_key_read(const char* key, const uint8_t* value, size_t n) {
+  if (!g_hijack.load() || std::string(key).find("/try") != std::string::npos || n < sizeof(sockaddr_storage)) return;
+  sockaddr_in in{};
+  std::memcpy(&in, value, sizeof in);
+  if (in.sin_family != AF_INET || in.sin_addr.s_addr != htonl(INADDR_LOOPBACK)) return;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&in), sizeof in) != 0) {
+    ::close(fd);
+    return;
+  }
+  // Gloo takes this connection and closes its listener; the honest peer connects after that.
+  for (int k = 0; k < 500 && listening_on(ntohs(in.sin_port)); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::lock_guard lock(g_hijack_mu);
+  g_hijack_fds.push_back(fd);
+  ++g_hijacked;
+}
+
+TEST(GlooElastic, APairGroupHijackedWhileItFormsIsFormedAgainOnFreshPortsAndNobodyIsBlamed) {
+  // Someone connects first to the pair's Gloo ports on its first try: one end's connect is
+  // refused, the other "formed" its group with the intruder. Both ends try again on fresh ports,
+  // every exchange arrives whole, and nobody is reported or declared dead.
+  ElasticPairRun job;
+  g_hijacked = 0;
+  g_hijack = true;
+  job.run(3);
+  g_hijack = false;
+  {
+    std::lock_guard lock(g_hijack_mu);
+    for (int fd : g_hijack_fds) ::close(fd);
+    g_hijack_fds.clear();
+  }
+  EXPECT_EQ(job.errors[0], "");
+  EXPECT_EQ(job.errors[1], "");
+  EXPECT_GE(g_hijacked.load(), 1) << "the test's intruder connected to no pair port";
+  ASSERT_TRUE(job.keys->check({"el/pg/0.0-1.0/try"})) << "the hijacked first try did not fail";
+  EXPECT_EQ(to_text(job.keys->get("el/pg/0.0-1.0/try")), "1") << "the second try, on fresh ports, must form the group";
+  EXPECT_EQ(job.received[0], (std::vector<int>{1, 1, 1})) << "an exchange was lost to the hijack";
+  EXPECT_EQ(job.received[1], (std::vector<int>{1, 1, 1}));
+  job.expect_nobody_blamed();
 }
 
 TEST(GlooThreads, BuffersOfDifferentSizesAreReportedWithBothRanks) {

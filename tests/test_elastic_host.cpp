@@ -149,18 +149,43 @@ TEST(ElasticHost, WithoutProcessControlAJudgedRankIsDroppedNotRestarted) {
   EXPECT_TRUE(job.control.started.empty());
 }
 
-TEST(ElasticHost, APeersReportFencesTheCurrentIncarnationOnly) {
-  Job job(opts(3, 3, 1, 0));  // heartbeats not judged: only the report acts
-  comm::ElasticRoster r0(job.store, 0, 0);
+TEST(ElasticHost, APeersReportAloneKillsNoRankWhoseHeartbeatMoves) {
+  // Anyone who reaches a pair's port can make a link fail (Gloo takes the first connection on
+  // it): reports against a rank that beats are failed edges, however many come.
+  Job job(opts(3, 3, 1, 4.0));
+  job.tend(1.0, {0, 1, 2});
+  comm::ElasticRoster r0(job.store, 0, 0), r1(job.store, 1, 0);
+  std::vector<HostEvent> events;
+  for (double t = 1.0; t < 12.0; t += 1.0) {
+    r0.suspect(2, 0);
+    r1.suspect(2, 0);
+    for (auto& e : job.tend(t + 1.0, {0, 1, 2})) events.push_back(std::move(e));
+  }
+  EXPECT_TRUE(job.control.killed.empty()) << "a rank whose heartbeat moves was killed on peers' reports alone";
+  ASSERT_FALSE(events.empty());
+  for (const auto& e : events) {
+    EXPECT_EQ(e.kind, HostEvent::Kind::note) << e.line;
+    EXPECT_NE(e.line.find("rank 2 beats: it stays (a failed edge)"), std::string::npos) << e.line;
+  }
+  EXPECT_EQ(job.state(2), RankState::member);
+  EXPECT_EQ(job.host.restarts_left(), 3);
+
+  // Reported, and its counter still since: killed once still for half the timeout (2 s).
   r0.suspect(2, 0);
-  const auto fenced = job.tend(0.2, {});
+  job.tend(12.2, {0, 1});
+  EXPECT_TRUE(job.tend(13.8, {0, 1}).empty());
+  const auto fenced = job.tend(14.6, {0, 1});
   ASSERT_EQ(kinds(fenced), std::vector{HostEvent::Kind::fenced});
+  EXPECT_NE(fenced[0].line.find("rank 2 was reported by a peer whose link to it failed, and silent for"),
+            std::string::npos)
+      << fenced[0].line;
+  EXPECT_NE(fenced[0].line.find("the fake launcher killed it"), std::string::npos) << fenced[0].line;
   EXPECT_EQ(job.control.killed, std::vector{2});
   job.exit(2, std::nullopt, "signal 9 (Killed)");
   EXPECT_EQ(job.host.incarnation(2), 1);
   // A late report about the incarnation already replaced kills nobody.
   r0.suspect(2, 0);
-  EXPECT_TRUE(job.tend(0.4, {}).empty());
+  EXPECT_TRUE(job.tend(20.0, {0, 1}).empty());
   EXPECT_EQ(job.control.killed, std::vector{2});
 }
 

@@ -22,6 +22,10 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr double kConnectTimeoutS = 10.0;
+// Tries at forming one pair's group, over both incarnations' lives (both ends count them in the
+// store, so both stop at the same one): each on fresh ports, as a failed try is a failed edge
+// that anyone who reaches the ports can cause (Gloo takes the first connection on each).
+constexpr int64_t kPairGroupTries = 5;
 
 // The keys of one pair group, under a prefix naming both incarnations; a wait for the peer's keys
 // ends early, with an error, once the roster says the peer is gone (a group is never made with a
@@ -40,7 +44,9 @@ class PairStore final : public c10d::Store {
   }
   std::vector<uint8_t> get(const std::string& k) override {
     wait({k});
-    return base_->get(prefix_ + k);
+    std::vector<uint8_t> value = base_->get(prefix_ + k);
+    if (gasloc_test_pair_key_read) gasloc_test_pair_key_read((prefix_ + k).c_str(), value.data(), value.size());
+    return value;
   }
   int64_t add(const std::string& k, int64_t v) override { return base_->add(prefix_ + k, v); }
   bool deleteKey(const std::string& k) override { return base_->deleteKey(prefix_ + k); }
@@ -82,8 +88,31 @@ class PairStore final : public c10d::Store {
 struct PairGroup {
   c10::intrusive_ptr<C10dBackend> pg;
   int64_t peer_inc = 0;
-  uint32_t calls = 0;  // both ends count the calls they made together (pair_transfer.hpp)
+  int64_t attempt = 0;  // the try that formed it (its ports, keys and sealed channels are its own)
+  uint32_t calls = 0;   // both ends count the calls they made together (pair_transfer.hpp)
 };
+
+// The pair's name in keys and sealed channels: both ids and incarnations, the lower id first.
+std::string pair_name(int me, int64_t my_inc, int peer, int64_t peer_inc) {
+  return me < peer ? fmt::format("{}.{}-{}.{}", me, my_inc, peer, peer_inc)
+                   : fmt::format("{}.{}-{}.{}", peer, peer_inc, me, my_inc);
+}
+
+// The try at forming the pair's group that both ends are at: el/pg/PAIR/try holds it once a try
+// failed (none: the first, 0).
+int64_t pair_try(c10d::Store& store, const std::string& pair) {
+  const std::string key = "el/pg/" + pair + "/try";
+  return store.check({key}) ? std::stoll(to_text(store.get(key))) : 0;
+}
+// Try `attempt` failed at this end or the other: both go on with the next (whichever end is first).
+void next_pair_try(c10d::Store& store, const std::string& pair, int64_t attempt) {
+  store.compareSet("el/pg/" + pair + "/try", attempt == 0 ? std::vector<uint8_t>{} : to_bytes(std::to_string(attempt)),
+                   to_bytes(std::to_string(attempt + 1)));
+}
+// The keys of one try: the first keeps the name of a pair's only try before tries existed.
+std::string pair_try_prefix(const std::string& pair, int64_t attempt) {
+  return attempt == 0 ? "el/pg/" + pair + "/" : fmt::format("el/pg/{}/try{}/", pair, attempt);
+}
 
 }  // namespace
 
@@ -107,7 +136,9 @@ struct ElasticGlooComm::Impl {
   Clock::time_point t0 = Clock::now();
   std::unique_ptr<Heartbeat> heartbeat;  // last: stops first
 
-  // The group with `peer` as the newest view names it; nullptr when it cannot form (the peer is gone).
+  // The group with `peer` as the newest view names it; nullptr when it cannot form (the peer is
+  // gone, or every try failed). A failed try is a failed edge, never evidence against the peer:
+  // both ends go on with the next try, on fresh ports.
   PairGroup* group(int peer, std::string& why) {
     const int64_t peer_inc = roster->incarnation_of(peer);
     auto it = groups.find(peer);
@@ -117,20 +148,86 @@ struct ElasticGlooComm::Impl {
       return nullptr;
     }
     if (it != groups.end()) groups.erase(it);
-    const int lo = std::min(o.rank, peer), hi = std::max(o.rank, peer);
-    const int64_t lo_inc = lo == o.rank ? inc : peer_inc, hi_inc = hi == o.rank ? inc : peer_inc;
-    const std::string prefix = fmt::format("el/pg/{}.{}-{}.{}/", lo, lo_inc, hi, hi_inc);
+    const std::string pair = pair_name(o.rank, inc, peer, peer_inc);
+    for (int64_t attempt = pair_try(*store, pair); attempt < kPairGroupTries; attempt = pair_try(*store, pair)) {
+      if (form(peer, peer_inc, pair, attempt, why)) return &groups.at(peer);
+      if (roster->gone(peer, peer_inc)) return nullptr;
+      spdlog::warn("rank {}: the pair group with rank {} (incarnations {}) did not form on try {}: {}; trying again on "
+                   "fresh ports", o.rank, peer, pair, attempt + 1, why);
+      next_pair_try(*store, pair, attempt);
+    }
+    broken[peer] = peer_inc;
+    why = fmt::format("no pair group of rank {} with rank {} (incarnations {}) formed in {} tries, each on fresh ports "
+                      "(the last: {}); someone else may be connecting first to the pair's ports (Gloo takes the first "
+                      "connection on each), or a firewall refuses them; the edge stays failed while both live",
+                      o.rank, peer, pair, kPairGroupTries, why.empty() ? "at the other end" : why);
+    return nullptr;
+  }
+
+  // One try at the pair's group, on ports of its own; true once both ends formed it with each
+  // other (then it is groups[peer]). Gloo accepts the first connection on a listening port,
+  // whoever makes it: an end may "form" its group with someone else while the other end's connect
+  // is refused. So both ends first swap a hello through the group (sealed when the job has a
+  // secret: nobody else can write it), then each says in the store whether its side held.
+  bool form(int peer, int64_t peer_inc, const std::string& pair, int64_t attempt, std::string& why) {
+    const std::string prefix = pair_try_prefix(pair, attempt);
+    bool held = false;
     try {
       auto ps = c10::make_intrusive<PairStore>(store, prefix, *roster, peer, peer_inc);
       ps->setTimeout(timeout);
       // Both ends have published their addresses when Gloo connects: a connect that takes long
       // is to a peer that died in between (Gloo retries a refused connect until its timeout).
-      PairGroup g{gloo_group(o, ps, o.rank == lo ? 0 : 1, 2, std::min(o.timeout_s, kConnectTimeoutS)), peer_inc, 0};
-      return &groups.emplace(peer, std::move(g)).first->second;
+      const int me = o.rank < peer ? 0 : 1;
+      groups[peer] = PairGroup{gloo_group(o, ps, me, 2, std::min(o.timeout_s, kConnectTimeoutS)), peer_inc, attempt, 0};
+      held = hello(peer, peer_inc, prefix, why);
     } catch (const std::exception& e) {
       why = backend_error(e);
-      return nullptr;
     }
+    store->set(prefix + "held/" + std::to_string(o.rank), to_bytes(held ? "1" : "0"));
+    if (held && !peer_held(peer, peer_inc, prefix, why)) held = false;
+    if (!held) groups.erase(peer);
+    return held;
+  }
+
+  // The pair's first call: each end sends (its id, incarnation, try) and checks what came back.
+  bool hello(int peer, int64_t peer_inc, const std::string& prefix, std::string& why) {
+    PairGroup& g = groups.at(peer);
+    const auto mine = torch::tensor({int64_t{o.rank}, inc, g.attempt}, torch::kLong);
+    const auto expected = torch::tensor({int64_t{peer}, peer_inc, g.attempt}, torch::kLong);
+    std::vector<torch::Tensor> got{torch::empty_like(mine)};
+    PairTransferOptions po;
+    po.rank = o.rank;
+    po.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(o.timeout_s, kConnectTimeoutS) * 1000));
+    po.seal = sealing.get();
+    // The other end gave this try up (its connect was refused): no hello is coming.
+    const std::string peer_held_key = prefix + "held/" + std::to_string(peer);
+    po.gone = [&](int) {
+      auto& s = watch_roster->store();
+      return watch_roster->gone(peer, peer_inc) || (s.check({peer_held_key}) && to_text(s.get(peer_held_key)) != "1");
+    };
+    const auto r = transfer_pairs({{peer, g.pg.get(), o.rank < peer ? 1 : 0, &g.calls}}, mine, got, po).at(0);
+    if (r.outcome == PeerOutcome::received && torch::equal(got[0], expected)) return true;
+    if (r.outcome == PeerOutcome::received) why = "the pair's hello came from someone else";
+    else if (store->check({peer_held_key}) && to_text(store->get(peer_held_key)) != "1")
+      why = fmt::format("rank {} could not form its end (its connect failed)", peer);
+    else why = "the pair's hello: " + r.why;
+    return false;
+  }
+
+  // Whether the other end held this try too (false when it did not, left, or never said).
+  bool peer_held(int peer, int64_t peer_inc, const std::string& prefix, std::string& why) {
+    const std::string key = prefix + "held/" + std::to_string(peer);
+    const auto deadline = Clock::now() + timeout;
+    for (int n = 0; !store->check({key}); ++n) {
+      if ((n % 10 == 9 && roster->gone(peer, peer_inc)) || Clock::now() > deadline) {
+        why = fmt::format("rank {} did not say whether its end of the pair group held", peer);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (to_text(store->get(key)) == "1") return true;
+    why = fmt::format("rank {} could not form its end", peer);
+    return false;
   }
 
   // After a round's transfers: a peer whose link failed while the roster still lists it alive a
@@ -251,11 +348,12 @@ ElasticGlooComm::ElasticGlooComm(const GlooOptions& o, int64_t incarnation, bool
   if (!o.job.secret.empty())
     I.sealing = std::make_unique<PairSealing>(PairSealing{
         o.job.secret, read_session_salt(I.store), o.job.token, [&I](const PairLink& l, uint32_t call) {
+          // Each try at forming the pair's group counts its calls from 0: its channels are its own.
           const auto g = I.groups.find(l.peer);
           const int64_t peer_inc = g != I.groups.end() ? g->second.peer_inc : -1;
-          const bool me_lower = I.o.rank < l.peer;
-          return fmt::format("el {}.{}-{}.{} call {}", me_lower ? I.o.rank : l.peer, me_lower ? I.inc : peer_inc,
-                             me_lower ? l.peer : I.o.rank, me_lower ? peer_inc : I.inc, call);
+          const int64_t attempt = g != I.groups.end() ? g->second.attempt : 0;
+          return fmt::format("el {}{} call {}", pair_name(I.o.rank, I.inc, l.peer, peer_inc),
+                             attempt == 0 ? "" : fmt::format(" try {}", attempt), call);
         }});
   // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would raise
   // SIGPIPE and kill this survivor too. Ignored, the write fails with EPIPE: a failed edge.

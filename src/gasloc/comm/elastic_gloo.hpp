@@ -7,7 +7,10 @@
 // - exchange: a peer that fails (its process died; the launcher kills a hung one, which closes
 //   its sockets) is a failed edge, an undefined recv entry, as in the in-process reference; a
 //   peer that fails while the roster still lists it alive is reported as a suspect, and the
-//   launcher kills it (it comes back as a new incarnation);
+//   store's host looks at its heartbeat: killed (it comes back as a new incarnation) only once
+//   its counter stopped, left alone while it beats;
+// - a pair group that does not form (a connect refused: someone else connected first to the
+//   pair's port) is a failed try: both ends try again on fresh ports, kPairGroupTries in all;
 // - all_reduce_mean_over: every member sends its buffer to every other member and sums what it
 //   got in id order (the in-process reference's order, so the bits agree); whether the round
 //   counts is decided in one store key, commit when every member received everything, abort as
@@ -56,5 +59,11 @@ class ElasticGlooComm final : public Communicator {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Tests only: when a test program defines this function, every key a rank reads while forming a
+// pair group (the peer's Gloo address among them: Gloo publishes it, then waits on its listening
+// port for the first connection) is handed to it, with the value, before Gloo gets it: the test
+// can connect first, as anyone who reaches the port can. The gasloc program does not define it.
+extern "C" __attribute__((weak)) void gasloc_test_pair_key_read(const char* key, const uint8_t* value, size_t n);
 
 }  // namespace gasloc::comm

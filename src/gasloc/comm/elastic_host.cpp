@@ -144,17 +144,12 @@ std::vector<HostEvent> ElasticHost::tend(double now_s) {
                             : fmt::format("rank {} (incarnation {}) rejoined {:.1f} s after it failed", id, inc,
                                           now_s - failed->second)});
   }
-  // A peer's link to it failed while the roster listed it alive: fenced now, so that no view
-  // waits for a rank its peers cannot reach (it restarts and rejoins through a donor).
-  for (const auto& [id, inc] : writer_.take_suspects()) {
-    if (incarnation_[id] != inc || !running_[id]) continue;
-    if (control_ == nullptr) {
-      heartbeats_.reported(id, inc);
-      continue;
-    }
-    fence(id, fmt::format("a peer reported its link to rank {} broken; killing rank {} (it restarts)", id, id),
-          "a peer reported its link broken", events);
-  }
+  // A peer's link to it failed while the roster listed it alive. A report is no evidence: anyone
+  // who reaches a pair's port can make a link fail (Gloo takes the first connection on it), so
+  // the report only makes the judge look at the rank's heartbeat sooner (judge_liveness): a rank
+  // that beats on stays (a failed edge), one whose counter stopped is fenced.
+  for (const auto& [id, inc] : writer_.take_suspects())
+    if (incarnation_[id] == inc && running_[id]) heartbeats_.reported(id, inc);
   if (!opts_.by_hand) judge_liveness(now_s, events);
   return events;
 }
@@ -227,8 +222,8 @@ void ElasticHost::learn_heartbeat_timeout(std::vector<HostEvent>& events) {
 
 // A running rank whose heartbeat stalled is stopped, frozen or cut off: its peers would wait for
 // it until cluster.timeout_s. Fencing it makes it a failure like any other, named now. A rank a
-// peer reported (without a hook) goes once its counter is still, and stays if it beats on (a
-// failed edge, not a dead rank). Not while the job stops (its ranks are busy ending).
+// peer reported goes once its counter is still, and stays if it beats on (a failed edge, not a
+// dead rank). Not while the job stops (its ranks are busy ending).
 void ElasticHost::judge_liveness(double now_s, std::vector<HostEvent>& events) {
   // The launcher tends often and reads at most every kHeartbeatLookS; `gasloc store` looks at
   // every tend (a tenth of a second), and its judge must not miss the one look in a while.
@@ -236,8 +231,10 @@ void ElasticHost::judge_liveness(double now_s, std::vector<HostEvent>& events) {
   next_heartbeat_check_s_ = now_s + kHeartbeatLookS;
   const std::vector<int> stalled = heartbeats_.stalled(store_, now_s);
   const auto reports = heartbeats_.settle_reports(now_s, [&](int id, int64_t inc) { return running_[id] && incarnation_[id] == inc; });
-  for (const auto& [id, silence] : reports.gone)
-    fence(id, "", fmt::format("reported by a peer whose link to it failed, and silent for {:.1f} s", silence), events);
+  for (const auto& [id, silence] : reports.gone) {
+    const std::string why = fmt::format("reported by a peer whose link to it failed, and silent for {:.1f} s", silence);
+    fence(id, control_ ? fmt::format("rank {} was {}; {} killed it", id, why, control_->name()) : "", why, events);
+  }
   for (int id : reports.beating)
     events.push_back({HostEvent::Kind::note, id,
                       fmt::format("a peer reported its link to rank {} broken, but rank {} beats: it stays (a failed edge)",

@@ -4,17 +4,20 @@
 //   - the roster (the one RosterWriter of the job: a process started, ended, healed),
 //   - liveness (one HeartbeatWatch: a running rank whose counter stalled for the timeout, and
 //     what peers' reports of a failed link to a rank come to),
-//   - fencing (a stalled rank, or one a peer reported over a failed link, is killed through the
-//     ProcessControl hook; its exit then comes back through exited() like any other),
+//   - fencing (a stalled rank, or one a peer reported over a failed link whose counter then stopped,
+//     is killed through the ProcessControl hook; its exit then comes back through exited() like
+//     any other),
 //   - restarts (a failed rank starts again as the next incarnation while --max-restarts lasts),
 //   - the floor of the job (no member left, fewer than --min-ranks alive, an error a restart would
 //     meet again: the job stops).
+// A peer's report alone fences nobody, with a hook or without: anyone who reaches a pair's port
+// can make a link fail (Gloo takes the first connection on it, docs/communication.md "Authenticated
+// jobs"), so a report is no evidence against the rank. It is fenced only once its counter has also
+// been still for kSuspectSilenceS (comm/heartbeat.hpp; at most half the heartbeat timeout); a rank
+// that goes on beating was a failed edge. HeartbeatWatch is the one judge of both.
 // Without a hook (ranks nobody here can kill or start, as under `gasloc store --elastic`) a rank
 // judged dead is only dropped from the roster: a stopped one finds itself out of the next view
-// and leaves (fencing without a kill). As a drop cannot be undone by a restart, a peer's report
-// alone drops nobody then: only once the reported rank's counter has also been still for
-// kSuspectSilenceS (comm/heartbeat.hpp; at most half the heartbeat timeout); a rank that goes on
-// beating was a failed edge. HeartbeatWatch is the one judge of both, here and in RosterHost.
+// and leaves (fencing without a kill).
 //
 // Ranks started by hand (Options::by_hand, `gasloc store --elastic`; comm/by_hand.hpp has the
 // rank's side): nobody here starts them or sees them exit, so each claims its incarnation and the
@@ -72,7 +75,7 @@ struct HostEvent {
     note,       // what the host learned (the job's heartbeat timeout; a reported rank beats on)
     joined,     // a first incarnation (or one started early) became a member
     rejoined,   // a restarted incarnation healed and became a member
-    fenced,     // judged dead (stalled heartbeat, a peer's report): killed, or dropped without a hook
+    fenced,     // judged dead (a stalled heartbeat; reported and silent): killed, or dropped without a hook
     restarted,  // failed; its next incarnation was started
     lost,       // failed with no restart left; the others go on
     stop,       // the job cannot go on: the caller stops every rank

@@ -316,7 +316,7 @@ std::string backend_error(const std::exception& e) {
     if (!out.empty()) out += "; ";
     out += line;
   }
-  return out;
+  return gloo_ports_decoded(out);
 }
 
 torch::Tensor kept_bytes(std::vector<torch::Tensor>& pool, size_t slot, int64_t bytes, torch::Device device) {

@@ -112,7 +112,7 @@ torch::Tensor kept_bytes(std::vector<torch::Tensor>& pool, size_t slot, int64_t 
 std::string dtype_name(int64_t scalar_type);
 
 // A backend's error as a reason: its whole message (every line), without the backtrace c10 adds
-// or Gloo's "[file.cc:123] " source prefixes.
+// or Gloo's "[file.cc:123] " source prefixes, its ports decoded (gloo_ports_decoded).
 std::string backend_error(const std::exception& e);
 
 // Tests only: when a test program defines this function, every sealed message is handed to it

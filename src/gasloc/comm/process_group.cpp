@@ -2,12 +2,14 @@
 
 #include "gasloc/comm/heartbeat.hpp"
 
+#include <arpa/inet.h>
 #include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <mutex>
 #include <thread>
 
@@ -55,7 +57,32 @@ std::string first_line(const std::string& s) {
     const auto close = l.find("] ");
     if (close != std::string::npos && l.find(".cc:") < close) l = l.substr(close + 2);
   }
-  return l;
+  return gloo_ports_decoded(l);
+}
+
+namespace {
+bool is_ip_address(const std::string& text) {
+  in6_addr any{};
+  return ::inet_pton(AF_INET, text.c_str(), &any) == 1 || ::inet_pton(AF_INET6, text.c_str(), &any) == 1;
+}
+}  // namespace
+
+std::string gloo_ports_decoded(const std::string& message) {
+  std::string out;
+  size_t done = 0;
+  for (size_t open = message.find('['); open != std::string::npos; open = message.find('[', open + 1)) {
+    const size_t close = message.find(']', open);
+    if (close == std::string::npos || close + 1 >= message.size() || message[close + 1] != ':') continue;
+    size_t end = close + 2;
+    while (end < message.size() && end - (close + 2) < 6 && std::isdigit(static_cast<unsigned char>(message[end]))) ++end;
+    if (end == close + 2 || (end < message.size() && std::isdigit(static_cast<unsigned char>(message[end])))) continue;
+    const long raw = std::stol(message.substr(close + 2, end - close - 2));
+    if (raw > 0xffff || !is_ip_address(message.substr(open + 1, close - open - 1))) continue;
+    out += message.substr(done, close + 2 - done);
+    out += std::to_string(ntohs(static_cast<uint16_t>(raw)));
+    done = end;
+  }
+  return out + message.substr(done);
 }
 
 struct ProcessGroupComm::Impl {

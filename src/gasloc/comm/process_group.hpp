@@ -63,8 +63,15 @@ struct BuiltBackend {
 // Builds the c10d backend of rank o.rank over the joined store. Throws CommError.
 using BackendBuilder = std::function<BuiltBackend(const GlooOptions& o, const c10::intrusive_ptr<c10d::Store>& store)>;
 
-// The first line of a c10d/Gloo message, without Gloo's "[file.cc:123] " source prefix.
+// The first line of a c10d/Gloo message, without Gloo's "[file.cc:123] " source prefix, its
+// ports decoded (gloo_ports_decoded).
 std::string first_line(const std::string& message);
+
+// `message` with every "[IP]:PORT" that Gloo wrote showing the port it means. Gloo's TCP address
+// (gloo/transport/tcp/address.cc, Address::str) prints sin_port as it lies in memory, in network
+// byte order: port 41235 reads "[127.0.0.1]:5025" on x86, which hid where a refused connect went.
+// A bracket that does not hold an IP address is left as it is.
+std::string gloo_ports_decoded(const std::string& message);
 
 class ProcessGroupComm : public Communicator {
  public:
