@@ -5,10 +5,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <ctime>
+#include <filesystem>
 #include <thread>
 
 #include "gasloc/comm/heartbeat.hpp"
@@ -48,15 +52,55 @@ struct SilentListener {
   ~SilentListener() { ::close(fd); }
 };
 
-// A raw connection to a store, for speaking its wire format by hand.
+// A raw connection to a store, for speaking its wire format by hand; reads bounded by 5 s.
 int raw_connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   return fd;
+}
+
+// True when the server hung up on fd (a reset counts), false for bytes or 5 s of silence.
+bool closed_by_server(int fd) {
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, 0);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+void send_all(int fd, const std::string& bytes) {
+  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+}
+
+// This process's open-file limit lowered to `headroom` descriptors above those open now, for one
+// test, and set back after it.
+struct FewFileDescriptors {
+  rlimit before{};
+  explicit FewFileDescriptors(int headroom) {
+    ::getrlimit(RLIMIT_NOFILE, &before);
+    std::vector<int> open;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+      open.push_back(std::stoi(e.path().filename().string()));
+    std::sort(open.begin(), open.end());
+    // New descriptors take the lowest free numbers below the limit: `headroom` of them free.
+    rlim_t limit = static_cast<rlim_t>(headroom);
+    for (int fd : open)
+      if (static_cast<rlim_t>(fd) < limit) ++limit;
+    rlimit few = before;
+    few.rlim_cur = limit;
+    EXPECT_EQ(::setrlimit(RLIMIT_NOFILE, &few), 0);
+  }
+  ~FewFileDescriptors() { ::setrlimit(RLIMIT_NOFILE, &before); }
+};
+
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
 }
 
 }  // namespace
@@ -187,6 +231,65 @@ TEST(Store, GarbageClosesThatClientOnlyAndRequestsNeedAGreeting) {
   EXPECT_FALSE(good.check({"k"}));
   good.set("k", b("v"));
   EXPECT_TRUE(good.check({"k"}));
+}
+
+// Before its greeting a client may send only the greeting's short frame, and only within the
+// handshake's deadline (kHandshakeTimeout; shortened here).
+TEST(Store, BeforeItsGreetingAClientHasADeadlineAndOnlyShortFrames) {
+  StoreServerOptions o{"127.0.0.1", 0, false, {"tok", "test"}};
+  o.handshake_timeout = 200ms;
+  StoreServer server(o);
+  const int idle = raw_connect(server.port());
+  EXPECT_TRUE(closed_by_server(idle)) << "an idle connection outlived the greeting's deadline";
+  ::close(idle);
+  const int big = raw_connect(server.port());
+  std::string head_of_a_mib("\x00\x00\x10\x00", 4);  // 1 MiB announced, 1000 bytes of it sent
+  send_all(big, head_of_a_mib.append(1000, 'x'));
+  EXPECT_TRUE(closed_by_server(big)) << "a frame longer than a greeting was buffered before the greeting";
+  ::close(big);
+  // Once greeted, a client is not held to either (the deadline has passed meanwhile).
+  StoreClient good("127.0.0.1", server.port(), 5s, {"tok", "test"});
+  std::this_thread::sleep_for(300ms);
+  good.set("big", std::vector<uint8_t>(1 << 20, 7));
+  EXPECT_EQ(server.local()->get("big").size(), size_t{1 << 20});
+}
+
+// A job token must fit the greeting: a longer one is a configuration error at either end; a long
+// label (a deep run directory) is cut.
+TEST(Store, AJobTokenLongerThanAGreetingHoldsIsAConfigError) {
+  const std::string long_token(kMaxIdentityBytes + 1, 't');
+  EXPECT_THROW(StoreServer({"127.0.0.1", 0, false, {long_token, "test"}}), ConfigError);
+  StoreServer server({"127.0.0.1", 0, false, {}});
+  EXPECT_THROW(StoreClient("127.0.0.1", server.port(), 5s, {long_token, "test"}), ConfigError);
+  StoreClient deep("127.0.0.1", server.port(), 5s, {"tok", "gasloc train run_dir=" + std::string(5000, 'd')});
+  deep.set("k", b("v"));
+  EXPECT_EQ(server.job().label.size(), kMaxIdentityBytes);
+}
+
+// Out of file descriptors (a flood of idle connections), the store closes the oldest unproven
+// connection to accept a new one, rather than leaving them all queued and poll() waking at once
+// for them again and again (a busy loop); a rank that comes afterwards is served.
+TEST(Store, OutOfFileDescriptorsTheStoreShedsTheOldestUnprovenAndDoesNotSpin) {
+  StoreServerOptions o{"127.0.0.1", 0, false, {"tok", "test"}};
+  o.handshake_timeout = 60s;  // only running out of descriptors closes a connection here
+  StoreServer server(o);
+  std::vector<int> flood;
+  {
+    FewFileDescriptors few(120);  // 100 for the flood's ends, about 20 for the store's
+    for (int i = 0; i < 100; ++i) flood.push_back(raw_connect(server.port()));
+    // CPU time, not wall time: an idle store uses about a millisecond of it in this second; one
+    // that spins uses whatever share of a core it gets (0.4 s on a loaded 2-core machine).
+    const double cpu0 = process_cpu_seconds();
+    std::this_thread::sleep_for(1s);
+    EXPECT_LT(process_cpu_seconds() - cpu0, 0.1) << "the store spun while out of file descriptors";
+    EXPECT_TRUE(closed_by_server(flood.front())) << "the oldest unproven connection was not closed for a new one";
+    for (int k = 0; k < 5; ++k) ::close(flood[k]);  // room for a rank's own end
+    flood.erase(flood.begin(), flood.begin() + 5);
+    StoreClient rank("127.0.0.1", server.port(), 5s, {"tok", "test"});
+    rank.set("k", b("v"));
+    EXPECT_EQ(s(rank.get("k")), "v");
+  }
+  for (int fd : flood) ::close(fd);
 }
 
 TEST(Store, ListensOnTheGivenAddressOnlyUnlessAsked) {

@@ -342,6 +342,115 @@ TEST(StoreAuth, AFlippedByteInASealedRequestIsRejected) {
   EXPECT_EQ(s(server.local()->get("key")), "value");
 }
 
+// A connection that has not proved the secret within the handshake's deadline is closed, whether
+// it said nothing or stopped after the challenge; the job's own clients are served on.
+TEST(StoreAuth, AStalledHandshakeIsClosedAtItsDeadline) {
+  StoreServerOptions o{"127.0.0.1", 0, false, job(kSecret)};
+  o.handshake_timeout = 200ms;
+  StoreServer server(o);
+  const int silent = raw_connect(server.port());
+  const int halfway = raw_connect(server.port());
+  send_all(halfway, encode_frame(static_cast<uint8_t>(StoreOp::kAuthHello), {"tok", "stalls"}));
+  EXPECT_EQ(parse(read_frame(halfway)).code, static_cast<uint8_t>(StoreStatus::kOk));
+  EXPECT_TRUE(closed_by_server(silent)) << "an idle connection outlived the handshake's deadline";
+  EXPECT_TRUE(closed_by_server(halfway)) << "a stalled handshake outlived its deadline";
+  ::close(silent);
+  ::close(halfway);
+  StoreClient good("127.0.0.1", server.port(), 5s, job(kSecret));
+  good.set("k", b("v"));
+  EXPECT_EQ(s(good.get("k")), "v");
+}
+
+// Past the cap on unproven connections the oldest is closed to admit the newest, so that a flood
+// of idle or half-sent connections never keeps the job's own ranks out.
+TEST(StoreAuth, AFloodOfUnprovenConnectionsClosesTheOldestAndTheJobIsServed) {
+  StoreServerOptions o{"127.0.0.1", 0, false, job(kSecret)};
+  o.max_unproven = 16;
+  StoreServer server(o);
+  std::vector<int> flood;
+  for (int i = 0; i < 200; ++i) {
+    flood.push_back(raw_connect(server.port()));
+    if (i % 2 == 1) send_all(flood.back(), std::string("\xe8\x03\x00\x00", 4) + std::string(500, 'x'));  // half of 1000 bytes
+  }
+  StoreClient good("127.0.0.1", server.port(), 5s, job(kSecret));
+  good.set("k", b("v"));
+  EXPECT_EQ(s(good.get("k")), "v");
+  EXPECT_TRUE(closed_by_server(flood.front())) << "the oldest unproven connection was kept past the cap";
+  EXPECT_TRUE(closed_by_server(flood[1])) << "the oldest half-sent frame was kept past the cap";
+  for (int fd : flood) ::close(fd);
+}
+
+// Before the proof only the handshake's short frames are read: a frame announced longer is
+// hung up on at its header, before any of it is buffered.
+TEST(StoreAuth, AFrameLongerThanAHandshakeIsRefusedBeforeTheProof) {
+  StoreServer server({"127.0.0.1", 0, false, job(kSecret)});
+  const int fresh = raw_connect(server.port());
+  send_all(fresh, std::string("\x00\x08\x00\x00", 4) + std::string(1000, 'x'));  // 2 KiB announced
+  EXPECT_TRUE(closed_by_server(fresh));
+  ::close(fresh);
+  const int challenged = raw_connect(server.port());
+  send_all(challenged, encode_frame(static_cast<uint8_t>(StoreOp::kAuthHello), {"tok", "then a long frame"}));
+  EXPECT_EQ(parse(read_frame(challenged)).code, static_cast<uint8_t>(StoreStatus::kOk));
+  send_all(challenged, std::string("\x01\x04\x00\x00", 4) + std::string(1000, 'x'));  // kMaxHandshakeBytes + 1
+  EXPECT_TRUE(closed_by_server(challenged));
+  ::close(challenged);
+  // A holder of the secret with a long label (a deep run directory) and a long host name is
+  // served: the client cuts both to what a handshake frame holds.
+  JobIdentity deep = job(kSecret);
+  deep.label = "gasloc train run_dir=" + std::string(5000, 'd');
+  StoreClient good("127.0.0.1", server.port(), 5s, deep);
+  good.set("k", b("v"));
+  EXPECT_EQ(s(server.local()->get("k")), "v");
+}
+
+namespace {
+// Everything the server sends on fd until it hangs up (or 5 s of silence).
+std::string all_said(int fd) {
+  std::string said;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) said.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return said;
+}
+}  // namespace
+
+// A store with a secret tells a connection that has not proved it nothing about its job: not its
+// token, not its label (the launcher's pid, the run directory), not whether a guessed token is
+// right. A holder of the secret from another job is told both jobs, after its proof.
+TEST(StoreAuth, NothingAboutTheJobIsToldBeforeTheProof) {
+  const JobIdentity ours{"0123456789abcdef", "gasloc launch pid 4242 run_dir=/runs/private", kSecret};
+  StoreServer server({"127.0.0.1", 0, false, ours});
+  auto says_nothing_of_the_job = [&](const std::string& said, const char* what) {
+    EXPECT_FALSE(said.empty()) << what << ": no answer";
+    for (const std::string secret_bit : {ours.token, std::string("4242"), std::string("/runs/private"), ours.label})
+      EXPECT_EQ(said.find(secret_bit), std::string::npos) << what << " told '" << secret_bit << "': " << said;
+  };
+  {  // another job's token, then a proof under another secret
+    const int fd = raw_connect(server.port());
+    send_all(fd, encode_frame(static_cast<uint8_t>(StoreOp::kAuthHello), {"intruder", "x"}));
+    const std::string challenge = read_frame(fd);
+    says_nothing_of_the_job(challenge, "the challenge to another token");
+    const Frame c = parse(challenge);
+    ASSERT_EQ(c.fields.size(), 1u) << "another token was refused before its proof (the token was guessed wrong)";
+    const std::string n_c(store_auth::kNonceBytes, 'c'), k = store_auth::store_key(kOther, "intruder");
+    send_all(fd, encode_frame(static_cast<uint8_t>(StoreOp::kAuthProof),
+                              {"x", n_c, store_auth::client_proof(k, c.fields[0], n_c, "x", "intruder")}));
+    says_nothing_of_the_job(all_said(fd), "the refusal of a wrong proof");
+  }
+  {  // the greeting of a client without a secret
+    const int fd = raw_connect(server.port());
+    send_all(fd, encode_frame(static_cast<uint8_t>(StoreOp::kHello), {"intruder", "x"}));
+    says_nothing_of_the_job(all_said(fd), "the refusal of a greeting without a secret");
+  }
+  try {
+    StoreClient other("127.0.0.1", server.port(), 5s, JobIdentity{"fedcba9876543210", "another job", kSecret});
+    FAIL() << "a client of another job was served";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(text_of(e).find("/runs/private"), std::string::npos) << text_of(e);
+    EXPECT_NE(text_of(e).find("another job"), std::string::npos) << text_of(e);
+  }
+}
+
 namespace {
 // A fake store for one StoreClient: a listener on 127.0.0.1 whose first connection the test
 // serves by hand (to alter what the client receives).
@@ -397,6 +506,34 @@ TEST(StoreAuth, AStoreThatCannotProveTheSecretIsRefusedByTheClient) {
   } catch (const AuthError& e) {
     EXPECT_NE(text_of(e).find("did not prove"), std::string::npos) << text_of(e);
     EXPECT_NE(text_of(e).find("secret"), std::string::npos) << text_of(e);
+  }
+  server.join();
+}
+
+// A flooded store closes the oldest unproven connections, a rank's among them perhaps: a greeting
+// that the store cut is tried again on a new connection within the client's timeout.
+TEST(StoreAuth, AGreetingTheStoreCutIsTriedAgain) {
+  FakeStore fake;
+  std::thread server([&] {
+    try {  // without a second connection (the failure tested for) accept() gives up after 10 s
+      const int first = ::accept(fake.fd, nullptr, nullptr);
+      read_frame(first);  // the greeting, unanswered
+      ::close(first);
+      std::string k;
+      const int second = fake.serve_handshake(kSecret, kSecret, k);
+      read_frame(second);  // request 0
+      send_all(second, store_auth::seal_frame(k, 'r', 0, static_cast<uint8_t>(StoreStatus::kOk), {"1"}));
+      char buf;
+      ::recv(second, &buf, 1, 0);  // until the client hangs up
+      ::close(second);
+    } catch (const std::exception&) {
+    }
+  });
+  try {
+    StoreClient client("127.0.0.1", fake.port, 5s, job(kSecret));
+    EXPECT_TRUE(client.check({"k"}));
+  } catch (const CommError& e) {
+    ADD_FAILURE() << "a greeting the store cut was not tried again: " << e.what();  // the thread is joined below
   }
   server.join();
 }

@@ -13,10 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <list>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -36,7 +39,6 @@ namespace {
 // so that a graceful stop's own store calls are not cut.
 constexpr auto kInterruptAfter = std::chrono::milliseconds(500);
 constexpr int kSliceMs = 100;
-constexpr uint32_t kMaxHandshakeBytes = 64 * 1024;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -88,6 +90,14 @@ void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NON
 std::string describe_job(const JobIdentity& j) {
   return fmt::format("job {}{}", j.token, j.label.empty() ? "" : " (" + j.label + ")");
 }
+
+// A token must fit the greeting's short frame (kMaxHandshakeBytes); a label is only for messages.
+void check_job_token(const std::string& token) {
+  if (token.size() > kMaxIdentityBytes)
+    throw ConfigError(fmt::format("the job token has {} bytes; a gasloc store takes at most {}", token.size(), kMaxIdentityBytes),
+                      "give a shorter --job-id");
+}
+std::string short_identity(const std::string& label) { return label.substr(0, kMaxIdentityBytes); }
 
 }  // namespace
 
@@ -281,11 +291,10 @@ struct StoreServer::State {
   }
 
   // The first token presented pins the job when the host gave none (with a secret: the first
-  // token of a client that proved it, pin = true).
-  Reply hello(const std::vector<std::string>& f, bool pin = true) {
+  // token of a client that proved it; nobody is told about the job before).
+  Reply hello(const std::vector<std::string>& f) {
     if (f.size() != 2) throw Error("malformed hello");
     std::lock_guard<std::mutex> lock(m);
-    if (job.token.empty() && !pin) return {};
     if (job.token.empty()) job.token = f[0], job.label = f[1];
     if (f[0] == job.token) return {};
     return {StoreStatus::kError,
@@ -296,23 +305,43 @@ struct StoreServer::State {
 // ---------------------------------------------------------------------------------------------
 // The server: one thread, poll() over the listening socket, a wake pipe and the clients.
 
+namespace {
+// Connections accepted in one go before the clients' requests are served again.
+constexpr int kAcceptBatch = 64;
+// Out of file descriptors with every one held by a proven client: accepting waits this long.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// Connections closed before they proved themselves are logged as a count at most this often.
+constexpr auto kShedLogEvery = std::chrono::seconds(10);
+}  // namespace
+
 struct ServerLoop {
   struct Client {
     int fd = -1;
     std::string in, out;
-    bool greeted = false;
     std::string peer;      // its address, for the log
     bool closing = false;  // closed once `out` is sent; nothing more is read
+    // Proven: greeted (without a secret) or authenticated (with one). Until then it is on
+    // `unproven`, and closed at its deadline or when the cap is reached and it is the oldest.
+    bool proven = false;
+    Clock::time_point deadline;
+    std::list<int>::iterator queued;
     // With a secret (store_auth): where the handshake stands, and the connection's keys.
-    enum class Phase { kNew, kChallenged, kAuthed } phase = Phase::kNew;
+    enum class Phase { kNew, kChallenged } phase = Phase::kNew;
     std::string token, label, id, k_store, n_s, k_conn;
     uint64_t seq = 0;  // the next request's sequence number
   };
   std::shared_ptr<StoreServer::State> state;
+  std::chrono::milliseconds handshake_timeout = kHandshakeTimeout;
+  size_t max_unproven = kMaxUnprovenConnections;
   int listen_fd = -1, port = 0;
   std::string address;
   int wake[2] = {-1, -1};
   std::thread thread;
+  std::map<int, Client> clients;
+  std::list<int> unproven;                  // the unproven clients' fds, the oldest first
+  Clock::time_point accept_paused_until{};  // out of file descriptors: listen_fd rests until then
+  int64_t shed = 0;                         // unproven connections closed since the last log line
+  Clock::time_point shed_logged{};
 
   ~ServerLoop() {
     if (thread.joinable()) {
@@ -322,6 +351,88 @@ struct ServerLoop {
     }
     for (int fd : {listen_fd, wake[0], wake[1]})
       if (fd >= 0) ::close(fd);
+  }
+
+  void mark_proven(Client& c) {
+    if (c.proven) return;
+    unproven.erase(c.queued);
+    c.proven = true;
+  }
+
+  void drop(int fd) {
+    const auto it = clients.find(fd);
+    if (it == clients.end()) return;
+    if (!it->second.proven) unproven.erase(it->second.queued);
+    ::close(fd);
+    clients.erase(it);
+  }
+
+  // Closes the oldest unproven connection (its deadline passed, or room is needed); logged as a
+  // count, since a flood closes thousands.
+  void shed_oldest(const char* why) {
+    drop(unproven.front());
+    ++shed;
+    if (const auto now = Clock::now(); now - shed_logged >= kShedLogEvery) {
+      spdlog::warn("gasloc store: closed {} connection(s) that had not proved themselves ({}; the last {} s at most); "
+                   "a flood of connections, or a client that cannot finish its greeting",
+                   shed, why, std::chrono::duration_cast<std::chrono::seconds>(kShedLogEvery).count());
+      shed = 0;
+      shed_logged = now;
+    }
+  }
+
+  void admit(int fd, const sockaddr_storage& ss, socklen_t sl) {
+    if (unproven.size() >= max_unproven) shed_oldest("the cap on unproven connections was reached");
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    Client& c = clients[fd];
+    c.fd = fd;
+    c.deadline = Clock::now() + handshake_timeout;
+    c.queued = unproven.insert(unproven.end(), fd);
+    char host[NI_MAXHOST] = {0}, serv[NI_MAXSERV] = {0};
+    if (::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), sl, host, sizeof host, serv, sizeof serv,
+                      NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+      c.peer = ss.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, serv) : fmt::format("{}:{}", host, serv);
+  }
+
+  // Accepts a batch of waiting connections. Out of file descriptors, the oldest unproven
+  // connection makes room; with none, the listening socket rests a moment instead of waking
+  // poll() at once again (a busy loop).
+  void accept_pending() {
+    for (int k = 0; k < kAcceptBatch; ++k) {
+      sockaddr_storage ss{};
+      socklen_t sl = sizeof ss;
+      const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        admit(fd, ss, sl);
+        continue;
+      }
+      if (errno == ECONNABORTED || errno == EINTR) continue;
+      const bool out_of_fds = errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
+      if (out_of_fds && !unproven.empty()) {
+        shed_oldest("out of file descriptors");
+        continue;
+      }
+      if (out_of_fds) accept_paused_until = Clock::now() + kAcceptPause;
+      return;
+    }
+  }
+
+  void close_expired() {
+    const auto now = Clock::now();
+    while (!unproven.empty() && clients.at(unproven.front()).deadline <= now)
+      shed_oldest("they did not finish their greeting in time");
+  }
+
+  // How long poll() may sleep: until the oldest unproven connection's deadline, or the end of a
+  // pause in accepting; -1 (until something happens) without either.
+  int poll_timeout_ms() const {
+    std::optional<Clock::time_point> next;
+    if (!unproven.empty()) next = clients.at(unproven.front()).deadline;
+    if (accept_paused_until != Clock::time_point{}) next = std::min(next.value_or(accept_paused_until), accept_paused_until);
+    if (!next) return -1;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
+    return static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 60'000));  // +1: not awake just before it
   }
 
   Reply serve(Client& c, uint8_t code, const std::vector<std::string>& fields) {
@@ -336,10 +447,14 @@ struct ServerLoop {
       }
       if (op == StoreOp::kHello) {
         Reply r = state->hello(fields);
-        c.greeted = r.status == StoreStatus::kOk;
+        if (r.status == StoreStatus::kOk) mark_proven(c);
+        else c.closing = true;
         return r;
       }
-      if (!c.greeted) return {StoreStatus::kError, {"say hello first (another program speaking to a gasloc store?)"}};
+      if (!c.proven) {
+        c.closing = true;
+        return {StoreStatus::kError, {"say hello first (another program speaking to a gasloc store?)"}};
+      }
       return state->apply(op, fields);
     } catch (const std::exception& e) {
       return {StoreStatus::kError, {e.what()}};
@@ -359,7 +474,7 @@ struct ServerLoop {
     using Phase = Client::Phase;
     uint8_t code = 0;
     std::vector<std::string> f;
-    if (c.phase == Phase::kAuthed) {
+    if (c.proven) {
       std::string payload, why;
       if (!store_auth::open_payload(c.k_conn, 'q', c.seq, p, payload, why)) {
         spdlog::warn("gasloc store: closed the connection of {}: a request failed its check: {}; nothing applied", who(c),
@@ -389,11 +504,9 @@ struct ServerLoop {
                             "(cluster.secret_file)"));
       return true;
     }
+    // Whether the token is this store's job is told only after the proof: a stranger learns
+    // nothing about the job here, not even whether it guessed its token.
     if (c.phase == Phase::kNew && op == StoreOp::kAuthHello && f.size() == 2) {
-      if (Reply r = state->hello(f, /*pin=*/false); r.status != StoreStatus::kOk) {
-        refuse(c, r.fields.at(0), "job");
-        return true;
-      }
       c.token = f[0];
       c.label = f[1];
       c.k_store = store_auth::store_key(state->secret, c.token);
@@ -404,7 +517,7 @@ struct ServerLoop {
     }
     if (c.phase == Phase::kChallenged && op == StoreOp::kAuthProof && f.size() == 3 &&
         f[1].size() == store_auth::kNonceBytes) {
-      c.id = f[0].substr(0, 256);
+      c.id = f[0].substr(0, kMaxIdentityBytes);
       const std::string& n_c = f[1];
       if (!crypto::equal(store_auth::client_proof(c.k_store, c.n_s, n_c, f[0], c.token), f[2])) {
         spdlog::warn("gasloc store: refused {}: its proof of the job's secret did not verify (another secret file)", who(c));
@@ -412,14 +525,14 @@ struct ServerLoop {
                   "(cluster.secret_file)");
         return true;
       }
-      if (Reply r = state->hello({c.token, c.label}, /*pin=*/true); r.status != StoreStatus::kOk) {
+      if (Reply r = state->hello({c.token, c.label}); r.status != StoreStatus::kOk) {
         refuse(c, r.fields.at(0), "job");
         return true;
       }
       c.k_conn = store_auth::connection_key(c.k_store, c.n_s, n_c, f[0]);
       c.out += encode_frame(static_cast<uint8_t>(StoreStatus::kOk),
                             {store_auth::server_proof(c.k_store, c.n_s, n_c, f[0], c.token)});
-      c.phase = Phase::kAuthed;
+      mark_proven(c);
       return true;
     }
     spdlog::warn("gasloc store: closed the connection of {}: a request (code {}) before it proved the job's secret; "
@@ -438,9 +551,9 @@ struct ServerLoop {
       if (c.in.size() < 4) return true;
       const uint32_t len = get_u32(c.in.data());
       if (len > kMaxFrameBytes) return false;
-      // Before it proved the secret, a client sends only the short frames of the handshake: it
-      // cannot make the store hold a gigabyte for it.
-      if (!state->secret.empty() && c.phase != Client::Phase::kAuthed && len > kMaxHandshakeBytes) return false;
+      // Before it proved itself, a client sends only the short frames of the greeting or the
+      // handshake: it cannot make the store hold more than one of them for it.
+      if (!c.proven && len > kMaxHandshakeBytes) return false;
       if (c.in.size() < 4 + static_cast<size_t>(len)) return true;
       const std::string p = c.in.substr(4, len);
       c.in.erase(0, 4 + static_cast<size_t>(len));
@@ -456,51 +569,45 @@ struct ServerLoop {
     }
   }
 
+  // Reads, serves and writes what poll() found for one client; false: close it.
+  bool serve_events(Client& c, short revents) {
+    if (revents & (POLLERR | POLLNVAL)) return false;
+    if (revents & (POLLIN | POLLHUP)) {
+      char buf[65536];
+      // Before its proof a client's input is read a handshake frame at a time: c.in stays small.
+      const size_t room = c.proven ? sizeof buf : kMaxHandshakeBytes + 4;
+      const ssize_t n = ::recv(c.fd, buf, room, 0);
+      if (n > 0) {
+        c.in.append(buf, static_cast<size_t>(n));
+        if (!handle_input(c)) return false;
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        return false;
+      }
+    }
+    if (!c.out.empty()) {
+      const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+      if (n > 0) c.out.erase(0, static_cast<size_t>(n));
+      else if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    }
+    return !(c.closing && c.out.empty());
+  }
+
   void run() {
-    std::map<int, Client> clients;
     for (;;) {
-      std::vector<pollfd> fds{{wake[0], POLLIN, 0}, {listen_fd, POLLIN, 0}};
+      const bool accepting = Clock::now() >= accept_paused_until;
+      if (accepting) accept_paused_until = {};
+      std::vector<pollfd> fds{{wake[0], POLLIN, 0}, {accepting ? listen_fd : -1, POLLIN, 0}};
       for (auto& [fd, c] : clients) fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
-      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) break;
+      if (::poll(fds.data(), fds.size(), poll_timeout_ms()) < 0 && errno != EINTR) break;
       if (fds[0].revents) break;
-      if (fds[1].revents & POLLIN) {
-        sockaddr_storage ss{};
-        socklen_t sl = sizeof ss;
-        const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0) {
-          const int one = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          clients[fd].fd = fd;
-          char host[NI_MAXHOST] = {0}, serv[NI_MAXSERV] = {0};
-          if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), sl, host, sizeof host, serv, sizeof serv,
-                            NI_NUMERICHOST | NI_NUMERICSERV) == 0)
-            clients[fd].peer = ss.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, serv) : fmt::format("{}:{}", host, serv);
-        }
-      }
+      // Clients first, then new connections (which may close the oldest unproven ones): a fd in
+      // fds is never one that was closed and handed out again by accept() meanwhile.
       for (size_t k = 2; k < fds.size(); ++k) {
-        Client& c = clients[fds[k].fd];
-        bool drop = (fds[k].revents & (POLLERR | POLLNVAL)) != 0;
-        if (!drop && (fds[k].revents & (POLLIN | POLLHUP))) {
-          char buf[65536];
-          const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
-          if (n > 0) {
-            c.in.append(buf, static_cast<size_t>(n));
-            drop = !handle_input(c);
-          } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-            drop = true;
-          }
-        }
-        if (!drop && !c.out.empty()) {
-          const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
-          if (n > 0) c.out.erase(0, static_cast<size_t>(n));
-          else if (n < 0 && errno != EAGAIN && errno != EINTR) drop = true;
-        }
-        if (c.closing && c.out.empty()) drop = true;
-        if (drop) {
-          ::close(c.fd);
-          clients.erase(fds[k].fd);
-        }
+        const auto it = clients.find(fds[k].fd);
+        if (it != clients.end() && fds[k].revents != 0 && !serve_events(it->second, fds[k].revents)) drop(fds[k].fd);
       }
+      if (fds[1].revents & POLLIN) accept_pending();
+      close_expired();
     }
     for (auto& [fd, c] : clients) ::close(fd);
   }
@@ -559,10 +666,13 @@ class LocalStore final : public c10d::Store {
 
 StoreServer::StoreServer(const StoreServerOptions& o)
     : state_(std::make_shared<State>()), loop_(std::make_unique<ServerLoop>()) {
+  check_job_token(o.job.token);
   state_->job = {o.job.token, o.job.label, {}};
   state_->secret = o.job.secret;
   if (!o.job.secret.empty()) state_->salt = crypto::random_bytes(kSessionSaltBytes);
   loop_->state = state_;
+  loop_->handshake_timeout = o.handshake_timeout;
+  loop_->max_unproven = std::max<size_t>(1, o.max_unproven);
   const bool any = o.all_interfaces || o.addr.empty();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -634,6 +744,7 @@ struct StoreClient::Conn {
   int port = 0;
   int fd = -1;
   std::string broken;  // the first failure; the connection is unusable after it
+  bool hung_up = false;  // the failure was the store closing the connection
   std::string k_conn;  // with a secret, once authenticated: requests and replies are sealed under it
   uint64_t seq = 0;    // the next request's sequence number
 
@@ -646,6 +757,14 @@ struct StoreClient::Conn {
   void close(const std::string& what) {
     broken = what;
     if (fd >= 0) ::close(fd), fd = -1;
+  }
+  // Usable again by connect() after a failure of the greeting.
+  void reset() {
+    close("");
+    broken.clear();
+    hung_up = false;
+    k_conn.clear();
+    seq = 0;
   }
   [[noreturn]] void fail(const std::string& what, const std::string& hint) {
     close(what);
@@ -685,9 +804,11 @@ struct StoreClient::Conn {
       await(POLLOUT, start, deadline, what, timeout);
       const ssize_t n = ::send(fd, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
       if (n > 0) done += static_cast<size_t>(n);
-      else if (n < 0 && errno != EAGAIN && errno != EINTR)
+      else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        hung_up = true;
         fail(fmt::format("lost the connection to the rendezvous store at {} during {}: {}", where(), what, errno_text(errno)),
              "the process hosting it (gasloc launch, gasloc store or rank 0) may have exited");
+      }
     }
     std::string in;
     auto read_until = [&](size_t size) {
@@ -696,10 +817,12 @@ struct StoreClient::Conn {
         char buf[65536];
         const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, size - in.size()), 0);
         if (n > 0) in.append(buf, static_cast<size_t>(n));
-        else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          hung_up = true;
           fail(fmt::format("the rendezvous store at {} closed the connection during {}", where(), what),
                "the process hosting it (gasloc launch, gasloc store or rank 0) may have exited, or the port belongs to "
                "another program");
+        }
       }
     };
     read_until(4);
@@ -777,9 +900,32 @@ struct StoreClient::Conn {
 
 StoreClient::StoreClient(const std::string& addr, int port, std::chrono::milliseconds timeout, const JobIdentity& job)
     : c10d::Store(timeout), conn_(std::make_unique<Conn>()), job_(job) {
+  check_job_token(job.token);
   conn_->addr = addr;
   conn_->port = port;
-  conn_->connect(timeout);
+  // A store closes connections that have not proved themselves when it is flooded with them (the
+  // oldest first; docs/communication.md, "Before the proof"): a greeting cut that way is tried
+  // again on a new connection while the timeout lasts.
+  const auto deadline = Clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  for (;;) {
+    conn_->connect(left());
+    try {
+      greet(left());
+      return;
+    } catch (const CommError&) {
+      if (!conn_->hung_up || Clock::now() >= deadline) throw;
+    }
+    conn_->reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void StoreClient::greet(std::chrono::milliseconds timeout) {
+  const JobIdentity& job = job_;
   // Another job's store, or a secret that differs: the rank's configuration is wrong, not a peer.
   auto refused = [&](const Reply& r) {
     const std::string what =
@@ -796,13 +942,13 @@ StoreClient::StoreClient(const std::string& addr, int port, std::chrono::millise
                             "start every rank of a job with the same configuration and train.run_dir");
   };
   if (job.secret.empty()) {
-    const Reply r = conn_->request(StoreOp::kHello, {job.token, job.label}, "the greeting", timeout);
+    const Reply r = conn_->request(StoreOp::kHello, {job.token, short_identity(job.label)}, "the greeting", timeout);
     if (r.status != StoreStatus::kOk) refused(r);
     return;
   }
   // store_auth (store.hpp): the client proves the secret first, then the store.
   const std::string k_store = store_auth::store_key(job.secret, job.token);
-  Reply r = conn_->request(StoreOp::kAuthHello, {job.token, job.label}, "the greeting", timeout);
+  Reply r = conn_->request(StoreOp::kAuthHello, {job.token, short_identity(job.label)}, "the greeting", timeout);
   if (r.status != StoreStatus::kOk) refused(r);
   if (r.fields.size() != 1 || r.fields[0].size() != store_auth::kNonceBytes)
     conn_->fail(fmt::format("the rendezvous store at {} answered the greeting with garbage", where()),
@@ -810,7 +956,7 @@ StoreClient::StoreClient(const std::string& addr, int port, std::chrono::millise
   const std::string n_s = r.fields[0], n_c = crypto::random_bytes(store_auth::kNonceBytes);
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
-  const std::string id = fmt::format("{} pid {}", host, ::getpid());
+  const std::string id = short_identity(fmt::format("{} pid {}", host, ::getpid()));
   r = conn_->request(StoreOp::kAuthProof, {id, n_c, store_auth::client_proof(k_store, n_s, n_c, id, job.token)},
                      "the proof of the job's secret", timeout);
   if (r.status != StoreStatus::kOk) refused(r);

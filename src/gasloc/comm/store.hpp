@@ -21,6 +21,7 @@
 // Wire format (both directions): u32 payload length, then the payload: u8 code, u32 field
 // count, then each field as u32 length + bytes. Integers travel as decimal text. A frame over
 // kMaxFrameBytes or that does not parse closes that client's connection; the server goes on.
+// Before a client proved itself only the handshake's short frames are read (kMaxHandshakeBytes).
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -46,11 +47,21 @@ std::string derive_job_token(const std::string& shared_text);
 // A fresh random token (gasloc launch draws one per job).
 std::string random_job_token();
 
+// What a connection may cost the store before it proved itself (its greeting without a secret,
+// store_auth's handshake with one), so that a flood of connections that never do cannot lock the
+// job's own ranks out (docs/communication.md, "Authenticated jobs"):
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);  // it is closed when not proven by then
+constexpr size_t kMaxUnprovenConnections = 1024;             // the oldest is closed to admit one more
+constexpr uint32_t kMaxHandshakeBytes = 1024;                // a longer frame before the proof closes it
+constexpr size_t kMaxIdentityBytes = 256;                    // a job token's bytes; labels and ids are cut to it
+
 struct StoreServerOptions {
   std::string addr = "127.0.0.1";  // bound; "" or all_interfaces: every interface
   int port = 0;                    // 0: the OS picks a free one (port() says which)
   bool all_interfaces = false;     // listen on 0.0.0.0 / :: whatever addr says
   JobIdentity job;                 // empty token: the first client's token pins the job
+  std::chrono::milliseconds handshake_timeout = kHandshakeTimeout;
+  size_t max_unproven = kMaxUnprovenConnections;
 };
 
 class StoreServer {
@@ -78,8 +89,10 @@ class StoreServer {
 
 class StoreClient final : public c10d::Store {
  public:
-  // Connects to addr:port, retrying until `timeout` (the host may start after this process), and
-  // presents `job`. Throws CommError: unreachable, no answer, another job's store.
+  // Connects to addr:port, retrying until `timeout` (the host may start after this process, or
+  // close the connection during the greeting when flooded), and presents `job`. Throws CommError
+  // (unreachable, no answer), ConfigError (another job's store, a token over kMaxIdentityBytes),
+  // AuthError (another secret).
   StoreClient(const std::string& addr, int port, std::chrono::milliseconds timeout, const JobIdentity& job);
   ~StoreClient() override;
 
@@ -102,6 +115,9 @@ class StoreClient final : public c10d::Store {
   struct Conn;
 
  private:
+  // The greeting, and with a secret the handshake, on the connection just opened; throws
+  // CommError, AuthError (another secret) or ConfigError (another job).
+  void greet(std::chrono::milliseconds timeout);
   std::unique_ptr<Conn> conn_;
   JobIdentity job_;
 };
@@ -164,8 +180,9 @@ std::string encode_frame(uint8_t code, const std::vector<std::string>& fields);
 // ("c" | N_s | N_c | id | job) and ("s" | N_c | N_s | id | job): the client proves first, so the
 // server answers nobody's challenge before they proved the secret. The connection's key is
 // K_c = HMAC(K_store, "conn" | N_s | N_c | id); every later frame is sealed under it. The server
-// pins its job only once a client proved the secret. A refusal of the secret is a kError reply
-// whose second field is "auth".
+// pins its job only once a client proved the secret, and tells nothing about it before (not its
+// token, label, launcher or run directory: a client of another job learns that it is one only
+// after its proof). A refusal of the secret is a kError reply whose second field is "auth".
 namespace store_auth {
 constexpr size_t kNonceBytes = 16;
 constexpr size_t kTagBytes = 16;  // a truncated HMAC-SHA256
