@@ -88,4 +88,17 @@ grep -q "^html: " report.log || fail "report --html did not name its file: $(cat
 dump_dom "file://$tmp/report.html" > frozen.html || fail "chromium could not open report.html: $(tail -5 chromium.log)"
 drawn=$(charts_drawn frozen.html)
 [ -n "$drawn" ] && [ "$drawn" -ge 5 ] || fail "report --html drew ${drawn:-no} charts, not 5: $(head -c 2000 frozen.html)"
-echo "dashboard_page: OK (live page drew $(charts_drawn live.html) charts, report --html $drawn)"
+
+# Two runs on one page: each metric is one chart with a curve per run (data-run-series, which
+# the page sets on each comparing chart), and the picker (here #hide=NAME) hides a run's curves.
+cp -r run run2
+"$G" report run run2 --html compare.html > report.log || fail "report --html of two runs failed: $(cat report.log)"
+run_series() { sed -nE "s/.*data-chart=\"$2\" data-run-series=\"([0-9]+)\" data-runs-shown=\"([0-9]+)\".*/\1 \2/p" "$1" | head -1; }
+dump_dom "file://$tmp/compare.html" > compare_dom.html || fail "chromium could not open compare.html: $(tail -5 chromium.log)"
+for chart in train val consensus; do
+  [ "$(run_series compare_dom.html $chart)" = "2 2" ] ||
+    fail "the $chart chart of two runs does not hold both runs' curves: '$(run_series compare_dom.html $chart)'"
+done
+dump_dom "file://$tmp/compare.html#hide=run2" > hidden_dom.html || fail "chromium could not open compare.html#hide=run2"
+[ "$(run_series hidden_dom.html val)" = "2 1" ] || fail "#hide=run2 did not hide run2's curve: '$(run_series hidden_dom.html val)'"
+echo "dashboard_page: OK (live page drew $(charts_drawn live.html) charts, report --html $drawn; two runs on one chart each)"

@@ -1,13 +1,23 @@
 // The dashboard's data (study/dashboard.hpp): what the page polls, built from a run directory the
-// test writes line by line, as a trainer does.
+// test writes line by line, as a trainer does; and its HTTP server (apps/gasloc/http_server.hpp)
+// on loopback, against clients that read slowly, connect and stay idle, or name another Host.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <atomic>
+#include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/core/interrupt.hpp"
 #include "gasloc/study/dashboard.hpp"
 #include "gasloc/train/metrics.hpp"
+#include "http_server.hpp"
 #include "test_util.hpp"
 
 namespace gasloc {
@@ -234,6 +244,185 @@ TEST(Dashboard, FrozenPageHoldsItsDataOrSaysHowToGetUplot) {
   EXPECT_EQ(html.find("\"dataUrl\":\"data.json\""), std::string::npos);  // frozen: no polling
   page.data_url = "data.json";
   EXPECT_NE(study::dashboard_html(page).find("\"dataUrl\":\"data.json\""), std::string::npos);
+}
+
+// A run directory whose name is not UTF-8 (Latin-1 "café") is served with U+FFFD in its
+// name, and the other runs with it: nlohmann's dump() throws on such bytes.
+TEST(Dashboard, RunDirectoryNamedInLatin1IsServedWithOthers) {
+  const fs::path good = make_run("good", 1, 10), latin1 = good.parent_path() / "caf\xE9";
+  fs::remove_all(latin1);
+  fs::rename(make_run("latin1", 1, 10), latin1);  // made under a UTF-8 name: run.json holds the path
+  append(latin1, line_of(train_line(5, 0, 4.0)));
+  append(good, line_of(train_line(5, 0, 3.5)));
+  std::vector<study::RunWatch> runs;
+  runs.emplace_back(latin1, latin1.filename().string());
+  runs.emplace_back(good, "good");
+  const json data = study::dashboard_json(runs);
+
+  const json served = json::parse(study::json_text(data));  // what /data.json answers
+  ASSERT_EQ(served["runs"].size(), 2u);
+  EXPECT_EQ(served["runs"][0]["name"], "caf\xEF\xBF\xBD");
+  EXPECT_EQ(doubles(served["runs"][0]["workers"]["0"]["train_loss"]), (std::vector<double>{4.0}));
+  EXPECT_EQ(doubles(served["runs"][1]["workers"]["0"]["train_loss"]), (std::vector<double>{3.5}));
+  EXPECT_EQ(json::parse(study::json_for_html(data)), served);  // report --html embeds the same
+}
+
+// ---- The HTTP server ----
+
+constexpr size_t kBigBody = 32 << 20;  // far more than loopback's socket buffers hold
+
+// A server on 127.0.0.1 serving "/big" (kBigBody bytes) and anything else as "small", in a thread,
+// until the test ends.
+class ServerThread {
+ public:
+  explicit ServerThread(app::HttpLimits limits = {}, const std::vector<std::string>& extra_hosts = {})
+      : server_("127.0.0.1", 0, extra_hosts, limits) {
+    clear_interrupt();
+    thread_ = std::thread([this] { server_.serve(answer); });
+  }
+  ~ServerThread() {
+    request_interrupt();
+    thread_.join();
+    clear_interrupt();
+  }
+  ServerThread(const ServerThread&) = delete;
+  ServerThread& operator=(const ServerThread&) = delete;
+  int port() const { return server_.port(); }
+
+ private:
+  static app::HttpResponse answer(const std::string& path) {
+    if (path == "/big") return {200, "application/octet-stream", std::string(kBigBody, 'x')};
+    return {200, "text/plain", "small"};
+  }
+  app::HttpServer server_;
+  std::thread thread_;
+};
+
+// A closed-on-exit client socket connected to 127.0.0.1:port.
+struct Client {
+  int fd;
+  explicit Client(int port) : fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+      throw std::runtime_error(std::string("cannot connect: ") + std::strerror(errno));
+  }
+  ~Client() { ::close(fd); }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  void send_text(const std::string& text) const {
+    ASSERT_EQ(::send(fd, text.data(), text.size(), MSG_NOSIGNAL), static_cast<ssize_t>(text.size()));
+  }
+  void request(const std::string& path, const std::string& host = "127.0.0.1") const {
+    send_text("GET " + path + " HTTP/1.1\r\n" + (host.empty() ? "" : "Host: " + host + "\r\n") + "\r\n");
+  }
+  // Up to `max` bytes; "" once the server closed (or reset) the connection. Waits at most `limit`
+  // for them, and says so: a server that stopped answering fails the test instead of hanging it.
+  std::string receive(size_t max, std::chrono::seconds limit, bool* waited_out = nullptr) const {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(limit).count()));
+    if (waited_out) *waited_out = ready == 0;
+    if (ready <= 0) return {};
+    std::string buf(max, '\0');
+    const ssize_t n = ::recv(fd, buf.data(), max, 0);
+    buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return buf;
+  }
+  // The whole answer to a small request: what comes until the server closes.
+  std::string answer(std::chrono::seconds limit = std::chrono::seconds(20)) const {
+    std::string all;
+    for (std::string part; !(part = receive(1 << 16, limit)).empty();) all += part;
+    return all;
+  }
+};
+
+std::string status_line(const std::string& response) { return response.substr(0, response.find("\r\n")); }
+
+std::string get(int port, const std::string& path, const std::string& host = "127.0.0.1") {
+  Client c(port);
+  c.request(path, host);
+  return c.answer();
+}
+
+// A client that takes a large answer a little at a time (16 KiB every 20 ms: steady progress, so
+// no per-send timeout ever fires) must not keep the one-thread server from answering another.
+TEST(DashboardServer, SlowReaderDoesNotHoldUpOtherClients) {
+  ServerThread server;
+  Client slow(server.port());
+  slow.request("/big");
+  ASSERT_EQ(status_line(slow.receive(4096, std::chrono::seconds(20))), "HTTP/1.1 200 OK");  // being answered now
+  std::atomic<bool> other_answered{false};
+  std::thread reader([&] {
+    while (!other_answered && !slow.receive(16 << 10, std::chrono::seconds(1)).empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  });
+  // At this pace the slow answer would last 40 s, longer than this client waits (20 s).
+  const std::string other = get(server.port(), "/small");
+  other_answered = true;
+  reader.join();
+  EXPECT_EQ(status_line(other), "HTTP/1.1 200 OK") << "the server answered nobody while a slow client read";
+}
+
+// However steadily a client reads, its answer is cut off at the send deadline.
+TEST(DashboardServer, SendDeadlineEndsASlowAnswer) {
+  app::HttpLimits limits;
+  limits.send_deadline = std::chrono::seconds(1);
+  ServerThread server(limits);
+  Client slow(server.port());
+  slow.request("/big");
+  size_t received = 0;
+  bool waited_out = false;
+  for (std::string part; !(part = slow.receive(1 << 16, std::chrono::seconds(20), &waited_out)).empty();) {
+    received += part.size();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // 3 MiB/s: 10 s for the whole answer
+  }
+  EXPECT_FALSE(waited_out) << "the server neither sent nor closed for 20 s";
+  EXPECT_GT(received, 0u);
+  EXPECT_LT(received, kBigBody) << "a slow reader took a whole answer past a 1 s send deadline";
+}
+
+// More idle connections than the cap (a browser's pre-connections, or a client that opens many
+// and sends nothing): the oldest idle ones are dropped, and a real request is still answered.
+TEST(DashboardServer, IdleConnectionsDoNotLockOutARequest) {
+  ServerThread server;
+  std::vector<std::unique_ptr<Client>> idle;
+  for (size_t i = 0; i < app::HttpLimits{}.max_connections + 4; ++i) {
+    idle.push_back(std::make_unique<Client>(server.port()));
+    if (i % 2) idle.back()->send_text("GET / HTTP/1.1\r\n");  // half a head, then silence
+  }
+  EXPECT_EQ(status_line(get(server.port(), "/small")), "HTTP/1.1 200 OK");
+  // The oldest idle connection was the one dropped.
+  EXPECT_EQ(idle.front()->answer(), "");
+}
+
+// DNS rebinding: a page of another site whose name resolves to 127.0.0.1 sends its own Host.
+TEST(DashboardServer, OnlyItsOwnHostNamesAreServed) {
+  ServerThread server({}, {"trainbox"});
+  const std::string port = std::to_string(server.port());
+  using Hosts = std::vector<std::string>;
+  for (const std::string& host :
+       Hosts{"127.0.0.1", "127.0.0.1:" + port, "localhost", "LocalHost:8080", "[::1]", "[::1]:80", "trainbox:" + port})
+    EXPECT_EQ(status_line(get(server.port(), "/", host)), "HTTP/1.1 200 OK") << host;
+  for (const std::string& host : Hosts{"evil.example", "evil.example:" + port, "localhost.evil.example",
+                                       "127.0.0.1:80x", "[::1", "::1", "127.0.0.2"}) {
+    const std::string refused = get(server.port(), "/", host);
+    EXPECT_EQ(status_line(refused), "HTTP/1.1 421 Misdirected Request") << host;
+    EXPECT_NE(refused.find("--allow-host"), std::string::npos) << refused;
+  }
+  EXPECT_EQ(status_line(get(server.port(), "/", "")), "HTTP/1.1 400 Bad Request");  // no Host at all
+}
+
+TEST(DashboardServer, HostRuleTakesTheListenAddress) {
+  const std::vector<std::string> names = {"127.0.0.1", "localhost", "[::1]", "192.168.1.5"};  // --addr 192.168.1.5
+  EXPECT_TRUE(app::host_is_allowed("192.168.1.5:8080", names));
+  EXPECT_TRUE(app::host_is_allowed(" localhost ", names));
+  EXPECT_FALSE(app::host_is_allowed("192.168.1.50", names));
+  EXPECT_FALSE(app::host_is_allowed("", names));
+  EXPECT_FALSE(app::host_is_allowed("localhost:", names));
+  EXPECT_THROW(app::HttpServer("127.0.0.1", 0, {"trainbox:8080"}), Error);
 }
 
 }  // namespace

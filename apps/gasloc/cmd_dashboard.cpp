@@ -23,6 +23,7 @@ namespace {
 struct DashboardOptions {
   std::vector<std::string> runs;
   std::string addr = "127.0.0.1";
+  std::vector<std::string> allowed_hosts;
   int port = 8080;
   double refresh_s = 3;
 };
@@ -35,6 +36,9 @@ void add_dashboard_options(CLI::App& app, DashboardOptions& o) {
                  "IPv4 address to listen on; anything but loopback lets other hosts read the runs' metrics "
                  "(an ssh tunnel is safer: docs/training.md)")
       ->capture_default_str();
+  app.add_option("--allow-host", o.allowed_hosts,
+                 "another name the page may be opened under (as in the browser's address), besides 127.0.0.1, "
+                 "localhost, [::1] and --addr; requests for any other Host are refused (DNS rebinding)");
   app.add_option("--refresh", o.refresh_s, "seconds between the page's updates")
       ->check(CLI::Range(0.2, 3600.0))
       ->capture_default_str();
@@ -85,7 +89,7 @@ int run_dashboard(const DashboardOptions& o) {
   page.refresh_s = o.refresh_s;
   const std::string html = study::dashboard_html(page);
 
-  HttpServer server(o.addr, o.port);
+  HttpServer server(o.addr, o.port, o.allowed_hosts);
   if (!is_loopback(o.addr))
     fmt::print(stderr, "warning: listening on {}: any host that reaches it can read these runs' metrics; "
                "an ssh tunnel to the default 127.0.0.1 keeps it private (docs/training.md)\n", o.addr);
@@ -96,7 +100,7 @@ int run_dashboard(const DashboardOptions& o) {
   server.serve([&](const std::string& target) -> HttpResponse {
     const std::string path = target.substr(0, target.find('?'));
     if (path == "/" || path == "/index.html") return {200, "text/html; charset=utf-8", html};
-    if (path == "/data.json") return {200, "application/json", study::dashboard_json(runs).dump()};
+    if (path == "/data.json") return {200, "application/json", study::json_text(study::dashboard_json(runs))};
     return {404, "text/plain; charset=utf-8", "not found: the page is /, its data /data.json\n"};
   });
   fmt::print("dashboard: stopped\n");

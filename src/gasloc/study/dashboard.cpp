@@ -242,10 +242,14 @@ json dashboard_json(std::vector<RunWatch>& runs) {
   return {{"generated", stamp}, {"runs", out}};
 }
 
+std::string json_text(const json& data) {
+  return data.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
 std::string json_for_html(const json& data) {
   // '<' occurs only inside JSON strings, where \u003c means the same; U+2028/U+2029 end a line
   // in older JavaScript parsers.
-  const std::string text = data.dump();
+  const std::string text = json_text(data);
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size(); ++i) {

@@ -76,6 +76,10 @@ class RunWatch {
 // {"generated": ISO time, "runs": [run.to_json()...]} after refreshing every run.
 nlohmann::json dashboard_json(std::vector<RunWatch>& runs);
 
+// The JSON text of a document. Its strings may hold bytes that are not UTF-8 (a run directory
+// named in Latin-1): each such byte becomes U+FFFD, where dump() would throw.
+std::string json_text(const nlohmann::json& data);
+
 // The JSON of a document, safe to embed in an HTML <script>: no '<' (so no "</script>") and
 // no U+2028/U+2029 line separators inside strings.
 std::string json_for_html(const nlohmann::json& data);

@@ -1,12 +1,16 @@
 // The dashboard page: one HTML document with uPlot and the page's script inline, so that it needs
 // nothing but its data (polled from the server, or embedded for `report --html`). The script
-// reads the layout of dashboard_json (dashboard.cpp) and draws, per run: training loss per worker,
-// validation loss (the average model and each worker's own) with the unigram baseline as a
-// horizontal line, consensus distance, MB sent and compute utilization per worker, against step
-// or time, with membership changes (died / joined) as vertical lines.
+// reads the layout of dashboard_json (dashboard.cpp) and draws, against step or time:
+// - with several runs, "Runs compared": one chart per metric with one curve per run (the mean over
+//   its workers for per-worker metrics), and a picker that shows or hides a run everywhere;
+// - per run, a section (folded while runs are compared): training loss per worker, validation
+//   loss (the average model and each worker's own) with the unigram baseline as a horizontal line,
+//   consensus distance, MB sent and compute utilization per worker, with membership changes
+//   (died / joined) as vertical lines.
 //
-// When it has drawn, <body> carries data-charts-drawn (how many charts drew), data-runs and,
-// per run section, data-state and data-last-step: what tests read from a headless browser's DOM.
+// When it has drawn, <body> carries data-charts-drawn (how many charts drew) and data-runs; each
+// run section data-state and data-last-step; each comparing chart data-run-series (its run curves)
+// and data-runs-shown: what tests read from a headless browser's DOM.
 #include <fmt/format.h>
 
 #include "gasloc/core/error.hpp"
@@ -22,6 +26,10 @@ body { font: 14px system-ui, sans-serif; margin: 16px; color: #222; background: 
 header { display: flex; gap: 24px; align-items: baseline; flex-wrap: wrap; }
 h1 { font-size: 20px; margin: 0; }
 h2 { font-size: 16px; margin: 20px 0 4px; }
+summary h2 { display: inline; }
+summary { cursor: pointer; margin-top: 16px; }
+summary .about { margin: 2px 0 6px 18px; }
+#picker label { margin-right: 14px; font-weight: 600; cursor: pointer; }
 .muted { color: #666; }
 .error { color: #b00; }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr)); gap: 12px; }
@@ -35,9 +43,10 @@ constexpr const char* kScript = R"js(
 "use strict";
 const palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                  "#bcbd22", "#17becf"];
-const charts = new Map();   // "run/chart" -> {plot, signature}
+const charts = new Map();   // "run/chart" or "overlay/chart" -> {plot, signature, views, runs}
 const drawn = new Set();    // charts that drew at least once
 let xMode = "step";
+const hiddenRuns = new Set();  // names of the runs the picker hides
 let lastData = null;
 
 function el(tag, attrs, text) {
@@ -47,25 +56,65 @@ function el(tag, attrs, text) {
   return e;
 }
 
-// The curves of each chart of one run: [{title, yLabel, curves: [{label, x, y, color, width, dash}],
-// baseline, views}].
+const xsOf = (s) => xMode === "step" ? s.step : s.time;
+
+// The curves of each chart of one run: [{key, title, curves: [{label, x, y, color, width, dash}],
+// baselines}].
 function chartsOf(run) {
-  const xs = (s) => xMode === "step" ? s.step : s.time;
   const ids = Object.keys(run.workers).sort((a, b) => a - b);
   const perWorker = (field, scale) => ids.map((id, i) => ({
-    label: "worker " + id, x: xs(run.workers[id]),
+    label: "worker " + id, x: xsOf(run.workers[id]),
     y: run.workers[id][field].map(v => v === null ? null : v * scale), color: palette[i % palette.length], width: 1.5 }));
   const own = Object.keys(run.eval.own).sort((a, b) => a - b).map((id, i) => ({
-    label: "worker " + id + " own", x: xs(run.eval.own[id]), y: run.eval.own[id].val_loss,
+    label: "worker " + id + " own", x: xsOf(run.eval.own[id]), y: run.eval.own[id].val_loss,
     color: palette[i % palette.length], width: 1, dash: [4, 3] }));
-  const average = { label: "average model", x: xs(run.eval), y: run.eval.val_loss, color: "#000", width: 2.5 };
-  const consensus = { label: "consensus distance", x: xs(run.eval), y: run.eval.consensus, color: "#9467bd", width: 2 };
+  const average = { label: "average model", x: xsOf(run.eval), y: run.eval.val_loss, color: "#000", width: 2.5 };
+  const consensus = { label: "consensus distance", x: xsOf(run.eval), y: run.eval.consensus, color: "#9467bd", width: 2 };
+  const baselines = typeof run.unigram === "number" ? [run.unigram] : [];
   return [
-    { key: "train", title: "Training loss", curves: perWorker("train_loss", 1), baseline: run.unigram },
-    { key: "val", title: "Validation loss", curves: [average].concat(own), baseline: run.unigram },
+    { key: "train", title: "Training loss", curves: perWorker("train_loss", 1), baselines },
+    { key: "val", title: "Validation loss", curves: [average].concat(own), baselines },
     { key: "consensus", title: "Consensus distance (mean squared distance to the average)", curves: [consensus] },
     { key: "bytes", title: "MB sent per worker", curves: perWorker("mb_sent", 1) },
     { key: "util", title: "Compute utilization (%)", curves: perWorker("utilization", 100) },
+  ];
+}
+
+// One run's per-worker field as one curve: at each logged step the mean over the workers that
+// computed it (null where none did), at the latest of their times.
+function workerMean(run, field, scale) {
+  const byStep = new Map();
+  for (const w of Object.values(run.workers)) {
+    w.step.forEach((step, i) => {
+      const at = byStep.get(step) || { sum: 0, n: 0, time: -Infinity };
+      if (w[field][i] !== null) { at.sum += w[field][i]; at.n += 1; }
+      at.time = Math.max(at.time, w.time[i]);
+      byStep.set(step, at);
+    });
+  }
+  const step = [...byStep.keys()].sort((a, b) => a - b);
+  return { step, time: step.map(s => byStep.get(s).time),
+           y: step.map(s => { const at = byStep.get(s); return at.n ? at.sum / at.n * scale : null; }) };
+}
+
+// The charts that compare runs: one per metric, one curve per run, in the run's colour.
+function overlayCharts(runs) {
+  const perRun = (curveOf) => runs.map((run, i) => Object.assign(
+    { label: run.name, run: run.name, color: palette[i % palette.length], width: 2 }, curveOf(run)));
+  const evaluated = (field) => (run) => ({ x: xsOf(run.eval), y: run.eval[field] });
+  const meanOfWorkers = (field, scale) => (run) => {
+    const m = workerMean(run, field, scale);
+    return { x: xsOf(m), y: m.y };
+  };
+  const baselines = [...new Set(runs.map(r => r.unigram).filter(v => typeof v === "number"))];
+  return [
+    { key: "train", title: "Training loss (mean over each run's workers)", curves: perRun(meanOfWorkers("train_loss", 1)),
+      baselines },
+    { key: "val", title: "Validation loss (each run's average model)", curves: perRun(evaluated("val_loss")), baselines },
+    { key: "consensus", title: "Consensus distance", curves: perRun(evaluated("consensus")) },
+    { key: "bytes", title: "MB sent per worker (mean over workers)", curves: perRun(meanOfWorkers("mb_sent", 1)) },
+    { key: "util", title: "Compute utilization (%, mean over workers)",
+      curves: perRun(meanOfWorkers("utilization", 100)) },
   ];
 }
 
@@ -107,16 +156,19 @@ function alignedData(spec) {
   // A curve's own nulls (a step its worker did not compute) are kept as gaps; the holes join
   // leaves where only another curve has a point are undefined, which uPlot draws across.
   const data = uPlot.join(curves.map(c => [c.x, c.y]), curves.map(c => [1]));
-  if (typeof spec.baseline === "number") data.push(data[0].map(() => spec.baseline));
+  for (const b of spec.baselines || []) data.push(data[0].map(() => b));
   return { curves, data };
 }
 
 function plotOptions(spec, curves, width, views) {
   const series = [{ label: xMode === "step" ? "step" : "time (s)" }];
   for (const c of curves)
-    series.push({ label: c.label, stroke: c.color, width: c.width, dash: c.dash, spanGaps: false, points: { show: false } });
-  if (typeof spec.baseline === "number")
-    series.push({ label: "unigram baseline", stroke: "#888", width: 1.5, dash: [8, 4], points: { show: false } });
+    series.push({ label: c.label, stroke: c.color, width: c.width, dash: c.dash, spanGaps: false, points: { show: false },
+                  show: !hiddenRuns.has(c.run) });
+  const baselines = spec.baselines || [];
+  for (const b of baselines)
+    series.push({ label: "unigram baseline" + (baselines.length > 1 ? " " + b.toFixed(4) : ""), stroke: "#888",
+                  width: 1.5, dash: [8, 4], points: { show: false } });
   return {
     width, height: 240, series,
     scales: { x: { time: false } },
@@ -136,7 +188,7 @@ function drawChart(box, key, spec, views) {
     box.querySelector(".plot").textContent = "no data yet";
     return;
   }
-  const signature = xMode + "|" + aligned.curves.map(c => c.label).join(",") + "|" + (typeof spec.baseline === "number");
+  const signature = xMode + "|" + aligned.curves.map(c => c.label).join(",") + "|" + (spec.baselines || []).join(",");
   if (old && old.signature === signature) {
     old.views.length = 0;
     old.views.push(...views);
@@ -150,7 +202,18 @@ function drawChart(box, key, spec, views) {
   const width = Math.max(300, box.clientWidth - 14);
   const plot = new uPlot(plotOptions(spec, aligned.curves, width, liveViews), aligned.data, target);
   plot.gaslocKey = key;
-  charts.set(key, { plot, signature, views: liveViews });
+  charts.set(key, { plot, signature, views: liveViews, runs: [null].concat(aligned.curves.map(c => c.run)) });
+}
+
+// The chart boxes of a grid, made the first time.
+function chartBox(grid, spec) {
+  let box = grid.querySelector(`[data-chart="${spec.key}"]`);
+  if (!box) {
+    box = el("div", { class: "chart", "data-chart": spec.key });
+    box.append(el("h3", {}, spec.title), el("div", { class: "plot" }));
+    grid.append(box);
+  }
+  return box;
 }
 
 function describe(run) {
@@ -165,12 +228,18 @@ function describe(run) {
   return `${run.state}: ${steps}${age}. ${what}${base}${churn}.`;
 }
 
-function runSection(run, index) {
+// A run's own section: what it is, and its per-worker charts, folded while several runs are
+// compared above (opening it draws them).
+function runSection(run, index, count) {
   const id = "run-" + index;
   let section = document.getElementById(id);
   if (!section) {
-    section = el("section", { id });
-    section.append(el("h2"), el("div", { class: "muted about" }), el("div", { class: "error" }), el("div", { class: "charts" }));
+    section = el("details", { id, class: "run" });
+    section.open = count === 1;
+    const summary = el("summary");
+    summary.append(el("h2"), el("div", { class: "muted about" }));
+    section.append(summary, el("div", { class: "error" }), el("div", { class: "charts" }));
+    section.addEventListener("toggle", () => { if (section.open && lastData) render(lastData); });
     document.getElementById("runs").append(section);
   }
   section.querySelector("h2").textContent = run.name + "  (" + run.dir + ")";
@@ -181,22 +250,61 @@ function runSection(run, index) {
   return section;
 }
 
+// The picker: one checkbox per run, in its colour, showing or hiding its curves in every chart.
+function renderPicker(runs) {
+  const picker = document.getElementById("picker");
+  if (picker.childElementCount === runs.length) return;  // the runs are fixed for the page's life
+  picker.textContent = "";
+  runs.forEach((run, i) => {
+    const input = el("input", { type: "checkbox", "data-run": run.name });
+    input.checked = !hiddenRuns.has(run.name);
+    input.addEventListener("change", () => {
+      if (input.checked) hiddenRuns.delete(run.name); else hiddenRuns.add(run.name);
+      showRuns();
+      saveAddress();
+    });
+    const label = el("label", { class: "pick" });
+    label.style.color = palette[i % palette.length];
+    label.append(input, " " + run.name);
+    picker.append(label);
+  });
+}
+
+// Applies the picker to the charts that compare runs and to the runs' sections. Each chart box
+// says how many run curves it has (data-run-series) and shows (data-runs-shown), for tests.
+function showRuns() {
+  for (const box of document.querySelectorAll("#overlay .chart")) {
+    const chart = charts.get("overlay/" + box.dataset.chart);
+    const runs = chart ? chart.runs.filter(r => typeof r === "string") : [];
+    if (chart)
+      chart.runs.forEach((run, i) => { if (typeof run === "string") chart.plot.setSeries(i, { show: !hiddenRuns.has(run) }); });
+    box.dataset.runSeries = runs.length;
+    box.dataset.runsShown = runs.filter(r => !hiddenRuns.has(r)).length;
+  }
+  if (lastData && lastData.runs.length > 1)
+    lastData.runs.forEach((run, index) => { document.getElementById("run-" + index).hidden = hiddenRuns.has(run.name); });
+}
+
+// The charts comparing runs, above the runs' own sections: only when there are several.
+function renderOverlay(runs) {
+  const compare = document.getElementById("compare");
+  compare.hidden = runs.length < 2;
+  if (compare.hidden) return;
+  renderPicker(runs);
+  const grid = document.getElementById("overlay");
+  for (const spec of overlayCharts(runs)) drawChart(chartBox(grid, spec), "overlay/" + spec.key, spec, []);
+}
+
 function render(data) {
   lastData = data;
+  renderOverlay(data.runs);
   data.runs.forEach((run, index) => {
-    const section = runSection(run, index);
+    const section = runSection(run, index, data.runs.length);
+    if (!section.open) return;
     const grid = section.querySelector(".charts");
-    for (const spec of chartsOf(run)) {
-      const key = index + "/" + spec.key;
-      let box = grid.querySelector(`[data-chart="${spec.key}"]`);
-      if (!box) {
-        box = el("div", { class: "chart", "data-chart": spec.key });
-        box.append(el("h3", {}, spec.title), el("div", { class: "plot" }));
-        grid.append(box);
-      }
-      drawChart(box, key, spec, run.views);
-    }
+    for (const spec of chartsOf(run)) drawChart(chartBox(grid, spec), index + "/" + spec.key, spec, run.views);
   });
+  showRuns();
   document.body.dataset.runs = data.runs.length;
   document.getElementById("status").textContent =
     (GASLOC.dataUrl ? "updated " : "written ") + new Date().toLocaleTimeString() + " (data of " + data.generated + ")";
@@ -210,11 +318,25 @@ function poll() {
     .finally(() => setTimeout(poll, GASLOC.refreshMs));
 }
 
-// The x axis: step, or time with #time at the end of the address (a bookmark, a screenshot).
-if (location.hash === "#time") xMode = "time";
+// The address keeps the view for a bookmark or a screenshot: #time (the x axis), and
+// hide=NAME,NAME (runs the picker hides), joined by "&".
+function loadAddress() {
+  for (const part of location.hash.slice(1).split("&")) {
+    if (part === "time") xMode = "time";
+    if (part.startsWith("hide=")) part.slice(5).split(",").filter(Boolean).forEach(n => hiddenRuns.add(decodeURIComponent(n)));
+  }
+}
+function saveAddress() {
+  const parts = [];
+  if (xMode === "time") parts.push("time");
+  if (hiddenRuns.size) parts.push("hide=" + [...hiddenRuns].map(encodeURIComponent).join(","));
+  history.replaceState(null, "", "#" + parts.join("&"));
+}
+
+loadAddress();
 for (const input of document.querySelectorAll("input[name=x]")) {
   input.checked = input.value === xMode;
-  input.addEventListener("change", () => { xMode = input.value; history.replaceState(null, "", xMode === "time" ? "#time" : "#"); if (lastData) render(lastData); });
+  input.addEventListener("change", () => { xMode = input.value; saveAddress(); if (lastData) render(lastData); });
 }
 if (GASLOC.dataUrl) poll(); else render(GASLOC.embedded);
 )js";
@@ -258,6 +380,9 @@ std::string dashboard_html(const DashboardPage& page) {
 <span id="status" class="muted">{status}</span></header>
 <div class="legend-note">Dashed grey: the data's unigram baseline. Dashed coloured: each worker's own model.
 Vertical lines: workers that died (red) or joined (green).</div>
+<section id="compare" hidden><h2>Runs compared</h2>
+<div class="muted">show: <span id="picker"></span></div>
+<div id="overlay" class="charts"></div></section>
 <div id="runs"></div>
 <script>/* uPlot {version}, https://github.com/leeoniya/uPlot
 {license} */
