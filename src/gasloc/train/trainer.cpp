@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "gasloc/algo/compression.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
@@ -141,6 +142,7 @@ TrainSummary run_training(const TrainRequest& req) {
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
   const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);  // data.seq_len fits: JobConfig::validate
+  algo::check_compression_for_model(job.algo, mc.num_params());  // the chunk against the model, once its size is known
   const std::string memory = check_memory(mc, job, workers_in_this_process(job));
   // A compressed round's messages are priced by their size against the simulated model's.
   if (job.algo.compression != "none") job.network.parameter_message_bytes = mc.num_params() * job.network.simulated_element_bytes;
