@@ -2,10 +2,12 @@
 // line reads back as the event that wrote it; lines written before the version field (version 1,
 // the same keys) still read; a newer version is refused.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
 
+#include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "test_util.hpp"
@@ -167,4 +169,27 @@ TEST(MetricsSchema, TheLogWritesWhatReadMetricsReads) {
   EXPECT_EQ(line_of(events[2]), line_of(eval_event()));
   std::filesystem::remove_all(dir);
   EXPECT_THROW(read_metrics(dir), DataError);
+}
+
+// Issue 62, item 6: a FIFO in metrics.jsonl's place hung gasloc report (and the trainer's log) in
+// open(), waiting for a writer; it is refused at once, naming it (on the old code this hangs).
+TEST(MetricsFiles, AFifoIsRefusedAtOnceNamingIt) {
+  const auto dir = test_util::temp_root("metrics_fifo");
+  const auto file = dir / "metrics.jsonl";
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  auto expect_named = [&](auto&& f) {
+    try {
+      f();
+      ADD_FAILURE() << "a FIFO was opened as metrics.jsonl";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+    }
+  };
+  expect_named([&] { read_metrics(dir); });
+  expect_named([&] { MetricsLog log(file, 10); });
+  expect_named([&] { MetricsLog log(file); });
+  expect_named([&] { read_file(file); });
+  expect_named([&] { read_file(file, 1024); });
+  std::filesystem::remove_all(dir);
 }

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <limits>
 #include <type_traits>
 #include <sstream>
@@ -14,8 +13,10 @@
 namespace gasloc::train {
 
 MetricsLog::MetricsLog(const std::filesystem::path& path, int64_t keep_until_step) : path_(path) {
+  // Appending to a FIFO would wait for a reader: anything but a regular file is refused, naming it.
+  if (std::filesystem::exists(path)) ::close(open_regular_file(path));
   if (keep_until_step >= 0 && std::filesystem::exists(path)) {
-    std::ifstream in(path);
+    std::istringstream in(read_file(path));
     std::string line, kept;
     while (std::getline(in, line)) {
       auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -177,8 +178,9 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
 }
 
 std::vector<MetricsEvent> read_metrics(const std::filesystem::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  if (!in) throw DataError("no metrics.jsonl in '" + run_dir.string() + "'", "is it a gasloc run directory?");
+  const std::filesystem::path file = run_dir / "metrics.jsonl";
+  if (!std::filesystem::exists(file)) throw DataError("no metrics.jsonl in '" + run_dir.string() + "'", "is it a gasloc run directory?");
+  std::istringstream in(read_file(file));  // a FIFO is refused, naming it, instead of waited on
   std::vector<MetricsEvent> out;
   std::string line;
   while (std::getline(in, line))
