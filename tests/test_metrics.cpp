@@ -81,6 +81,15 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
       << line_of(clipping);
   EXPECT_EQ(std::get<TrainEvent>(*parse_metrics_line(line_of(clipping))).clipped_from, clipping.clipped_from);
   EXPECT_FALSE(std::get<TrainEvent>(*parse_metrics_line(line_of(train_event()))).clipped_from.has_value());
+  // A resume that changed a setting the state depends on (--allow-change).
+  const ConfigChangeEvent change{.step = 40, .worker = 0, .key = "algo.compression", .old_value = "int4", .new_value = "int8"};
+  EXPECT_EQ(line_of(change), R"({"event":"config_change","key":"algo.compression","new":"int8","old":"int4","step":40,)"
+                             R"("version":4,"worker":0})");
+  const auto changed = std::get<ConfigChangeEvent>(*parse_metrics_line(line_of(change)));
+  EXPECT_EQ(changed.key, "algo.compression");
+  EXPECT_EQ(changed.old_value, "int4");
+  EXPECT_EQ(changed.new_value, "int8");
+  EXPECT_EQ(changed.step, 40);
 }
 
 TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {

@@ -73,6 +73,10 @@ json of(const MemoryEvent& e) {
           {"params", e.params}, {"param_bytes", e.param_bytes}, {"optimizer_state_bytes", e.optimizer_state_bytes},
           {"sync_state_bytes", e.sync_state_bytes}};
 }
+json of(const ConfigChangeEvent& e) {
+  return {{"event", "config_change"}, {"step", e.step}, {"worker", e.worker}, {"key", e.key}, {"old", e.old_value},
+          {"new", e.new_value}};
+}
 
 // A field of a line, or `fallback` when it is absent, null or of another type: readers have
 // always taken what a line holds and defaulted the rest.
@@ -165,6 +169,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
   if (event == "view")
     return ViewEvent{step, worker, field<int64_t>(j, "round", 0), ids(j, "members"), ids(j, "died"), ids(j, "joined"),
                      field(j, "virtual_time_s", 0.0), ids(j, "joined_incarnations")};
+  if (event == "config_change")
+    return ConfigChangeEvent{step, worker, field<std::string>(j, "key", ""), j.value("old", json()), j.value("new", json())};
   if (event == "memory")
     return MemoryEvent{step,
                        worker,

@@ -74,7 +74,16 @@ struct MemoryEvent {
   int64_t params = 0, param_bytes = 0, optimizer_state_bytes = 0, sync_state_bytes = 0;
 };
 
-using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent, ViewEvent>;
+// A setting the run's state depends on, changed by a resume at `step` (gasloc train --resume RUN
+// --allow-change KEY): the run trained with `old_value` up to it and `new_value` from it on
+// ("config_change", written by the leader; run.json's "changes" lists the same).
+struct ConfigChangeEvent {
+  int64_t step = 0, worker = 0;
+  std::string key;
+  nlohmann::json old_value, new_value;
+};
+
+using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent, ViewEvent, ConfigChangeEvent>;
 
 // The line of an event: its fields, "event" and "version".
 nlohmann::json to_json(const MetricsEvent& e);
