@@ -52,6 +52,7 @@ json of(const TrainEvent& e) {
           {"utilization", e.utilization ? json(*e.utilization) : json(nullptr)}};
   if (e.codec_resends) j["codec_resends"] = *e.codec_resends;
   if (e.clipped_from) j["clipped_from"] = *e.clipped_from;
+  if (e.dropped_from) j["dropped_from"] = *e.dropped_from;
   return j;
 }
 json of(const EvalEvent& e) {
@@ -154,7 +155,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                       optional_field<double>(j, "compute_s"),
                       optional_field<double>(j, "utilization"),
                       optional_field<int64_t>(j, "codec_resends"),
-                      optional_ids(j, "clipped_from")};
+                      optional_ids(j, "clipped_from"),
+                      optional_ids(j, "dropped_from")};
   if (event == "eval")
     return EvalEvent{step,
                      worker,

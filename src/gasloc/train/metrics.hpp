@@ -40,6 +40,7 @@ struct TrainEvent {
   std::optional<double> utilization;    // compute_s over virtual_time_s (in-process) or wall_time_s (processes); none before version 4
   std::optional<int64_t> codec_resends; // compressed gossip (modulo): chunks resent in fp32 after a wrap so far; absent otherwise
   std::optional<std::vector<int64_t>> clipped_from;  // algo.clip_peers: messages this worker clipped so far, by sender id; absent otherwise
+  std::optional<std::vector<int64_t>> dropped_from;  // algo.clip_peers: non-finite messages it dropped so far, by sender id; absent otherwise
 };
 
 // An evaluation of the average model and of each worker's own ("eval"), written by worker 0 (in
