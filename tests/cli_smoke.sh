@@ -182,7 +182,9 @@ expect_error "line 2" "$G" prepare --input bad.jsonl --out d3
 
 # Input that used to be ignored or misread: each is refused before any work, naming the fix.
 expect_error "is a directory" "$G" train --config data
-expect_error "larger than" "$G" train --config /dev/zero
+expect_error "not a regular file" "$G" train --config /dev/zero
+head -c 2000000 /dev/zero > big.toml
+expect_error "larger than" "$G" train --config big.toml
 expect_error "--timeout -5 must be a positive" "$G" launch -n 2 --timeout -5 -- "$G" comm-check
 expect_error "--timeout 0 must be a positive" "$G" launch -n 2 --timeout 0 -- "$G" comm-check
 expect_error "--master-port 70000 is outside 0..65535" "$G" launch -n 2 --master-port 70000 -- "$G" comm-check

@@ -251,9 +251,51 @@ TEST_F(Algo, NonFinitePeerIsRejectedWithoutCorruptingParameters) {
     }
     if (r == 0) after = fp.data().clone();
   });
-  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("worker 1"), std::string::npos) << error;
   EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
+  // What happens is said (issue 62, item 5: it said the round was rejected and the run went on).
+  EXPECT_NE(error.find("stops the run here without mixing them"), std::string::npos) << error;
   EXPECT_TRUE(torch::equal(before, after));
+}
+
+// Issue 62, item 5: with algo.clip_peers, a non-finite message stopped the run as without it. It
+// is now a dropped edge, counted against its sender: worker 0 mixes as if its partner had sent
+// worker 0's own value (gossip), and every worker averages the others' messages (all-reduce).
+TEST_F(Algo, WithClippingANonFinitePeerIsADroppedEdgeCountedAgainstItsSender) {
+  for (const char* name : {"gasloc", "diloco"}) {
+    SCOPED_TRACE(name);
+    const bool gossip = std::string(name) == "gasloc";
+    algo::AlgoConfig a = cfg(name, 1, 0.7, 0.9, gossip ? "1peer" : "complete");
+    a.clip_peers = true;
+    const int n = gossip ? 2 : 3;
+    // Worker 1 sends `sent`; the others 2. Returns worker 0's parameters and its counts.
+    auto round = [&](float sent) {
+      torch::Tensor after;
+      std::vector<int64_t> dropped, clipped;
+      comm::InProcCluster cluster(n);
+      cluster.run([&](int r, comm::Communicator& c) {
+        FlatParams fp({{"w", torch::ones({4})}});
+        auto sync = algo::make_synchronizer(a, n, 3);
+        sync->init(fp);
+        fp.data().fill_(r == 1 ? sent : 2.0f);
+        sync->after_step(1, fp, c);
+        if (r == 0) {
+          after = fp.data().clone();
+          dropped = *sync->dropped_from();
+          clipped = *sync->clipped_from();
+        }
+      });
+      return std::make_tuple(after, dropped, clipped);
+    };
+    const auto [with_nan, dropped, clipped] = round(std::numeric_limits<float>::quiet_NaN());
+    const auto [as_own, none, no_clip] = round(2.0f);
+    EXPECT_TRUE(torch::equal(with_nan, as_own)) << with_nan << as_own;
+    std::vector<int64_t> one_from_1(static_cast<size_t>(n), 0);
+    one_from_1[1] = 1;
+    EXPECT_EQ(dropped, one_from_1);
+    EXPECT_EQ(none, std::vector<int64_t>(static_cast<size_t>(n), 0));
+    EXPECT_EQ(clipped, std::vector<int64_t>(static_cast<size_t>(n), 0));  // dropped, not clipped
+  }
 }
 
 // The study layer prices and labels runs from the registry, never by comparing names: each
@@ -961,6 +1003,52 @@ TEST_F(Algo, ClippingBoundsAPoisonedWorker) {
     EXPECT_GE(clipped.clipped[2], 1);  // the poisoned message was clipped, and counted against its sender
     // ... and no honest one here (measured: none in either run), so the threshold did not slow the others.
     EXPECT_EQ(clipped.clipped[0] + clipped.clipped[1] + clipped.clipped[3], 0);
+  }
+}
+
+// Issue 62, item 5, end to end: worker 2's message made infinite (faults.poison factor 1e300)
+// stops the run without clipping, saying so; with algo.clip_peers the run goes on, the message
+// dropped and counted against worker 2 in the train lines. A finite poison large enough to make
+// its receivers diverge is named in the divergence (it blamed optim.lr).
+TEST_F(Algo, PoisonedMessagesAreDroppedOrNamedNotBlamedOnTheStepSize) {
+  auto request = [&](const std::string& dir, std::vector<std::string> extra) {
+    train::TrainRequest r;
+    r.quiet = true;
+    r.overrides = {"model.preset=nano", "data.dir=" + data_.string(), "data.seq_len=32", "data.batch_size=4",
+                   "data.val_batches=2", "train.steps=20", "train.eval_every=20", "train.checkpoint_every=0",
+                   "train.log_every=20", "optim.lr=0.003", "optim.warmup_steps=5", "train.threads=1",
+                   "cluster.workers=4", "algo.name=gasloc", "algo.topology=2peer", "algo.H=5",
+                   "train.run_dir=" + (root_ / dir).string()};
+    r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+    return r;
+  };
+  const std::string inf = "faults.poison=[{ worker = 2, round = 1, factor = 1e300 }]";
+  try {
+    train::run_training(request("nonfinite_stops", {inf}));
+    ADD_FAILURE() << "an infinite message was mixed";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 2 sent non-finite values"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("algo.clip_peers"), std::string::npos) << e.hint();
+  }
+  const auto clipped = train::run_training(request("nonfinite_dropped", {inf, "algo.clip_peers=true"}));
+  EXPECT_EQ(clipped.steps_done, 20);
+  EXPECT_TRUE(std::isfinite(clipped.final_val_loss));
+  std::vector<int64_t> dropped(4, 0);
+  for (const auto& e : train::read_metrics(root_ / "nonfinite_dropped"))
+    if (const auto* t = std::get_if<train::TrainEvent>(&e); t && t->step == 20) {
+      ASSERT_TRUE(t->dropped_from.has_value());
+      for (size_t j = 0; j < 4; ++j) dropped[j] += (*t->dropped_from)[j];
+    }
+  EXPECT_EQ(dropped, (std::vector<int64_t>{0, 0, 2, 0}));  // worker 2's two neighbours dropped its round-1 message
+
+  try {
+    train::run_training(request("poison_diverges", {"faults.poison=[{ worker = 2, round = 1, factor = 1e4 }]"}));
+    ADD_FAILURE() << "a run whose worker 2 sent its parameters times 1e4 did not diverge";
+  } catch (const train::TrainingDiverged& e) {
+    EXPECT_NE(std::string(e.what()).find("message from worker 2 was scaled by 10000 (faults.poison)"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.hint().find("worker 2 sent it"), std::string::npos) << e.hint();
+    EXPECT_EQ(e.hint().find("optim.lr"), std::string::npos) << e.hint();
   }
 }
 

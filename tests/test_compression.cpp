@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -582,6 +583,59 @@ algo::AlgoConfig gossip_config(const std::string& topology, const std::string& c
   a.compression = compression;
   a.gossip_codec = codec;
   return a;
+}
+
+// Issue 62, item 4: a chunk beyond the model padded every int8 message to the chunk (400 MB for a
+// 0.47 MB message), a chunk of 1 sent more than fp32, and 2^63 - 1 died in a c10 error; each is
+// now a ConfigError naming the key and the model's size.
+TEST(CompressionSettings, AChunkIsCheckedAgainstTheModel) {
+  auto expect = [](const std::string& codec, int64_t chunk, int64_t params, const std::string& needle) {
+    algo::AlgoConfig a;
+    a.name = "diloco";
+    a.topology = "complete";
+    a.compression = codec;
+    a.compression_chunk = chunk;
+    try {
+      algo::check_compression_for_model(a, params);
+      ADD_FAILURE() << codec << " chunk " << chunk << ": expected a ConfigError mentioning " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("algo.compression_chunk"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect("int8", 100001, 100000, "100000 parameters");                    // beyond the model
+  expect("int8", std::numeric_limits<int64_t>::max(), 100000, "100000 parameters");
+  expect("topk", std::numeric_limits<int64_t>::max(), 100000, "100000 parameters");
+  expect("int4", 0, 100, "the default, 256");                             // the default beyond a tiny model
+  expect("int8", 1, 100000, "40.00 bits");                                // 8 + 32/1: more than fp32
+  expect("int4", 1, 100000, "40.00 bits");                                // 4 + 32 bits: a nibble pads to a byte
+  auto fits = [](const std::string& codec, int64_t chunk) {
+    algo::AlgoConfig a;
+    a.name = "diloco";
+    a.topology = "complete";
+    a.compression = codec;
+    a.compression_chunk = chunk;
+    algo::check_compression_for_model(a, 100000);
+  };
+  EXPECT_NO_THROW(fits("int8", 2));  // 24 bits
+  EXPECT_NO_THROW(fits("int4", 100000));
+  EXPECT_NO_THROW(fits("topk", 0));
+  EXPECT_NO_THROW(fits("none", std::numeric_limits<int64_t>::max()));  // no codec, nothing chunked
+}
+
+// ... and the trainer checks it, once the model's size is known: before anything is allocated.
+TEST_F(Compressed, TheTrainerRefusesAChunkBeyondTheModel) {
+  train::TrainRequest r = test_util::nano_request(root_, "chunk_beyond",
+                                                  {"cluster.workers=2", "algo.name=diloco", "algo.compression=int8",
+                                                   "algo.compression_chunk=9223372036854775807", "train.steps=5", "algo.H=5"});
+  r.overrides.at(1) = "data.dir=" + data_.string();
+  try {
+    train::run_training(r);
+    ADD_FAILURE() << "expected a ConfigError naming algo.compression_chunk";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("algo.compression_chunk"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parameters"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CompressedConsensus, UncompressedIsTheFloat64Simulation) {

@@ -137,6 +137,18 @@ TEST(Config, BadValuesNameTheKey) {
   expect_config_error([] { load_job("", {"train.stop_at=400", "train.steps=300"}); }, "train.stop_at");
 }
 
+// Issue 62, item 6: 1e308 s passed validation and failed deep in Gloo; algo.H beyond train.steps
+// ran zero rounds without a word.
+TEST(Config, ATimeoutBeyondAWeekAndRoundsLongerThanTheRunAreRefused) {
+  expect_config_error([] { load_job("", {"cluster.timeout_s=1e308"}); }, "cluster.timeout_s");
+  expect_config_error([] { load_job("", {"cluster.timeout_s=604801"}); }, "604800");
+  EXPECT_NO_THROW(load_job("", {"cluster.timeout_s=604800"}));
+  expect_config_error([] { load_job("", {"algo.name=diloco", "algo.H=31", "train.steps=30", "cluster.workers=2"}); },
+                      "algo.H");
+  EXPECT_NO_THROW(load_job("", {"algo.name=diloco", "algo.H=30", "train.steps=30", "cluster.workers=2"}));
+  EXPECT_NO_THROW(load_job("", {"algo.name=dadam", "algo.H=31", "train.steps=30", "cluster.workers=2"}));  // no rounds
+}
+
 TEST(Config, SyntaxErrorsGiveFileAndLine) {
   const std::string path = std::string(GASLOC_BINARY_DIR) + "/bad_config.toml";
   {

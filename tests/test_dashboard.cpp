@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstring>
@@ -213,6 +214,16 @@ TEST(Dashboard, NewerMetricsVersionIsTheRunsError) {
   ASSERT_TRUE(j.contains("error"));
   EXPECT_NE(j["error"].get<std::string>().find("version 999"), std::string::npos) << j["error"];
   EXPECT_EQ(doubles(j["workers"]["0"]["step"]), (std::vector<double>{5}));
+}
+
+// Issue 62, item 6: a FIFO in metrics.jsonl's place hung the dashboard's poll (and so the page);
+// it is the run's error, naming it (on the old code this test hangs).
+TEST(Dashboard, AFifoForMetricsIsTheRunsErrorNotAHang) {
+  const fs::path dir = make_run("fifo", 1, 100);
+  ASSERT_EQ(::mkfifo((dir / "metrics.jsonl").c_str(), 0600), 0);
+  const json j = watch_once(dir);
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_NE(j["error"].get<std::string>().find("not a regular file"), std::string::npos) << j["error"];
 }
 
 TEST(Dashboard, EmbeddedJsonCannotCloseItsScript) {

@@ -2,10 +2,12 @@
 // line reads back as the event that wrote it; lines written before the version field (version 1,
 // the same keys) still read; a newer version is refused.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
 
+#include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/metrics.hpp"
 #include "test_util.hpp"
@@ -79,6 +81,15 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
       << line_of(clipping);
   EXPECT_EQ(std::get<TrainEvent>(*parse_metrics_line(line_of(clipping))).clipped_from, clipping.clipped_from);
   EXPECT_FALSE(std::get<TrainEvent>(*parse_metrics_line(line_of(train_event()))).clipped_from.has_value());
+  // A resume that changed a setting the state depends on (--allow-change).
+  const ConfigChangeEvent change{.step = 40, .worker = 0, .key = "algo.compression", .old_value = "int4", .new_value = "int8"};
+  EXPECT_EQ(line_of(change), R"({"event":"config_change","key":"algo.compression","new":"int8","old":"int4","step":40,)"
+                             R"("version":4,"worker":0})");
+  const auto changed = std::get<ConfigChangeEvent>(*parse_metrics_line(line_of(change)));
+  EXPECT_EQ(changed.key, "algo.compression");
+  EXPECT_EQ(changed.old_value, "int4");
+  EXPECT_EQ(changed.new_value, "int8");
+  EXPECT_EQ(changed.step, 40);
 }
 
 TEST(MetricsSchema, EveryLineReadsBackAsItsEvent) {
@@ -167,4 +178,27 @@ TEST(MetricsSchema, TheLogWritesWhatReadMetricsReads) {
   EXPECT_EQ(line_of(events[2]), line_of(eval_event()));
   std::filesystem::remove_all(dir);
   EXPECT_THROW(read_metrics(dir), DataError);
+}
+
+// Issue 62, item 6: a FIFO in metrics.jsonl's place hung gasloc report (and the trainer's log) in
+// open(), waiting for a writer; it is refused at once, naming it (on the old code this hangs).
+TEST(MetricsFiles, AFifoIsRefusedAtOnceNamingIt) {
+  const auto dir = test_util::temp_root("metrics_fifo");
+  const auto file = dir / "metrics.jsonl";
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  auto expect_named = [&](auto&& f) {
+    try {
+      f();
+      ADD_FAILURE() << "a FIFO was opened as metrics.jsonl";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+    }
+  };
+  expect_named([&] { read_metrics(dir); });
+  expect_named([&] { MetricsLog log(file, 10); });
+  expect_named([&] { MetricsLog log(file); });
+  expect_named([&] { read_file(file); });
+  expect_named([&] { read_file(file, 1024); });
+  std::filesystem::remove_all(dir);
 }

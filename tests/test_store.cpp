@@ -343,6 +343,29 @@ TEST(Rendezvous, AHugeWorldWithMissingRanksGivesAShortError) {
   }
 }
 
+// Issue 62, item 6: a second job at a `gasloc store` whose first job's ranks had all met there was
+// refused as "two processes claim RANK=0"; it is told that the store serves one start of one job.
+TEST(Rendezvous, ASecondStartAtAStoreThatServedOneSaysSo) {
+  StoreServer server({"127.0.0.1", 0, false, {"tok", "test"}});
+  GlooOptions o;
+  o.rank = 0;
+  o.world = 1;
+  o.master_addr = "127.0.0.1";
+  o.master_port = server.port();
+  o.connect_only = true;  // as under gasloc store
+  o.job = {"tok", "test"};
+  o.timeout_s = 5;
+  join_store(o);  // the first job's only rank met, and exits
+  try {
+    join_store(o);
+    FAIL() << "a second start at the same store was let in";
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("serves one start of one job"), std::string::npos) << m;
+    EXPECT_NE(e.hint().find("start gasloc store again"), std::string::npos) << e.hint();
+  }
+}
+
 // A rank's heartbeat thread counts up over its own connection and stops with its object; the
 // host's watch judges a counter only once it has moved, and only after timeout_s of silence on
 // the host's clock (here given by hand).

@@ -627,6 +627,24 @@ TEST(SecretFile, WrittenWithMode0600NeverOverwrittenAndRefusedWhenOthersMayReadI
   fs::remove_all(dir);
 }
 
+// Issue 62, item 6: a FIFO given as the secret hung gasloc store and launch in open(), waiting
+// for a writer; it is refused at once, naming it (on the old code this test hangs).
+TEST(SecretFile, AFifoIsRefusedAtOnceNamingIt) {
+  const fs::path dir = fs::temp_directory_path() / ("gasloc_secret_fifo_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "job.secret").string();
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  try {
+    read_secret_file(path);
+    FAIL() << "a FIFO was read as a secret";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Crypto, HmacAndHkdfMatchTheirReferenceVectors) {
   // RFC 4231 test case 2 (HMAC-SHA256) and RFC 5869 test case 1 (HKDF-SHA256).
   EXPECT_EQ(crypto::to_hex(crypto::hmac_sha256("Jefe", "what do ya want for nothing?")),

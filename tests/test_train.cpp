@@ -15,6 +15,7 @@
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/checkpoint.hpp"
+#include "gasloc/train/metrics.hpp"
 #include "gasloc/train/signals.hpp"
 #include "gasloc/train/trainer.hpp"
 #include "gasloc/train/worker.hpp"
@@ -389,6 +390,62 @@ TEST_F(Trainer, ACheckpointOfAnotherOptimizerIsRefused) {
         << e.what();
   }
   EXPECT_EQ(read_file(newest(kRoot / "optim_switch")), before);
+}
+
+// Issue 62, item 4: a resume with another codec was accepted silently, run.json rewritten as if
+// the whole run had used it, and int4's error feedback dropped. A change to a setting the
+// checkpoints' state depends on is refused naming it, and with --allow-change it is recorded at
+// the step it takes effect, in run.json and metrics.jsonl.
+TEST_F(Trainer, AResumeThatChangesTheStatesSettingsIsRefusedUnlessAllowedAndThenRecorded) {
+  const fs::path run = kRoot / "codec_switch";
+  train::run_training(request("codec_switch", {"cluster.workers=2", "algo.name=diloco", "algo.H=5", "algo.compression=int4",
+                                               "train.steps=20", "train.stop_at=10", "train.checkpoint_every=5",
+                                               "train.eval_every=0"}));
+  const auto before = read_file(run / "run.json");
+  auto resume = [&](std::vector<std::string> set, std::vector<std::string> allow) {
+    train::TrainRequest r;
+    r.quiet = true;
+    r.resume_dir = run.string();
+    r.overrides = std::move(set);
+    r.allow_change = std::move(allow);
+    return train::run_training(r);
+  };
+  auto expect_refused = [&](std::vector<std::string> set, const std::string& key, const std::string& values) {
+    try {
+      resume(set, {});
+      ADD_FAILURE() << "a resume with " << set.front() << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + key + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(values), std::string::npos) << e.what();
+      EXPECT_NE(e.hint().find("--allow-change " + key), std::string::npos) << e.hint();
+    }
+  };
+  expect_refused({"algo.compression=int8"}, "algo.compression", "algo.compression = \"int4\", this resume asks for \"int8\"");
+  expect_refused({"algo.compression_chunk=128"}, "algo.compression_chunk", "= 0, this resume asks for 128");
+  expect_refused({"algo.error_feedback=off"}, "algo.error_feedback", "\"auto\"");
+  expect_refused({"algo.H=10"}, "algo.H", "= 5, this resume asks for 10");
+  expect_refused({"algo.topology=1peer"}, "algo.topology", "\"1peer\"");
+  EXPECT_THROW(resume({"algo.name=gasloc"}, {"algo.name"}), ConfigError);  // the checkpoints' algorithm: never
+  EXPECT_THROW(resume({}, {"optim.lr"}), ConfigError);                      // not a key a resume refuses: a typo
+  EXPECT_EQ(read_file(run / "run.json"), before);  // each refusal changed nothing
+
+  // Allowed: the run continues, and both files say where the codec changed.
+  const auto s = resume({"algo.compression=int8"}, {"algo.compression"});
+  EXPECT_EQ(s.steps_done, 20);
+  const auto doc = nlohmann::json::parse(read_file(run / "run.json"));
+  EXPECT_EQ(doc["config"]["algo"]["compression"], "int8");
+  ASSERT_EQ(doc["changes"].size(), 1u) << doc["changes"];
+  EXPECT_EQ(doc["changes"][0], nlohmann::json({{"step", 10}, {"key", "algo.compression"}, {"old", "int4"}, {"new", "int8"}}));
+  int events = 0;
+  for (const auto& e : train::read_metrics(run))
+    if (const auto* c = std::get_if<train::ConfigChangeEvent>(&e)) {
+      ++events;
+      EXPECT_EQ(c->step, 10);
+      EXPECT_EQ(c->key, "algo.compression");
+      EXPECT_EQ(c->old_value, "int4");
+      EXPECT_EQ(c->new_value, "int8");
+    }
+  EXPECT_EQ(events, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

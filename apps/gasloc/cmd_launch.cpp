@@ -208,8 +208,9 @@ void validate(const Opts& o) {
   if (o.n < 1 || o.n > 4096) throw Error(fmt::format("launch: -n {} is outside 1..4096", o.n));
   if (o.port < 0 || o.port > 65535)
     throw Error(fmt::format("launch: --master-port {} is outside 0..65535", o.port), "0 (the default) picks a free port");
-  if (o.timeout && !(*o.timeout > 0 && std::isfinite(*o.timeout)))
-    throw Error(fmt::format("launch: --timeout {} must be a positive number of seconds", *o.timeout),
+  if (o.timeout && !(*o.timeout > 0 && *o.timeout <= train::kMaxTimeoutS))
+    throw Error(fmt::format("launch: --timeout {} must be a positive number of seconds, at most {:.0f} (a week)", *o.timeout,
+                            train::kMaxTimeoutS),
                 "leave it out to use the command's own (gasloc train: cluster.timeout_s, 300 s)");
   if (!(o.grace >= 0 && std::isfinite(o.grace)))
     throw Error(fmt::format("launch: --grace {} must be a number of seconds >= 0", o.grace));

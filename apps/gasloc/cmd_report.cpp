@@ -66,13 +66,18 @@ bool any_own_models(const std::vector<study::RunSummary>& reports) {
   return std::any_of(reports.begin(), reports.end(), [](const auto& r) { return r.own_models; });
 }
 
-// "2: 7, 3: 1" (senders with clipped messages), "0" for a run that clips nothing, "-" for one that does not clip.
+// "2: 7, 3: 1" (senders with clipped messages), "0" for a run that clips nothing, "-" for one that
+// does not clip; then the non-finite messages dropped, "(dropped 2: 1)", when there were any.
 std::string clipped_cell(const study::RunSummary& r) {
   if (r.clipped_from.empty()) return "-";
-  std::string out;
-  for (size_t j = 0; j < r.clipped_from.size(); ++j)
-    if (r.clipped_from[j] > 0) out += fmt::format("{}{}: {}", out.empty() ? "" : ", ", j, r.clipped_from[j]);
-  return out.empty() ? "0" : out;
+  auto by_sender = [](const std::vector<int64_t>& counts) {
+    std::string out;
+    for (size_t j = 0; j < counts.size(); ++j)
+      if (counts[j] > 0) out += fmt::format("{}{}: {}", out.empty() ? "" : ", ", j, counts[j]);
+    return out;
+  };
+  const std::string clipped = by_sender(r.clipped_from), dropped = by_sender(r.dropped_from);
+  return (clipped.empty() ? "0" : clipped) + (dropped.empty() ? "" : " (dropped " + dropped + ")");
 }
 
 void print_table(const std::vector<study::RunSummary>& reports, const std::vector<std::string>& names, double target) {

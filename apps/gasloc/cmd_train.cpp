@@ -23,6 +23,9 @@ Action add_train(CLI::App& app) {
                  "is looked up in the installed share/gasloc (e.g. configs/research.toml)");
   app.add_option("--set,-s", o->req.overrides, "override a setting: section.key=value (repeatable)");
   app.add_option("--resume", o->req.resume_dir, "continue the run in this directory from its newest committed checkpoint");
+  app.add_option("--allow-change", o->req.allow_change,
+                 "with --resume: let the resume change this setting the checkpoints' state depends on (algo.compression, "
+                 "algo.H, algo.topology, ...; repeatable); run.json and metrics.jsonl record the change at its step");
   app.add_flag("--verbose", o->req.verbose, "print the full resolved configuration and the thread plan at start");
   app.add_flag("--repair", o->req.repair,
                "with --resume: drop committed checkpoints whose files are missing or damaged (and files of no "

@@ -582,16 +582,24 @@ void Compressor::load_state(const StateDict& s) {
   resends_ = r == s.end() ? 0 : r->second.item<int64_t>();
 }
 
+namespace {
+// The values per chunk the codec uses: algo.compression_chunk, or (0) the codec's default.
+size_t codec_chunk(const AlgoConfig& cfg, comm::Compression kind) {
+  if (cfg.compression_chunk > 0) return static_cast<size_t>(cfg.compression_chunk);
+  return kind == comm::Compression::topk ? 4096 : 256;
+}
+}  // namespace
+
 std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg) {
   const comm::Compression kind = comm::parse_compression(cfg.compression.str());
   if (kind == comm::Compression::none) return std::nullopt;
   CompressionOptions o;
-  const size_t chunk = static_cast<size_t>(cfg.compression_chunk);
+  const size_t chunk = codec_chunk(cfg, kind);
   try {
     switch (kind) {
-      case comm::Compression::int8: o.codec = comm::Codec::int8(chunk ? chunk : 256); break;
-      case comm::Compression::int4: o.codec = comm::Codec::int4(chunk ? chunk : 256); break;
-      case comm::Compression::topk: o.codec = comm::Codec::topk(cfg.topk_density, chunk ? chunk : 4096); break;
+      case comm::Compression::int8: o.codec = comm::Codec::int8(chunk); break;
+      case comm::Compression::int4: o.codec = comm::Codec::int4(chunk); break;
+      case comm::Compression::topk: o.codec = comm::Codec::topk(cfg.topk_density, chunk); break;
       case comm::Compression::none: break;
     }
   } catch (const Error& e) {
@@ -605,6 +613,27 @@ std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg) {
   o.margin = cfg.modulo_margin;
   o.reference_every = cfg.reference_every;
   return o;
+}
+
+void check_compression_for_model(const AlgoConfig& cfg, int64_t params) {
+  const comm::Compression kind = comm::parse_compression(cfg.compression.str());
+  if (kind == comm::Compression::none) return;
+  // Before the codec is made: a chunk beyond the model (2^63 - 1 included) is named as such.
+  const size_t chunk = codec_chunk(cfg, kind);
+  const std::string value = cfg.compression_chunk > 0 ? std::to_string(chunk) : fmt::format("0 (the default, {})", chunk);
+  const std::string fix = fmt::format("set algo.compression_chunk between 2 and {} (0: the codec's default, 256; topk 4096)",
+                                      params);
+  if (chunk > static_cast<size_t>(params))
+    throw ConfigError(fmt::format("config key 'algo.compression_chunk': {} values per chunk exceeds the model's {} "
+                                  "parameters: every message would be padded to one whole chunk",
+                                  value, params),
+                      fix);
+  const double bits = comm::bits_per_parameter(compression_options(cfg)->codec);
+  if (bits >= 32.0)
+    throw ConfigError(fmt::format("config key 'algo.compression_chunk': {} with algo.compression = {} sends {:.2f} bits "
+                                  "per parameter, not fewer than fp32's 32 (the model has {} parameters)",
+                                  value, cfg.compression.str(), bits, params),
+                      fix + ", or algo.compression = none");
 }
 
 }  // namespace gasloc::algo

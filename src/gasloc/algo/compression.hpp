@@ -138,5 +138,9 @@ class Compressor {
 // The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).
 struct AlgoConfig;
 std::optional<CompressionOptions> compression_options(const AlgoConfig& cfg);
+// algo.compression_chunk against a model of `params` parameters (the trainer, once the model is
+// known): a ConfigError naming the key and the model's size for a chunk longer than the model
+// (every message padded to it) or one at which the codec sends 32 bits a parameter or more.
+void check_compression_for_model(const AlgoConfig& cfg, int64_t params);
 
 }  // namespace gasloc::algo

@@ -29,9 +29,11 @@ topology::Kind kind_for(topology::Kind kind, int k) {
 
 void check_finite(const torch::Tensor& t, int peer, const char* what) {
   if (!torch::isfinite(t).all().item<bool>())
-    throw CommError(std::string(what) + ": " + (peer >= 0 ? "rank " + std::to_string(peer) : std::string("a worker")) +
-                        " sent non-finite values (NaN or Inf); the round was rejected and the parameters are unchanged",
-                    "that worker diverged: lower optim.lr or restart it from its last checkpoint");
+    throw CommError(std::string(what) + ": " + (peer >= 0 ? "worker " + std::to_string(peer) : std::string("a worker")) +
+                        " sent non-finite values (NaN or Inf); this worker stops the run here without mixing them (its "
+                        "last committed checkpoint holds none of them)",
+                    "find why that worker sent them (its own log, or faults.poison scaling its message), then resume; "
+                    "algo.clip_peers = true instead drops such a message and goes on, counting it against its sender");
 }
 
 namespace {
@@ -177,6 +179,11 @@ RoundGraph RoundMixer::graph(int id, int64_t round) const {
 torch::Tensor combine(const RoundGraph& g, int me, const torch::Tensor& x, std::vector<torch::Tensor>& recv, PeerClip* clip) {
   for (size_t k = 0; k < g.peers.size(); ++k) {
     if (!recv[k].defined()) continue;  // a failed edge: the peer died at this exchange
+    // Clipping drops a non-finite message: a failed edge, its weight on W_ii, as for a dead peer.
+    if (clip && !clip->accept_finite(recv[k], g.peers[k])) {
+      recv[k] = torch::Tensor();
+      continue;
+    }
     check_finite(recv[k], g.peers[k], "gossip exchange");
     if (recv[k].scalar_type() != x.scalar_type()) recv[k] = recv[k].to(x.scalar_type());
   }
@@ -272,6 +279,12 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
   // faults.poison: what this worker sends is scaled; its own term stays x.
   const double pf = poison_factor(poisons_, me, round);
   const torch::Tensor sent = pf == 1.0 ? x : x * pf;
+  if (topo_.is_all_reduce()) {
+    std::vector<int> others;
+    for (int id = 0; id < topo_.size(); ++id)
+      if (id != me) others.push_back(id);
+    note_senders(round, others, x, {});
+  }
   if (topo_.is_all_reduce() && clip_) return clipped_all_gather(x, sent, comm, wire, anchor);
   if (topo_.is_all_reduce())
     return membership_ ? all_reduce_mix_over(*membership_, view(round), sent, comm, wire, "all-reduce")
@@ -279,7 +292,34 @@ torch::Tensor RoundMixer::mix(int64_t round, const torch::Tensor& x, comm::Commu
   const RoundGraph g = graph(me, round);
   std::vector<torch::Tensor> recv;
   comm.exchange(g.peers, wire == sent.scalar_type() ? sent : sent.to(wire), recv);
+  note_senders(round, g.peers, x, recv);
   return combine(g, me, x, recv, clip_.get());
+}
+
+namespace {
+// The largest |value| of t: two reductions, no copy of t.
+double max_abs(const torch::Tensor& t) {
+  const auto [lo, hi] = torch::aminmax(t);
+  return std::max(-lo.item<double>(), hi.item<double>());
+}
+}  // namespace
+
+void RoundMixer::note_senders(int64_t round, const std::vector<int>& senders, const torch::Tensor& x,
+                              const std::vector<torch::Tensor>& recv) const {
+  MessageSuspect found;
+  const double own = recv.empty() || !x.defined() ? 0.0 : max_abs(x);
+  for (size_t k = 0; k < senders.size(); ++k) {
+    MessageSuspect s{senders[k], round, 0.0, poison_factor(poisons_, senders[k], round)};
+    if (k < recv.size() && recv[k].defined() && own > 0) s.ratio = max_abs(recv[k]) / own;
+    const bool stands_out = s.poison != 1.0 || s.ratio >= kOutlierRatio;
+    if (stands_out && (found.sender < 0 || s.ratio > found.ratio)) found = s;
+  }
+  *suspect_ = found;
+}
+
+std::optional<MessageSuspect> RoundMixer::suspect() const {
+  if (suspect_->sender < 0) return std::nullopt;
+  return *suspect_;
 }
 
 torch::Tensor RoundMixer::clipped_all_gather(const torch::Tensor& x, const torch::Tensor& sent, comm::Communicator& comm,
@@ -302,8 +342,8 @@ torch::Tensor RoundMixer::clipped_all_gather(const torch::Tensor& x, const torch
     torch::Tensor& r = recv[static_cast<size_t>(k++)];
     if (!r.defined())
       throw CommError(fmt::format("clipped all-reduce: worker {} sent nothing", id), "a clipped all-reduce needs every worker");
-    check_finite(r, id, "clipped all-reduce");
-    msgs.push_back(r.to(x.scalar_type()));
+    // A non-finite message is dropped by every worker alike (each sees the same bits): the mean is the others'.
+    msgs.push_back(clip_->accept_finite(r, id) ? r.to(x.scalar_type()) : torch::Tensor());
   }
   return clip_->clipped_mean(anchor.to(x.scalar_type()), msgs);
 }
@@ -410,6 +450,11 @@ void ViewSync::load_compression(const StateDict& s) {
 
 std::optional<std::vector<int64_t>> ViewSync::clipped_from() const {
   if (const PeerClip* c = mixer_.clipper()) return c->clipped_from();
+  return std::nullopt;
+}
+
+std::optional<std::vector<int64_t>> ViewSync::dropped_from() const {
+  if (const PeerClip* c = mixer_.clipper()) return c->dropped_from();
   return std::nullopt;
 }
 

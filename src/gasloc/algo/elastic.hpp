@@ -84,6 +84,8 @@ class RoundMixer {
   PeerClip* clipper() const { return clip_.get(); }
   // faults.poison: this worker's messages are scaled at the rounds given.
   void poison(std::vector<Poison> p);
+  // The sender whose message stood out in the last mix() (MessageSuspect), if one did.
+  std::optional<MessageSuspect> suspect() const;
   // The bytes round `round`'s message takes per neighbour (gossip) or as a ring all-reduce's P,
   // for a message of p parameters in `wire`: what the time-budget policy prices (the modulo
   // codec's first round in fp32; its resends, which depend on the data, are not foreseen).
@@ -110,6 +112,10 @@ class RoundMixer {
   // codec's state is shared with this mixer): mix() calls it at once, start_mix() relays it.
   std::function<torch::Tensor(comm::Communicator&)> compressed_mix(int64_t round, const torch::Tensor& x,
                                                                    const torch::Tensor& anchor) const;
+  // Records which of `senders` (recv: what each sent, gossip; empty: an all-reduce, where only a
+  // poison is known) stood out in round t's mix of x, for suspect().
+  void note_senders(int64_t round, const std::vector<int>& senders, const torch::Tensor& x,
+                    const std::vector<torch::Tensor>& recv) const;
 
   topology::Topology topo_;
   const Membership* membership_;
@@ -117,6 +123,7 @@ class RoundMixer {
   std::shared_ptr<Compressor> compressor_;  // shared by copies of the mixer, which one worker owns
   std::shared_ptr<PeerClip> clip_;          // likewise
   std::vector<Poison> poisons_;
+  std::shared_ptr<MessageSuspect> suspect_ = std::make_shared<MessageSuspect>();  // the last mix's; sender -1: none
 };
 
 // Worker `id`'s part in the state transfer after a round of `view`, when it has joiners.
@@ -132,6 +139,8 @@ class ViewSync : public Synchronizer {
   std::optional<std::vector<int>> holders() const override;
   std::optional<int64_t> codec_resends() const override;
   std::optional<std::vector<int64_t>> clipped_from() const override;
+  std::optional<std::vector<int64_t>> dropped_from() const override;
+  std::optional<MessageSuspect> message_suspect() const override { return mixer_.suspect(); }
 
  protected:
   // The round this worker is in now (the next to end).

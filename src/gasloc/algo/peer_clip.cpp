@@ -39,7 +39,8 @@ torch::Tensor clip_to(const torch::Tensor& d, double norm, double threshold, boo
   return d * (threshold / norm);
 }
 
-PeerClip::PeerClip(double factor, int world) : factor_(factor), counts_(static_cast<size_t>(world), 0) {
+PeerClip::PeerClip(double factor, int world)
+    : factor_(factor), counts_(static_cast<size_t>(world), 0), dropped_(static_cast<size_t>(world), 0) {
   if (!(factor > 1.0)) throw ConfigError("config key 'algo.clip_factor': must be > 1", "the threshold is a multiple of a median norm");
 }
 
@@ -69,29 +70,39 @@ void PeerClip::clip_received(const std::vector<int>& peers, const torch::Tensor&
   }
 }
 
+bool PeerClip::accept_finite(const torch::Tensor& t, int sender) {
+  if (torch::isfinite(t).all().item<bool>()) return true;
+  ++dropped_.at(static_cast<size_t>(sender));
+  return false;
+}
+
 torch::Tensor PeerClip::clipped_mean(const torch::Tensor& anchor, const std::vector<torch::Tensor>& msgs) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> g(msgs.size());
-  std::vector<double> norms(msgs.size());
+  std::vector<double> norms(msgs.size()), kept;
   for (size_t j = 0; j < msgs.size(); ++j) {
+    if (!msgs[j].defined()) continue;  // dropped: non-finite
     g[j] = anchor - msgs[j];  // the pseudo-gradient
     norms[j] = l2_norm(g[j]);
+    kept.push_back(norms[j]);
   }
-  const double threshold = factor_ * lower_median(norms);
+  const double threshold = factor_ * lower_median(kept);
   torch::Tensor sum;
   for (size_t j = 0; j < msgs.size(); ++j) {
+    if (!g[j].defined()) continue;
     bool clipped = false;
     const auto c = clip_to(g[j], norms[j], threshold, &clipped);
     if (clipped) ++counts_.at(j);
     if (!sum.defined()) sum = c.clone();
     else sum.add_(c);
   }
-  return anchor - sum / static_cast<double>(msgs.size());
+  return anchor - sum / static_cast<double>(kept.size());
 }
 
 void PeerClip::save(std::map<std::string, torch::Tensor>& s) const {
   s["clip_counts"] = torch::tensor(counts_, torch::kInt64);
   s["clip_window"] = torch::tensor(std::vector<double>(window_.begin(), window_.end()), torch::kFloat64);
+  s["clip_dropped"] = torch::tensor(dropped_, torch::kInt64);
 }
 
 void PeerClip::load(const std::map<std::string, torch::Tensor>& s) {
@@ -105,6 +116,11 @@ void PeerClip::load(const std::map<std::string, torch::Tensor>& s) {
   std::copy(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel(), counts_.begin());
   const auto win = w->second.to(torch::kFloat64).contiguous();
   window_.assign(win.data_ptr<double>(), win.data_ptr<double>() + win.numel());
+  std::fill(dropped_.begin(), dropped_.end(), 0);
+  if (const auto d = s.find("clip_dropped"); d != s.end() && d->second.numel() == static_cast<int64_t>(dropped_.size())) {
+    const auto drops = d->second.to(torch::kInt64).contiguous();
+    std::copy(drops.data_ptr<int64_t>(), drops.data_ptr<int64_t>() + drops.numel(), dropped_.begin());
+  }
 }
 
 }  // namespace gasloc::algo

@@ -11,6 +11,10 @@
 //               this round's contributors' norms, and sums them in id order. Every worker sees the
 //               same messages and makes the same decisions, so they stay bit-identical.
 //
+// A non-finite message (NaN or Inf) has no norm to clip: with clip_peers it is dropped, a failed
+// edge for that round (gossip: its weight stays on the receiver's own value; all-reduce: the mean
+// is over the other messages, the same on every worker), and counted against its sender.
+//
 // The lower median (the smaller middle element of an even count) is what the threshold is taken
 // from: with two values it is the smaller one, so a pair is clipped to the smaller of its two
 // updates, and with one poisoned value among k >= 2 honest ones it is an honest value.
@@ -53,19 +57,24 @@ class PeerClip {
   // Gossip: replaces each defined recv[k] (from peers[k], in x's dtype, finite) whose difference
   // to x exceeds the threshold by x + the clipped difference; records the accepted norms.
   void clip_received(const std::vector<int>& peers, const torch::Tensor& x, std::vector<torch::Tensor>& recv);
-  // All-reduce: the mean over all `world` workers of anchor - clip(anchor - x_j), x_j = msgs[j]
-  // (own included, ids ascending), summed in id order.
+  // All-reduce: the mean over the defined msgs[j] of anchor - clip(anchor - x_j), x_j = msgs[j]
+  // (own included, ids ascending; an undefined one was dropped), summed in id order.
   torch::Tensor clipped_mean(const torch::Tensor& anchor, const std::vector<torch::Tensor>& msgs);
+  // Whether t is finite; if not, it is counted as a message dropped from `sender`.
+  bool accept_finite(const torch::Tensor& t, int sender);
 
   // Messages this worker clipped so far, by sender id (the world's size).
   const std::vector<int64_t>& clipped_from() const { return counts_; }
-  // Checkpoint state: the counts and the gossip window ("clip_counts", "clip_window").
+  // Non-finite messages this worker dropped so far, by sender id.
+  const std::vector<int64_t>& dropped_from() const { return dropped_; }
+  // Checkpoint state: the counts, the gossip window and the drops ("clip_counts", "clip_window",
+  // "clip_dropped"; a checkpoint written before drops were counted starts them at 0).
   void save(std::map<std::string, torch::Tensor>& s) const;
   void load(const std::map<std::string, torch::Tensor>& s);
 
  private:
   double factor_;
-  std::vector<int64_t> counts_;
+  std::vector<int64_t> counts_, dropped_;
   std::deque<double> window_;
 };
 

@@ -29,6 +29,17 @@ namespace gasloc::algo {
 
 using StateDict = std::map<std::string, torch::Tensor>;
 
+// A peer whose message in a worker's last mix stood out, which a divergence right after it names
+// instead of blaming the step size: faults.poison scaled it, or (gossip) its largest |value| was
+// kOutlierRatio or more times the worker's own.
+struct MessageSuspect {
+  int sender = -1;
+  int64_t round = -1;  // the mix's round (dadam: its step - 1)
+  double ratio = 0;    // its largest |value| over the receiver's own; 0: not measured (an all-reduce)
+  double poison = 1;   // faults.poison's factor on it
+};
+inline constexpr double kOutlierRatio = 10.0;
+
 class Synchronizer {
  public:
   virtual ~Synchronizer() = default;
@@ -60,6 +71,10 @@ class Synchronizer {
   virtual std::optional<int64_t> codec_resends() const { return std::nullopt; }
   // algo.clip_peers: the messages this worker clipped so far, by sender id; nullopt without it.
   virtual std::optional<std::vector<int64_t>> clipped_from() const { return std::nullopt; }
+  // algo.clip_peers: the non-finite messages this worker dropped so far, by sender id.
+  virtual std::optional<std::vector<int64_t>> dropped_from() const { return std::nullopt; }
+  // The peer whose message stood out in this worker's last blocking mix (MessageSuspect), if one did.
+  virtual std::optional<MessageSuspect> message_suspect() const { return std::nullopt; }
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }
   virtual void load_state(const StateDict& state) {}

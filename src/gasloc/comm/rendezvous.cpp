@@ -305,6 +305,22 @@ void check_job_secret(const GlooOptions& o) {
                  o.rank, o.interface.empty() ? o.master_addr : "interface " + o.interface);
 }
 
+namespace {
+// Every rank of a start met at this store already: a rank arriving now belongs to another start of
+// the job (the next job, a resume) at a store that serves one, whose keys stay. Said so, without
+// publishing an abort that would stop the first start's ranks, were they still running.
+void check_not_served_before(c10d::Store& store, const GlooOptions& o, const std::string& where) {
+  if (!store.check({"world"})) return;
+  const int64_t world = std::stoll(to_text(store.get("world")));
+  if (store.add("joined", 0) < world) return;
+  throw CommError(fmt::format("rank {}: the store {} already served a whole start of this job (all {} ranks met there): "
+                              "a store without --elastic serves one start of one job",
+                              o.rank, where, world),
+                  "start gasloc store again (Ctrl+C, then the same command) for each start of a job, a resume too, or "
+                  "give the next one its own store (another --port); gasloc launch makes one per start");
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
   validate(o, /*check_rank=*/false);
   check_job_secret(o);
@@ -322,6 +338,7 @@ c10::intrusive_ptr<c10d::Store> join_store(const GlooOptions& o) {
       abort_all(fmt::format("a rank started with RANK={} and WORLD_SIZE={}: RANK must be in 0..{}", o.rank, o.world,
                             o.world - 1),
                 "every rank needs a distinct RANK in 0..WORLD_SIZE-1; " + std::string(kLaunchHint));
+    check_not_served_before(*store, o, where);
     // WORLD_SIZE: the first rank to arrive sets it; every other rank compares.
     const auto agreed = to_text(store->compareSet("world", {}, to_bytes(std::to_string(o.world))));
     if (agreed != std::to_string(o.world))

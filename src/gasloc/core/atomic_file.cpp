@@ -1,13 +1,14 @@
 #include "gasloc/core/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <limits>
 
 #include "gasloc/core/error.hpp"
 
@@ -81,26 +82,54 @@ void write_through(const fs::path& path, std::string_view bytes, const std::stri
 }
 }  // namespace
 
+namespace {
+// Reads what is left of `fd` (a regular file), up to `limit` bytes.
+std::string read_rest(int fd, const fs::path& path, size_t limit) {
+  std::string out;
+  char buf[1 << 16];
+  while (out.size() < limit) {
+    const ssize_t n = ::read(fd, buf, std::min(sizeof buf, limit - out.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("cannot read", path, errno);
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+struct Closer {
+  int fd;
+  ~Closer() { ::close(fd); }
+};
+}  // namespace
+
+int open_regular_file(const fs::path& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    const int e = errno;
+    throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(e)),
+                e == ENOENT ? "check that the file exists" : "check the path and its permissions");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    if (S_ISDIR(st.st_mode)) throw Error("'" + path.string() + "' is a directory, not a file", "give the path of a file");
+    throw Error(fmt::format("'{}' is not a regular file (a FIFO, socket or device): reading it could wait forever",
+                            path.string()),
+                "give the path of a regular file");
+  }
+  return fd;
+}
+
 std::string read_file(const fs::path& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw Error("'" + path.string() + "' is a directory, not a file", "give the path of a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open '" + path.string() + "'", "check that the file exists");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
-  return ss.str();
+  const Closer file{open_regular_file(path)};
+  return read_rest(file.fd, path, std::numeric_limits<size_t>::max());
 }
 
 std::string read_file(const fs::path& path, size_t max_bytes) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw Error("'" + path.string() + "' is a directory, not a file", "give the path of a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open '" + path.string() + "'", "check that the file exists");
-  std::string out(max_bytes + 1, '\0');
-  in.read(out.data(), static_cast<std::streamsize>(out.size()));
-  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
-  out.resize(static_cast<size_t>(in.gcount()));
+  const Closer file{open_regular_file(path)};
+  std::string out = read_rest(file.fd, path, max_bytes + 1);
   if (out.size() > max_bytes)
     throw Error(fmt::format("'{}' is larger than {} bytes: not a file of this kind", path.string(), max_bytes),
                 "check the path");

@@ -50,8 +50,8 @@ json parse_toml_text(std::string_view text, const std::string& source_name) {
 }
 
 json parse_toml_file(const std::string& path) {
-  // A job file is a few KB; the cap turns `--config /dev/zero` or a data file given by mistake
-  // into an error instead of a read that fills memory.
+  // A job file is a few KB; the cap turns a data file given by mistake into an error instead of
+  // a read that fills memory (read_file refuses a FIFO or device such as /dev/zero).
   constexpr size_t kMaxJobFileBytes = 1 << 20;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))

@@ -209,7 +209,8 @@ bool aes256gcm_open(const std::string& key, const std::string& nonce, std::span<
 
 std::string read_secret_file(const std::string& path) {
   const std::string key = "cluster.secret_file";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO given as the secret is refused below instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0)
     throw ConfigError(fmt::format("{}: cannot read the job's secret '{}': {}", key, path, std::strerror(errno)),
                       errno == ENOENT ? std::string(kWriteHint) : "check the path and its permissions");
@@ -219,7 +220,8 @@ std::string read_secret_file(const std::string& path) {
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    throw ConfigError(fmt::format("{}: '{}' is not a regular file", key, path), kWriteHint);
+    throw ConfigError(fmt::format("{}: '{}' is not a regular file (a FIFO, socket or device is refused)", key, path),
+                      kWriteHint);
   if ((st.st_mode & 077) != 0)
     throw ConfigError(fmt::format("{}: the job's secret '{}' may be read or changed by other users (mode {:04o})", key, path,
                                   st.st_mode & 07777),

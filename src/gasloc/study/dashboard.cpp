@@ -123,11 +123,17 @@ void RunWatch::reset_metrics() {
 }
 
 void RunWatch::read_new_lines() {
-  const Fd file(::open((dir_ / "metrics.jsonl").c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO in metrics.jsonl's place is the run's error, not a page that never answers.
+  const Fd file(::open((dir_ / "metrics.jsonl").c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   struct stat st {};
   if (file.fd < 0 || ::fstat(file.fd, &st) != 0) {
     if (has_metrics_) reset_metrics();  // removed: the run directory was cleared
     has_metrics_ = false;
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    error_ = "'" + (dir_ / "metrics.jsonl").string() + "' is not a regular file (a FIFO, socket or device); the run "
+             "writes a regular one: remove it";
     return;
   }
   const auto size = static_cast<uintmax_t>(st.st_size);

@@ -102,11 +102,8 @@ class MetricsFold {
       util += l.utilization.value_or(0.0);
       r_.min_local_steps = r_.min_local_steps < 0 ? l.local_steps : std::min(r_.min_local_steps, l.local_steps);
       if (l.resends) r_.resends = std::max<int64_t>(r_.resends, 0) + *l.resends;
-      if (l.clipped_from) {
-        auto& c = r_.clipped_from;
-        if (c.size() < l.clipped_from->size()) c.resize(l.clipped_from->size(), 0);
-        for (size_t j = 0; j < l.clipped_from->size(); ++j) c[j] += (*l.clipped_from)[j];
-      }
+      add_by_sender(r_.clipped_from, l.clipped_from);
+      add_by_sender(r_.dropped_from, l.dropped_from);
     }
     if (!last_.empty()) {
       r_.mb_per_worker = total / static_cast<double>(last_.size()) / 1e6;
@@ -129,8 +126,15 @@ class MetricsFold {
     double idle_s = 0, virtual_s = 0;
     std::optional<double> utilization;
     std::optional<int64_t> resends;
-    std::optional<std::vector<int64_t>> clipped_from;
+    std::optional<std::vector<int64_t>> clipped_from, dropped_from;
   };
+
+  // sum[j] += counts[j] for each sender j (clip_peers' counts of one worker's last line).
+  static void add_by_sender(std::vector<int64_t>& sum, const std::optional<std::vector<int64_t>>& counts) {
+    if (!counts) return;
+    if (sum.size() < counts->size()) sum.resize(counts->size(), 0);
+    for (size_t j = 0; j < counts->size(); ++j) sum[j] += (*counts)[j];
+  }
 
   void add_memory(const train::MemoryEvent& m) {
     const double n = static_cast<double>(std::max<int64_t>(1, m.params));
@@ -174,7 +178,7 @@ class MetricsFold {
     auto& w = last_[t.worker];
     if (t.step >= w.step)
       w = {t.step, t.bytes_sent, t.local_steps.value_or(t.step), t.idle_s, t.virtual_time_s, t.utilization, t.codec_resends,
-           t.clipped_from};
+           t.clipped_from, t.dropped_from};
     if (t.virtual_time_s >= r_.virtual_s) r_.eval_s = t.eval_time_s;
     r_.virtual_s = std::max(r_.virtual_s, t.virtual_time_s);
     if (t.step > r_.last_train_step || (t.step == r_.last_train_step && t.wall_time_s > r_.train_wall_s)) {

@@ -51,6 +51,7 @@ struct RunSummary {
   // algo.clip_peers: messages clipped, by sender id, summed over the workers that clipped them
   // (their last train lines; in an all-reduce every worker clips every message); empty: not clipping.
   std::vector<int64_t> clipped_from;
+  std::vector<int64_t> dropped_from;  // ... and the non-finite messages dropped, by sender id, likewise
   std::vector<EvalPoint> curve;
   std::vector<ViewMark> views;  // elastic runs, in the file's order
   // Evaluated at train.steps: the run is complete.

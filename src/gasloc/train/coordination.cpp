@@ -32,7 +32,7 @@ StartPoint CollectiveCoordination::agree_start(const StartInputs& in, std::map<i
 std::unique_ptr<MetricsLog> CollectiveCoordination::open_metrics(const Run& run, const data::Dataset& dataset, bool,
                                                                  bool loaded, int64_t start_step) {
   const bool lead = leader();
-  if (lead || processes_) run.write_info(dataset);
+  if (lead || processes_) run.write_info(dataset, loaded ? start_step : -1);
   const fs::path file = run.dir() / "metrics.jsonl";
   std::unique_ptr<MetricsLog> metrics;
   if (lead) {
@@ -135,11 +135,12 @@ StartPoint StoreCoordination::resume(const StartInputs& in, std::map<int, Checkp
 std::unique_ptr<MetricsLog> StoreCoordination::open_metrics(const Run& run, const data::Dataset& dataset, bool resumed,
                                                             bool, int64_t start_step) {
   const fs::path file = run.dir() / "metrics.jsonl";
+  const int64_t resumed_at = resumed ? start_step : -1;
   if (!elastic_.claim_files()) {
-    run.write_info(dataset);  // every host's run directory can be read back and resumed on its own
+    run.write_info(dataset, resumed_at);  // every host's run directory can be read back and resumed on its own
     return std::make_unique<MetricsLog>(file);
   }
-  run.write_info(dataset);
+  run.write_info(dataset, resumed_at);
   if (!resumed) fs::remove(file);
   auto metrics = std::make_unique<MetricsLog>(file, resumed ? start_step : -1);
   elastic_.files_ready();

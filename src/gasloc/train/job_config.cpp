@@ -388,11 +388,18 @@ void JobConfig::validate() const {
   validate_optim(optim);
   validate_train(train, data);
   require(cluster.workers >= 1 && cluster.workers <= 4096, "cluster.workers", "must be in [1, 4096]");
-  require(cluster.timeout_s > 0, "cluster.timeout_s", "must be positive");
+  require(cluster.timeout_s > 0 && cluster.timeout_s <= kMaxTimeoutS, "cluster.timeout_s",
+          fmt::format("must be in (0, {:.0f}] seconds (a week), got {}", kMaxTimeoutS, cluster.timeout_s));
   require(cluster.compute_slots >= 0, "cluster.compute_slots", "must be >= 0 (0: the cores, from 65 in-process workers up)");
   // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
   const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
   algo.validate(world);
+  // A round needs H local steps: with fewer steps in the whole run it would end, with exit 0, before
+  // its first round, having trained its workers apart and never communicated.
+  require(!algo::algorithm(algo.name).has_rounds || algo.H <= train.steps, "algo.H",
+          fmt::format("{} local steps per round exceed train.steps = {}: the run would end before its first round, "
+                      "without any communication; lower algo.H or raise train.steps",
+                      algo.H, train.steps));
   network.validate(world);
   require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
   // Over processes it is a real judge of real beats: at least four of them.

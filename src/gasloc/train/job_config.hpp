@@ -198,6 +198,10 @@ struct TrainSection {
 };
 
 
+// cluster.timeout_s's (and gasloc launch --timeout's) largest value, a week: Gloo counts a timeout
+// in int64 milliseconds, and 1e308 s passed the check and then failed deep in a collective.
+inline constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
+
 struct ClusterSection {
   int64_t workers = 1;
   config::Choice backend{backend_choices(), "inproc"};

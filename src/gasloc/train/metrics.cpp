@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <limits>
 #include <type_traits>
 #include <sstream>
@@ -14,8 +13,10 @@
 namespace gasloc::train {
 
 MetricsLog::MetricsLog(const std::filesystem::path& path, int64_t keep_until_step) : path_(path) {
+  // Appending to a FIFO would wait for a reader: anything but a regular file is refused, naming it.
+  if (std::filesystem::exists(path)) ::close(open_regular_file(path));
   if (keep_until_step >= 0 && std::filesystem::exists(path)) {
-    std::ifstream in(path);
+    std::istringstream in(read_file(path));
     std::string line, kept;
     while (std::getline(in, line)) {
       auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -51,6 +52,7 @@ json of(const TrainEvent& e) {
           {"utilization", e.utilization ? json(*e.utilization) : json(nullptr)}};
   if (e.codec_resends) j["codec_resends"] = *e.codec_resends;
   if (e.clipped_from) j["clipped_from"] = *e.clipped_from;
+  if (e.dropped_from) j["dropped_from"] = *e.dropped_from;
   return j;
 }
 json of(const EvalEvent& e) {
@@ -71,6 +73,10 @@ json of(const MemoryEvent& e) {
   return {{"event", "memory"}, {"step", e.step}, {"worker", e.worker}, {"optim", e.optim}, {"algo", e.algo},
           {"params", e.params}, {"param_bytes", e.param_bytes}, {"optimizer_state_bytes", e.optimizer_state_bytes},
           {"sync_state_bytes", e.sync_state_bytes}};
+}
+json of(const ConfigChangeEvent& e) {
+  return {{"event", "config_change"}, {"step", e.step}, {"worker", e.worker}, {"key", e.key}, {"old", e.old_value},
+          {"new", e.new_value}};
 }
 
 // A field of a line, or `fallback` when it is absent, null or of another type: readers have
@@ -149,7 +155,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                       optional_field<double>(j, "compute_s"),
                       optional_field<double>(j, "utilization"),
                       optional_field<int64_t>(j, "codec_resends"),
-                      optional_ids(j, "clipped_from")};
+                      optional_ids(j, "clipped_from"),
+                      optional_ids(j, "dropped_from")};
   if (event == "eval")
     return EvalEvent{step,
                      worker,
@@ -164,6 +171,8 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
   if (event == "view")
     return ViewEvent{step, worker, field<int64_t>(j, "round", 0), ids(j, "members"), ids(j, "died"), ids(j, "joined"),
                      field(j, "virtual_time_s", 0.0), ids(j, "joined_incarnations")};
+  if (event == "config_change")
+    return ConfigChangeEvent{step, worker, field<std::string>(j, "key", ""), j.value("old", json()), j.value("new", json())};
   if (event == "memory")
     return MemoryEvent{step,
                        worker,
@@ -177,8 +186,9 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
 }
 
 std::vector<MetricsEvent> read_metrics(const std::filesystem::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  if (!in) throw DataError("no metrics.jsonl in '" + run_dir.string() + "'", "is it a gasloc run directory?");
+  const std::filesystem::path file = run_dir / "metrics.jsonl";
+  if (!std::filesystem::exists(file)) throw DataError("no metrics.jsonl in '" + run_dir.string() + "'", "is it a gasloc run directory?");
+  std::istringstream in(read_file(file));  // a FIFO is refused, naming it, instead of waited on
   std::vector<MetricsEvent> out;
   std::string line;
   while (std::getline(in, line))

@@ -40,6 +40,7 @@ struct TrainEvent {
   std::optional<double> utilization;    // compute_s over virtual_time_s (in-process) or wall_time_s (processes); none before version 4
   std::optional<int64_t> codec_resends; // compressed gossip (modulo): chunks resent in fp32 after a wrap so far; absent otherwise
   std::optional<std::vector<int64_t>> clipped_from;  // algo.clip_peers: messages this worker clipped so far, by sender id; absent otherwise
+  std::optional<std::vector<int64_t>> dropped_from;  // algo.clip_peers: non-finite messages it dropped so far, by sender id; absent otherwise
 };
 
 // An evaluation of the average model and of each worker's own ("eval"), written by worker 0 (in
@@ -74,7 +75,16 @@ struct MemoryEvent {
   int64_t params = 0, param_bytes = 0, optimizer_state_bytes = 0, sync_state_bytes = 0;
 };
 
-using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent, ViewEvent>;
+// A setting the run's state depends on, changed by a resume at `step` (gasloc train --resume RUN
+// --allow-change KEY): the run trained with `old_value` up to it and `new_value` from it on
+// ("config_change", written by the leader; run.json's "changes" lists the same).
+struct ConfigChangeEvent {
+  int64_t step = 0, worker = 0;
+  std::string key;
+  nlohmann::json old_value, new_value;
+};
+
+using MetricsEvent = std::variant<TrainEvent, EvalEvent, MemoryEvent, ViewEvent, ConfigChangeEvent>;
 
 // The line of an event: its fields, "event" and "version".
 nlohmann::json to_json(const MetricsEvent& e);

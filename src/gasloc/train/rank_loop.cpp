@@ -110,7 +110,8 @@ class Logger {
                                  .compute_s = c.compute_s,
                                  .utilization = clock > 0 ? c.compute_s / clock : 0.0,
                                  .codec_resends = w_.sync().codec_resends(),
-                                 .clipped_from = w_.sync().clipped_from()});
+                                 .clipped_from = w_.sync().clipped_from(),
+                                 .dropped_from = w_.sync().dropped_from()});
     if (rank_ == 0 && !s_.quiet) s_.progress->update(step, r.loss, tps * s_.run.world(), r.lr, eta);
     window_ = std::chrono::steady_clock::now();
     steps_ = computed_ = 0;

@@ -3,6 +3,7 @@
 #include "gasloc/train/host_fit.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/version.h>
 
 #include <torch/torch.h>
@@ -19,10 +20,66 @@
 namespace gasloc::train {
 namespace fs = std::filesystem;
 
-JobConfig resolve_job(const TrainRequest& req) {
+const std::vector<std::string>& state_keys() {
+  // What a checkpoint's state means depends on these: the rounds (H, the policy, the overlap), the
+  // graph and the form that mixed it, the codec whose state it carries (error feedback, owners'
+  // feedback, modulo gaps, the delta reference: their shapes follow the chunk), the clipper's
+  // window, and each worker's slice of the data.
+  static const std::vector<std::string> keys = {
+      "algo.H",           "algo.h_policy",        "algo.overlap_steps",  "algo.topology",
+      "algo.form",        "algo.wire_dtype",      "algo.compression",    "algo.compression_chunk",
+      "algo.topk_density", "algo.error_feedback", "algo.error_feedback_decay", "algo.gossip_codec",
+      "algo.reference_every", "algo.modulo_margin", "algo.clip_peers",   "data.sampling"};
+  return keys;
+}
+
+namespace {
+// A setting's value in a stored run's config; one the run predates ran at today's default.
+nlohmann::json stored_value(const nlohmann::json& stored, const std::string& section, const std::string& key) {
+  static const nlohmann::json defaults = JobConfig{}.to_json();
+  if (stored.contains(section) && stored[section].is_object() && stored[section].contains(key)) return stored[section][key];
+  return defaults.value(section, nlohmann::json::object()).value(key, nlohmann::json());
+}
+
+// The resume's changes to the settings the state depends on: refused naming each (a resume with
+// another codec was accepted and run.json rewritten as if the whole run had used it), unless
+// --allow-change names it. The algorithm is the checkpoints' own: never changed.
+std::vector<SettingChange> resume_changes(const TrainRequest& req, const nlohmann::json& stored, const JobConfig& job) {
+  const nlohmann::json now = job.to_json();
+  for (const std::string& k : req.allow_change)
+    if (std::find(state_keys().begin(), state_keys().end(), k) == state_keys().end())
+      throw ConfigError(fmt::format("--allow-change {}: not a setting a resume refuses to change", k),
+                        fmt::format("it names one of {}; other settings change with --set alone", fmt::join(state_keys(), ", ")));
+  const nlohmann::json old_name = stored_value(stored, "algo", "name");
+  if (old_name != now["algo"]["name"])
+    throw ConfigError(fmt::format("config key 'algo.name': the run '{}' trains {}, this resume asks for {}", req.resume_dir,
+                                  old_name.dump(), now["algo"]["name"].dump()),
+                      "a resume keeps the algorithm its checkpoints hold the state of; start a new run in another "
+                      "train.run_dir");
+  std::vector<SettingChange> changes;
+  for (const std::string& k : state_keys()) {
+    const std::string section = k.substr(0, k.find('.')), key = k.substr(k.find('.') + 1);
+    const nlohmann::json was = stored_value(stored, section, key), is = now[section][key];
+    if (was == is) continue;
+    if (std::find(req.allow_change.begin(), req.allow_change.end(), k) == req.allow_change.end())
+      throw ConfigError(fmt::format("config key '{}': the run '{}' was trained with {} = {}, this resume asks for {}: its "
+                                    "checkpoints' state depends on it",
+                                    k, req.resume_dir, k, was.dump(), is.dump()),
+                        fmt::format("resume without changing it, or say so with --allow-change {} (run.json and "
+                                    "metrics.jsonl then record the change at the step it takes effect)",
+                                    k));
+    changes.push_back({k, was, is});
+  }
+  return changes;
+}
+}  // namespace
+
+JobConfig resolve_job(const TrainRequest& req, std::vector<SettingChange>* changes) {
   if (req.resume_dir.empty()) {
     if (req.resume_step >= 0) throw ConfigError("--resume-step needs --resume RUN");
     if (req.repair) throw ConfigError("--repair needs --resume RUN", "gasloc train --resume RUN --repair");
+    if (!req.allow_change.empty())
+      throw ConfigError("--allow-change needs --resume RUN", "gasloc train --resume RUN --set KEY=VALUE --allow-change KEY");
     return load_job(req.config_path, req.overrides);
   }
   if (!req.config_path.empty())
@@ -40,7 +97,10 @@ JobConfig resolve_job(const TrainRequest& req) {
   // A resumed run goes on to train.steps unless told again; the user's --set come last and win.
   std::vector<std::string> overrides = {"train.run_dir=" + req.resume_dir, "train.stop_at=0"};
   overrides.insert(overrides.end(), req.overrides.begin(), req.overrides.end());
-  return job_from_json(doc["config"], overrides);
+  JobConfig job = job_from_json(doc["config"], overrides);
+  const auto changed = resume_changes(req, doc["config"], job);
+  if (changes) *changes = changed;
+  return job;
 }
 
 CheckpointMeta CheckpointMeta::from_json(const nlohmann::json& m) {
@@ -58,8 +118,8 @@ Counters Counters::from_json(const nlohmann::json& j) {
           j.value("idle_s", 0.0), j.value("eval_time_s", 0.0), j.value("compute_s", 0.0)};
 }
 
-Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world)
-    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()) {
+Run::Run(const JobConfig& job, const model::LlamaConfig& mc, int world, std::vector<SettingChange> changes)
+    : job_(job), mc_(mc), world_(world), dir_(job.train.run_dir), resolved_(job.to_json()), changes_(std::move(changes)) {
   resolved_["cluster"]["workers"] = world;
 }
 
@@ -204,7 +264,30 @@ std::string check_memory(const model::LlamaConfig& mc, const JobConfig& job, int
                            slots > 0 ? slots : local_workers, available_memory_bytes());
 }
 
-void Run::write_info(const data::Dataset& dataset) const {
+namespace {
+// run.json's "changes" for a run resumed at `step`: the earlier ones up to it (a resume from an
+// older step drops the later ones, as it drops their metrics), then `changes` at `step`, each
+// (step, key) once: processes that share the directory each write the file.
+nlohmann::json changes_at(const fs::path& run_json, int64_t step, const std::vector<SettingChange>& changes) {
+  nlohmann::json out = nlohmann::json::array();
+  if (step < 0) return out;
+  if (fs::exists(run_json)) {
+    const auto doc = nlohmann::json::parse(read_file(run_json), nullptr, false);
+    if (!doc.is_discarded() && doc.contains("changes") && doc["changes"].is_array())
+      for (const auto& c : doc["changes"])
+        if (c.is_object() && c.value("step", int64_t{0}) <= step) out.push_back(c);
+  }
+  for (const SettingChange& c : changes) {
+    const nlohmann::json entry = {{"step", step}, {"key", c.key}, {"old", c.old_value}, {"new", c.new_value}};
+    auto same = [&](const nlohmann::json& e) { return e.value("step", int64_t{-1}) == step && e.value("key", "") == c.key; };
+    out.erase(std::remove_if(out.begin(), out.end(), same), out.end());
+    out.push_back(entry);
+  }
+  return out;
+}
+}  // namespace
+
+void Run::write_info(const data::Dataset& dataset, int64_t resumed_at) const {
   nlohmann::json info = {{"config", resolved_},
                          {"model", model_json()},
                          {"world", world_},
@@ -223,6 +306,8 @@ void Run::write_info(const data::Dataset& dataset) const {
       if (fs::exists(dataset.dir / name)) write_file_atomic_shared(copy / name, read_file(dataset.dir / name));
     info["dataset"]["copy"] = kRunDatasetDir;
   }
+  // The config is what the run trains with from here on; "changes" says where it differed before.
+  info["changes"] = changes_at(dir_ / "run.json", resumed_at, changes_);
   write_file_atomic_shared(dir_ / "run.json", info.dump(2) + "\n");
 }
 

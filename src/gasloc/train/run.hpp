@@ -17,9 +17,19 @@
 
 namespace gasloc::train {
 
+// A setting the run's checkpointed state depends on, changed by a resume (--allow-change KEY).
+struct SettingChange {
+  std::string key;
+  nlohmann::json old_value, new_value;
+};
+
 // The job a request describes: its job file with overrides, or (--resume) the run's own run.json
-// with overrides on top. Throws ConfigError or CheckpointError.
-JobConfig resolve_job(const TrainRequest& req);
+// with overrides on top. Throws ConfigError or CheckpointError. A resume that changes a setting
+// the checkpoints' state depends on (state_keys()) is refused naming the key and both values,
+// unless req.allow_change names it; the changes allowed are put in `changes`.
+JobConfig resolve_job(const TrainRequest& req, std::vector<SettingChange>* changes = nullptr);
+// The settings a resume may change only with --allow-change ("section.key").
+const std::vector<std::string>& state_keys();
 
 // What a checkpoint must agree on with the job that resumes it.
 struct CheckpointMeta {
@@ -44,7 +54,8 @@ struct Counters {
 
 class Run {
  public:
-  Run(const JobConfig& job, const model::LlamaConfig& mc, int world);
+  // `changes`: what this invocation's resume changed (resolve_job), recorded in run.json.
+  Run(const JobConfig& job, const model::LlamaConfig& mc, int world, std::vector<SettingChange> changes = {});
   const JobConfig& job() const { return job_; }
   const model::LlamaConfig& model() const { return mc_; }
   int world() const { return world_; }
@@ -68,8 +79,11 @@ class Run {
   // Returns the number of workers that saved the run; `announce` (one rank of the job) says how
   // the ids are mapped when it differs.
   int check_resume_world(bool announce) const;
-  // run.json: the resolved job, the model, the dataset and versions.
-  void write_info(const data::Dataset& dataset) const;
+  const std::vector<SettingChange>& changes() const { return changes_; }
+  // run.json: the resolved job, the model, the dataset and versions, and "changes": each setting a
+  // resume changed, with the step it took effect at (for a run resumed at `resumed_at`: the earlier
+  // ones up to it, then this resume's; -1: a run that starts, with none).
+  void write_info(const data::Dataset& dataset, int64_t resumed_at) const;
   // The resolved configuration, with the preset's value beside each model field left at 0.
   void print() const;
   // Where a run keeps its copy of the dataset's dataset.json and tokenizer (write_info).
@@ -85,6 +99,7 @@ class Run {
   int world_;
   std::filesystem::path dir_;
   nlohmann::json resolved_;
+  std::vector<SettingChange> changes_;
 };
 
 // Refuses, before anything is allocated, `local_workers` workers in this process whose estimated

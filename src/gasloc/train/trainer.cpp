@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "gasloc/algo/compression.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/core/blas_threads.hpp"
@@ -123,6 +124,10 @@ TrainSummary train_in_run_dir(const JobSetup& s) {
     else if (!s.req.quiet) s.run.print_summary();
   }
   const auto metrics = s.coord.open_metrics(s.run, s.dataset, resumed, !loaded.empty(), at.step);
+  // What this resume changed (--allow-change), at the step it takes effect.
+  if (s.leader && resumed && !s.joiner)
+    for (const SettingChange& c : s.run.changes())
+      metrics->write(ConfigChangeEvent{at.step, s.ranks.front(), c.key, c.old_value, c.new_value});
   const auto val_batches =
       data::validation_batches(*s.dataset.val, job.data.batch_size, job.data.seq_len, job.data.val_batches);
   RunStart start{ckpts, loaded, arrivals, committed, at.step, metrics.get(), val_batches};
@@ -136,11 +141,13 @@ TrainSummary train_in_run_dir(const JobSetup& s) {
 TrainSummary run_training(const TrainRequest& req) {
   // From the start: a Ctrl+C during set-up must stop the run cleanly too, not kill it.
   SignalScope signals;
-  JobConfig job = resolve_job(req);
+  std::vector<SettingChange> changes;
+  JobConfig job = resolve_job(req, &changes);
   if (job.train.threads > 0) torch::set_num_threads(static_cast<int>(job.train.threads));
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
   const model::LlamaConfig mc = job.model.resolve(dataset.vocab_size);  // data.seq_len fits: JobConfig::validate
+  algo::check_compression_for_model(job.algo, mc.num_params());  // the chunk against the model, once its size is known
   const std::string memory = check_memory(mc, job, workers_in_this_process(job));
   // A compressed round's messages are priced by their size against the simulated model's.
   if (job.algo.compression != "none") job.network.parameter_message_bytes = mc.num_params() * job.network.simulated_element_bytes;
@@ -153,7 +160,7 @@ TrainSummary run_training(const TrainRequest& req) {
   const bool auto_streams = job.train.streams == 0;
   job.train.streams = planned_streams(job.train.streams, job.train.device, job.data.batch_size, world,
                                       usable_cpus());
-  const Run run(job, mc, world);
+  const Run run(job, mc, world, changes);
   comm::Communicator* processes = cluster->processes();
   const auto coord = make_coordination(*cluster, job);
   coord->agree_config(run.resolved(), dataset.fingerprint);

@@ -15,6 +15,7 @@ struct TrainRequest {
   std::string resume_dir;              // continue this run from its checkpoint
   int64_t resume_step = -1;            // with resume_dir: this committed step (-1 = the newest)
   bool repair = false;                 // with resume_dir: drop damaged or missing checkpoints, naming them, then resume
+  std::vector<std::string> allow_change;  // with resume_dir: settings the state depends on that this resume may change
   bool quiet = false;                  // no progress lines (tests)
   bool verbose = false;                // the full resolved configuration and thread plan at start
   std::string job_id;                  // process backends: the job token gasloc launch hands its ranks

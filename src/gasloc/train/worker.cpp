@@ -122,13 +122,12 @@ StepResult Worker::step() {
   // peers and then see them blamed.
   auto check_diverged = [&] {
     if (!std::isfinite(r.loss) || (max_loss_ > 0 && r.loss > max_loss_))
-      throw TrainingDiverged(
-          std::isfinite(r.loss)
-              ? fmt::format("worker {} diverged at step {}: training loss {:.4g} exceeds {:g} x ln(vocab {}) = {:.2f} "
-                            "(train.divergence_factor)",
-                            comm_.rank(), k, r.loss, job_.train.divergence_factor, model_cfg_.vocab_size, max_loss_)
-              : fmt::format("worker {} diverged at step {}: training loss is {}", comm_.rank(), k, r.loss),
-          "lower optim.lr or raise optim.warmup_steps");
+      throw_diverged(k, std::isfinite(r.loss)
+                            ? fmt::format("worker {} diverged at step {}: training loss {:.4g} exceeds {:g} x ln(vocab {}) "
+                                          "= {:.2f} (train.divergence_factor)",
+                                          comm_.rank(), k, r.loss, job_.train.divergence_factor, model_cfg_.vocab_size,
+                                          max_loss_)
+                            : fmt::format("worker {} diverged at step {}: training loss is {}", comm_.rank(), k, r.loss));
   };
   if (streams_) {
     r.loss = streams_->loss_backward(model_, batch.inputs, batch.targets, device_, job_.train.dtype);
@@ -162,7 +161,24 @@ void Worker::finish_if_last(int64_t step, StepResult& r) {
   if (step == job_.train.steps && sync_->flush(params_, comm_)) r.round_done = true;
 }
 
+void Worker::throw_diverged(int64_t step, const std::string& what) const {
+  // Right after a mix in which a peer's message stood out, that message is the likelier cause,
+  // not the step size: its sender is named.
+  const auto s = sync_->message_suspect();
+  if (!s || merged_at_ < 0 || step - merged_at_ > 1 + job_.algo.overlap_steps)
+    throw TrainingDiverged(what, "lower optim.lr or raise optim.warmup_steps");
+  const std::string how = s->poison != 1.0 ? fmt::format("was scaled by {:g} (faults.poison)", s->poison)
+                                           : fmt::format("had values {:.3g} times this worker's largest", s->ratio);
+  throw TrainingDiverged(
+      fmt::format("{}, right after the mix of round {}, whose message from worker {} {}", what, s->round, s->sender, how),
+      fmt::format("worker {} sent it: {}; algo.clip_peers = true bounds what one peer's message can move a worker",
+                  s->sender,
+                  s->poison != 1.0 ? "remove its faults.poison entry to run without that fault"
+                                   : "find why (its own log), and restart it from its last checkpoint"));
+}
+
 void Worker::after_round(StepResult& r) {
+  if (r.round_done) merged_at_ = step_;
   const auto view = sync_->take_ended_view();
   if (!view) return;
   if (auto plan = algo::heal_plan(*view, comm_.rank())) heal(*plan);

@@ -98,6 +98,9 @@ class Worker {
  private:
   // Elastic runs: after a round ended, its joiners' state transfer and its view, if it changed.
   void after_round(StepResult& r);
+  // Throws TrainingDiverged: `what`, with the sender of a message that stood out in the mix just
+  // before (Synchronizer::message_suspect), else the step size's hint.
+  [[noreturn]] void throw_diverged(int64_t step, const std::string& what) const;
   // At train.steps: lands an overlapped round still in flight (Synchronizer::flush).
   void finish_if_last(int64_t step, StepResult& r);
 
@@ -116,6 +119,7 @@ class Worker {
   ComputeGate* gate_ = nullptr;
   int64_t step_ = 0;
   double last_loss_ = 0.0;
+  int64_t merged_at_ = -1;  // the step at which the last round ended (-1: none yet)
   double max_loss_ = 0.0;  // 0: no limit
   double compute_wall_s_ = 0.0;
 };
