@@ -126,15 +126,21 @@ bg_pid=$!
 
 say "== 2. build (LibTorch from $prefix)"
 deps=${GASLOC_DEPS:-}
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DGASLOC_BUILD_TESTS=OFF -DGASLOC_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90)
-[ -n "${CUDA_HOME:-}" ] && cmake_args+=(-DCUDAToolkit_ROOT="$CUDA_HOME")
+# The configuration CI compiles and links on every run (scripts/setup_torch2.sh, build-torch2/):
+# the architecture in the cache, and a toolkit: the machine's, else the pip wheels' (with nvcc).
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DGASLOC_BUILD_TESTS=OFF -DGASLOC_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90
+            -DTORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST")
+source scripts/lib/cuda_from_wheels.sh
+[ -z "${CUDA_HOME:-}" ] && [ -n "$site" ] && CUDA_HOME=$(cuda_from_wheels "$site" "$PWD/build-gpu/cuda") && echo "CUDA toolkit from the pip wheels: $CUDA_HOME"
+[ -n "${CUDA_HOME:-}" ] && cmake_args+=(-DCUDAToolkit_ROOT="$CUDA_HOME" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_HOME" -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc")
 cxx_flags=""
 prefixes="$prefix"
 if [ -n "$deps" ] && [ -d "$deps" ]; then
   deps=$(cd "$deps" && pwd)
   echo "carried headers: $deps (scripts/gpu_deps.sh)"
   prefixes="$prefix;$deps"
-  # -I: ahead of every -isystem directory, LibTorch's too, whose fmt (newer) spdlog 1.10 cannot use.
+  # -I: ahead of every -isystem directory, LibTorch's too, whose fmt (newer) spdlog 1.10 cannot use
+  # (with Debian's fmt in /usr/include, CMakeLists.txt puts it first by itself).
   cxx_flags="-I$deps/include"
   cmake_args+=(-DSENTENCEPIECE_INCLUDE_DIR="$deps/include")
   # OpenSSL 3 (libcrypto): where the machine has no headers, the carried ones, linked against the

@@ -12,18 +12,10 @@ cd "$(dirname "$0")/.."
 .venv/bin/pip install -q --disable-pip-version-check -r requirements/torch2.txt
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 torch_prefix=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-# The wheels lay CUDA out for Python (versioned .so files only, no lib64/): a toolkit-shaped
-# folder of links for CMake's FindCUDA, which LibTorch's configuration calls.
-cuda=$PWD/.venv/cuda
-mkdir -p "$cuda/lib"
-ln -sfn "$site/nvidia/cu13/bin" "$cuda/bin"
-ln -sfn "$site/nvidia/cu13/include" "$cuda/include"
-ln -sfn lib "$cuda/lib64"
-for f in "$site"/nvidia/cu13/lib/*; do
-  name=${f##*/}
-  ln -sf "$f" "$cuda/lib/$name"
-  case "$name" in *.so.*) ln -sf "$f" "$cuda/lib/${name%%.so.*}.so" ;; esac
-done
+# The wheels lay CUDA out for Python; CMake's FindCUDA wants a toolkit's folder (scripts/lib/).
+source scripts/lib/cuda_from_wheels.sh
+cuda=$(cuda_from_wheels "$site" "$PWD/.venv/cuda") ||
+  { echo "setup_torch2: no nvcc in $site/nvidia/cu13 (requirements/torch2.txt pins nvidia-cuda-nvcc)" >&2; exit 1; }
 # The part of the suite that runs on torch 2.x (docs/testing.md, "Two LibTorches"): the model, the
 # optimizers, checkpoints and safetensors, the algorithms, both communication backends, the CLI, an
 # elastic Gloo job, transformers against the HF export and import, and the same job on both builds.
