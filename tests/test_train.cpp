@@ -1,5 +1,6 @@
 // Trainer end to end on the nano preset and a byte-level dataset: bit-exact resume, Ctrl+C,
 // checkpoints that survive a full disk, and refusals that lose nothing.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "gasloc/train/metrics.hpp"
 #include "gasloc/train/signals.hpp"
 #include "gasloc/train/trainer.hpp"
+#include "gasloc/train/user_run.hpp"
 #include "gasloc/train/worker.hpp"
 #include "test_util.hpp"
 
@@ -727,4 +729,131 @@ TEST(SignalsDeathTest, ARequestASecondLaterEndsTheProcessSayingSo) {
         std::exit(0);
       },
       testing::KilledBySignal(SIGINT), "second interrupt: exiting now without a checkpoint");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A run whose model, data and optimizer are the user's (train/user_run.hpp, the Python API).
+
+namespace {
+
+std::string config_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no ConfigError";
+}
+
+// A run directory of its own under kRoot.
+std::string user_run_dir(const std::string& name) { return (kRoot / ("user_" + name)).string(); }
+
+std::vector<std::pair<std::string, torch::Tensor>> named(const std::vector<torch::Tensor>& ts) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t i = 0; i < ts.size(); ++i) out.emplace_back(fmt::format("p{}", i), ts[i]);
+  return out;
+}
+
+std::unique_ptr<comm::Cluster> inproc_cluster(int workers) {
+  comm::ClusterOptions o;
+  o.workers = workers;
+  o.timeout_s = 30;
+  o.network = [](int) { return comm::NetworkModel{}; };
+  return comm::make_cluster(o);
+}
+
+}  // namespace
+
+// The keys the user owns in PyTorch, or that the Python API cannot run yet, are refused by name
+// with the reason, from the settings and from the job file alike; the others parse as the CLI's.
+TEST(UserJob, RefusesTheKeysTheUserOwnsAndNamesBadOnes) {
+  const std::string model = config_error_of([] { train::user_job("", {"model.dim=64"}); });
+  EXPECT_NE(model.find("'model.dim'"), std::string::npos) << model;
+  EXPECT_NE(model.find("the model is yours"), std::string::npos) << model;
+  const std::string steps = config_error_of([] { train::user_job("", {"train.steps=10"}); });
+  EXPECT_NE(steps.find("'train.steps'"), std::string::npos) << steps;
+  const fs::path file = kRoot / "user_job.toml";
+  fs::create_directories(kRoot);
+  std::ofstream(file) << "[algo]\nname = \"diloco\"\n[optim]\nlr = 0.1\n";
+  const std::string in_file = config_error_of([&] { train::user_job(file.string(), {}); });
+  EXPECT_NE(in_file.find("'optim.lr' in " + file.string()), std::string::npos) << in_file;
+  const std::string unknown = config_error_of([] { train::user_job("", {"algo.Hx=3"}); });
+  EXPECT_NE(unknown.find("'algo.Hx'"), std::string::npos) << unknown;
+  const std::string bad_value = config_error_of([] { train::user_job("", {"algo.H=0"}); });
+  EXPECT_NE(bad_value.find("algo.H"), std::string::npos) << bad_value;
+  const std::string gradients = config_error_of([] { train::user_job("", {"algo.name=allreduce"}); });
+  EXPECT_NE(gradients.find("run.sync_gradients()"), std::string::npos) << gradients;
+  EXPECT_EQ(train::user_job("", {"algo.name=diloco", "algo.H=7"}).algo.H, 7);
+  EXPECT_EQ(train::user_job("", {}).cluster.backend, "inproc") << "alone";
+  // Under a launcher the process is one rank of the job: gloo, and the world is WORLD_SIZE.
+  const train::JobConfig launched = train::user_job("", {"algo.name=gasloc", "algo.topology=1peer"}, /*launched=*/true);
+  EXPECT_EQ(launched.cluster.backend, "gloo");
+  const std::string alone = config_error_of([] { train::user_job("", {"cluster.backend=inproc"}, true); });
+  EXPECT_NE(alone.find("'cluster.backend'"), std::string::npos) << alone;
+  EXPECT_EQ(train::user_key_refusal("algo.H"), "");
+}
+
+// Alone: the user's tensors become views of one flat buffer (the same tensors), DiLoCo's outer
+// Nesterov step lands every H steps as OuterNesterov defines it (one worker: the mean is its own
+// parameters), and metrics.jsonl holds the losses given, read back by the metrics reader.
+TEST(UserRun, AloneRebindsTheParametersAndStepsDiLoCoEveryH) {
+  const train::JobConfig job = train::user_job("", {"algo.name=diloco", "algo.H=2", "algo.outer_lr=0.5",
+                                                    "algo.outer_momentum=0.9", "train.log_every=1",
+                                                    "train.run_dir=" + user_run_dir("alone")});
+  auto w = torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}});
+  auto b = torch::tensor({0.5f});
+  auto cluster = train::open_user_cluster(job);
+  train::UserRun run(job, named({w, b}), *cluster, 0, "SGD");
+  EXPECT_EQ(run.world(), 1);
+  EXPECT_EQ(w.data_ptr<float>(), run.params().data().data_ptr<float>()) << "the matrix is the buffer's first view";
+  const torch::Tensor theta0 = run.params().data().clone();
+  torch::NoGradGuard no_grad;
+  w.add_(1.0f);  // the user's inner steps
+  EXPECT_FALSE(run.step(2.5, 0.1));
+  b.sub_(1.0f);
+  EXPECT_TRUE(run.step(2.0, 0.1));
+  const torch::Tensor phi = torch::cat({(theta0.narrow(0, 0, 4) + 1), theta0.narrow(0, 4, 1) - 1});
+  const torch::Tensor delta = theta0 - phi;  // b = delta at the first round
+  EXPECT_TRUE(torch::allclose(run.params().data(), theta0 - 0.5 * (delta + 0.9 * delta)));
+  EXPECT_TRUE(torch::allclose(w.reshape({-1}), run.params().data().narrow(0, 0, 4))) << "still the user's tensor";
+  run.close();
+  std::vector<double> losses;
+  for (const auto& e : train::read_metrics(run.run_dir()))
+    if (const auto* t = std::get_if<train::TrainEvent>(&e)) losses.push_back(t->train_loss);
+  EXPECT_EQ(losses, (std::vector<double>{2.5, 2.0}));
+}
+
+// Parameters that cannot live in one fp32 buffer are refused, naming the parameter.
+TEST(UserRun, RefusesParametersOfAnotherDtype) {
+  const train::JobConfig job = train::user_job("", {"train.run_dir=" + user_run_dir("dtype")});
+  auto cluster = train::open_user_cluster(job);
+  const std::string e = config_error_of([&] {
+    train::UserRun run(job, named({torch::ones({2}), torch::ones({2}, torch::kFloat64)}), *cluster, 0, "SGD");
+  });
+  EXPECT_NE(e.find("parameter 'p1' is Double"), std::string::npos) << e;
+}
+
+// Two ranks: rank 1 starts from rank 0's parameters (it need not seed alike), and a DiLoCo round
+// averages the two workers' parameters, leaving both with the same ones.
+TEST(UserRun, RanksStartFromRankZerosParametersAndAverageAtARound) {
+  const train::JobConfig job = train::user_job("", {"algo.name=diloco", "algo.H=1", "algo.outer_lr=1.0",
+                                                    "algo.outer_momentum=0", "train.run_dir=" + user_run_dir("two")});
+  auto cluster = inproc_cluster(2);
+  std::vector<torch::Tensor> final(2), start(2);
+  cluster->run([&](int r, comm::Communicator&) {
+    auto p = torch::full({3}, static_cast<float>(10 * (r + 1)));
+    train::UserRun run(job, named({p}), *cluster, r, "SGD");
+    start[r] = p.clone();
+    {
+      torch::NoGradGuard no_grad;
+      p.add_(static_cast<float>(r + 1));  // rank 0 steps by 1, rank 1 by 2
+    }
+    run.step(std::nullopt, 0.0);
+    final[r] = p.clone();
+    run.close();
+  });
+  EXPECT_TRUE(torch::equal(start[1], torch::full({3}, 10.0f))) << "rank 1 took rank 0's parameters";
+  // outer lr 1, no momentum: theta <- mean of the workers' parameters.
+  EXPECT_TRUE(torch::allclose(final[0], torch::full({3}, 11.5f)));
+  EXPECT_TRUE(torch::equal(final[0], final[1]));
 }

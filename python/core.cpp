@@ -1,0 +1,76 @@
+// gasloc._core: the compiled half of the Python package (python/gasloc/__init__.py is the other).
+// A thin binding of train::UserRun (src/gasloc/train/user_run.hpp): the job, the cluster and the
+// run live in C++; tensors cross zero-copy as at::Tensor. gasloc's errors become Python's: a bad
+// setting is a ValueError naming the key, any other gasloc error a RuntimeError; both carry the
+// hint that says what to do.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+#include <torch/version.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gasloc/core/error.hpp"
+#include "gasloc/train/job_config.hpp"
+#include "gasloc/train/user_run.hpp"
+
+namespace py = pybind11;
+using namespace gasloc;
+
+namespace {
+
+// The cluster this process hosts and the run on its rank, made and let go together.
+class PyRun {
+ public:
+  PyRun(const std::string& config, const std::vector<std::string>& overrides,
+        const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer)
+      : job_(train::user_job(config, overrides, std::getenv("WORLD_SIZE") != nullptr)),
+        cluster_(train::open_user_cluster(job_)),
+        run_(std::make_unique<train::UserRun>(job_, params, *cluster_, cluster_->local_ranks().front(), optimizer)) {}
+  train::UserRun& run() { return *run_; }
+
+ private:
+  train::JobConfig job_;
+  std::unique_ptr<comm::Cluster> cluster_;
+  std::unique_ptr<train::UserRun> run_;
+};
+
+std::string with_hint(const Error& e) { return e.hint().empty() ? e.what() : std::string(e.what()) + " (" + e.hint() + ")"; }
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "gasloc's runtime for a model, data and inner optimizer of the user's (see the gasloc package)";
+  // The torch this module was built against: the interpreter's at configure time, and LibTorch's headers.
+  m.attr("TORCH_VERSION") = GASLOC_PYTHON_TORCH_VERSION;
+  m.attr("LIBTORCH_VERSION") = TORCH_VERSION;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ConfigError& e) {
+      PyErr_SetString(PyExc_ValueError, with_hint(e).c_str());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, with_hint(e).c_str());
+    }
+  });
+  m.def("describe_settings", &train::describe_job, "every key of the job file, its type, default and doc");
+  m.def("refusal", &train::user_key_refusal, py::arg("key"),
+        "why a key cannot be set for a Python run ('' when it can)");
+  // The GIL is released while the runtime joins the cluster and communicates.
+  py::class_<PyRun>(m, "Run")
+      .def(py::init<const std::string&, const std::vector<std::string>&,
+                    const std::vector<std::pair<std::string, at::Tensor>>&, const std::string&>(),
+           py::arg("config"), py::arg("overrides"), py::arg("params"), py::arg("optimizer"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("step", [](PyRun& r, std::optional<double> loss, double lr) { return r.run().step(loss, lr); }, py::arg("loss"),
+           py::arg("lr"), py::call_guard<py::gil_scoped_release>())
+      .def("close", [](PyRun& r) { r.run().close(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", [](PyRun& r) { return r.run().rank(); })
+      .def_property_readonly("world", [](PyRun& r) { return r.run().world(); })
+      .def_property_readonly("steps_done", [](PyRun& r) { return r.run().steps_done(); })
+      .def_property_readonly("run_dir", [](PyRun& r) { return r.run().run_dir().string(); });
+}

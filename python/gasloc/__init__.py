@@ -1,0 +1,185 @@
+"""gasloc from PyTorch: your model, data, inner optimizer and loop; gasloc's runtime between the workers.
+
+    import torch, gasloc
+    model = MyModel()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    with gasloc.Run(model, opt, config="job.toml", settings={"algo.name": "diloco", "algo.H": 30}) as run:
+        for step in range(run.start_step, total_steps):
+            loss = loss_fn(model, batch(run.rank, step))
+            opt.zero_grad(); loss.backward(); opt.step()
+            run.step(loss=loss.item())   # True when a round ended
+
+Alone (python3 train.py) the process is one worker; under ``gasloc launch -n N -- python3 train.py``
+each process is one rank of an N-worker job over Gloo. docs/python.md says what is built.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+import torch
+
+from . import _build_info
+
+
+def _check_torch(running: str, built: str) -> None:
+    """Refuses a torch other than the one gasloc._core was built against, before the module loads:
+    its C++ ABI would not match, which crashes instead of failing."""
+    if str(running) != str(built):
+        raise ImportError(
+            f"gasloc._core was built against torch {built}, but this interpreter runs torch {running}: "
+            f"rebuild it for this torch with: {_build_info.REBUILD}"
+        )
+
+
+_check_torch(torch.__version__, _build_info.TORCH_VERSION)
+
+from . import _core  # noqa: E402  (after the version check, on purpose)
+
+__all__ = ["Run", "describe_settings"]
+
+
+def describe_settings() -> str:
+    """Every key of the job file with its type, default and doc (`gasloc train --help-config`)."""
+    return _core.describe_settings()
+
+
+def _setting_text(key: str, value: Any) -> str:
+    """A Python value as the text of ``--set key=value`` (TOML; strings verbatim)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value) if not isinstance(value, float) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(key, v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return _toml_value(key, value)
+    raise ValueError(f"setting '{key}': a {type(value).__name__} is not a job-file value (bool, int, float, str, list, dict)")
+
+
+def _toml_value(key: str, value: Any) -> str:
+    """A value inside a TOML array or inline table (strings quoted)."""
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(key, v)}" for k, v in value.items()) + " }"
+    return _setting_text(key, value)
+
+
+def _overrides(settings: Optional[Mapping[str, Any]]) -> list[str]:
+    if settings is None:
+        return []
+    if not isinstance(settings, Mapping):
+        raise ValueError("settings must be a dict of the job file's keys, e.g. {'algo.name': 'diloco', 'algo.H': 30}")
+    out = []
+    for key, value in settings.items():
+        if not isinstance(key, str) or "." not in key:
+            raise ValueError(f"setting '{key}' is not a job-file key: write 'section.key', e.g. 'algo.H'")
+        out.append(f"{key}={_setting_text(key, value)}")
+    return out
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """The optimizer must step the model's parameters and hold no state yet: its state would not follow
+    the parameters into the flat buffer."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer: a torch.optim.Optimizer, not {type(optimizer).__name__}")
+    if any(len(s) > 0 for s in optimizer.state.values()):
+        raise ValueError(
+            "the optimizer already holds state (it has stepped): create gasloc.Run before the first optimizer step"
+        )
+    model_params = {id(p) for _, p in named}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in model_params:
+                raise ValueError(
+                    f"the optimizer steps a parameter of shape {tuple(p.shape)} that is not the model's: "
+                    "hand gasloc.Run the model whose parameters the optimizer steps"
+                )
+
+
+class Run:
+    """One worker of a gasloc job around your model and optimizer (a context manager).
+
+    At the start the model's parameters become views of one flat fp32 buffer (the Parameter objects
+    stay the same, so your optimizer keeps working), every rank checks that the others run the same
+    job and model, and every rank takes rank 0's parameters. ``run.step()`` after each optimizer
+    step lets the algorithm act (``algo.name``: ``diloco``, ``gasloc``, ``local_dadam``, or ``none``
+    alone). Leaving the ``with`` block closes the run.
+
+    Args:
+        model: the torch.nn.Module whose parameters the optimizer steps (fp32, on one device).
+        optimizer: its inner optimizer, before its first step.
+        config: a TOML job file (the [algo], [train], [cluster] and [network] keys apply).
+        settings: the job file's keys, e.g. {"algo.name": "gasloc", "algo.H": 30,
+            "train.run_dir": "runs/mine"}; a bad key or value is a ValueError naming it, and so is a
+            key you own in PyTorch (model.*, data.*, optim.*, train.steps, ...).
+        resume: continue from a checkpoint (not built yet: a ValueError).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Optional[str] = None,
+        settings: Optional[Mapping[str, Any]] = None,
+        resume: bool = False,
+    ) -> None:
+        if resume:
+            raise ValueError("resume=True: checkpoints of a Python run are not built yet (docs/python.md)")
+        named = list(model.named_parameters())
+        _check_optimizer(optimizer, named)
+        self._optimizer = optimizer
+        self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__)
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank (0 alone)."""
+        return self._core.rank
+
+    @property
+    def world(self) -> int:
+        """The number of workers of the job (WORLD_SIZE under gasloc launch; 1 alone)."""
+        return self._core.world
+
+    @property
+    def start_step(self) -> int:
+        """The step the loop starts from: 0 (a resumed or healed run would start later)."""
+        return 0
+
+    @property
+    def steps_done(self) -> int:
+        """Calls of step() so far."""
+        return self._core.steps_done
+
+    @property
+    def run_dir(self) -> str:
+        """train.run_dir: run.json and metrics.jsonl, which `gasloc report` reads."""
+        return self._core.run_dir
+
+    def step(self, loss: Optional[float] = None) -> bool:
+        """After every optimizer step: the algorithm's step (DiLoCo and GASLoC end a round every
+        algo.H steps, replacing the parameters in place). `loss` (a float) goes to metrics.jsonl.
+        Returns True when a round ended at this step."""
+        if loss is not None:
+            loss = float(loss)
+            if not math.isfinite(loss):
+                raise ValueError(f"run.step(loss={loss}): the loss is not finite; the worker diverged")
+        lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
+        return self._core.step(loss, lr)
+
+    def close(self) -> None:
+        """Lands an overlapped round still in flight, writes the last metrics line and frees the run
+        directory. Every rank closes at the same step (the `with` block does it)."""
+        if not self._closed:
+            self._closed = True
+            self._core.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        # After an exception the peers may be elsewhere in the loop: no collective, the process ends.

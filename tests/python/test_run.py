@@ -1,0 +1,174 @@
+"""The Python API (docs/python.md) under Debian's interpreter: run by ctest (python_api) with
+PYTHONPATH=BUILD/python and GASLOC_BIN=BUILD/gasloc."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gasloc
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "diloco_worker.py")
+
+
+def gasloc_bin() -> str:
+    path = os.environ.get("GASLOC_BIN")
+    if not path:
+        pytest.fail("set GASLOC_BIN to the gasloc program (ctest's python_api test does)")
+    return os.path.abspath(path)
+
+
+def mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(32, 8, generator=g)
+    return x, torch.tanh(x[:, :4].sum(dim=1, keepdim=True) / 2)
+
+
+def train_alone(run_dir: Path, settings: dict, steps: int = 60):
+    model = mlp(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, rounds = [], 0
+    with gasloc.Run(model, opt, settings={"train.run_dir": str(run_dir), **settings}) as run:
+        assert (run.rank, run.world, run.start_step, run.run_dir) == (0, 1, 0, str(run_dir))
+        for step in range(run.start_step, steps):
+            x, y = batch(step)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            rounds += run.step(loss=loss.item())
+    return model, losses, rounds
+
+
+def metrics(run_dir: Path, event: str):
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [l for l in lines if l["event"] == event]
+
+
+# (c) One worker alone, without a launcher: it trains (the loss goes down), DiLoCo ends a round
+# every H steps, and metrics.jsonl holds the losses given, which `gasloc report` reads.
+def test_one_worker_alone_trains_and_reports(tmp_path):
+    run_dir = tmp_path / "alone"
+    _, losses, rounds = train_alone(run_dir, {"algo.name": "diloco", "algo.H": 10, "train.log_every": 5})
+    assert rounds == 6
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert last < 0.5 * first, f"mean loss of the first 10 steps {first:.4f}, of the last 10 {last:.4f}"
+    train = metrics(run_dir, "train")
+    assert [l["step"] for l in train] == list(range(5, 61, 5))
+    assert [l["train_loss"] for l in train] == pytest.approx([losses[s - 1] for s in range(5, 61, 5)])
+    assert [l["round_done"] for l in train] == [s % 10 == 0 for s in range(5, 61, 5)]
+    report = subprocess.run([gasloc_bin(), "report", str(run_dir)], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    assert "diloco" in report.stdout
+
+
+# (b) A bad key or value is a ValueError naming it; a key the user owns in PyTorch is refused
+# with the reason; so is an optimizer that already stepped.
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"algo.Hx": 3}, "algo.Hx"),
+        ({"algo.H": 0}, "algo.H"),
+        ({"algo.name": "nosuch"}, "nosuch"),
+        ({"model.dim": 64}, "the model is yours"),
+        ({"optim.lr": 0.1}, "the inner optimizer is yours"),
+        ({"train.steps": 10}, "your loop decides"),
+    ],
+)
+def test_bad_and_owned_settings_are_value_errors(tmp_path, settings, named):
+    model = mlp(0)
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        gasloc.Run(model, opt, settings={"train.run_dir": str(tmp_path / "r"), **settings})
+
+
+def test_an_optimizer_with_state_is_refused(tmp_path):
+    model = mlp(0)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8)).sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match="already holds state"):
+        gasloc.Run(model, opt, settings={"train.run_dir": str(tmp_path / "r")})
+
+
+# The parameters become views of one flat buffer; the Parameter objects stay the optimizer's.
+def test_parameters_stay_the_optimizers(tmp_path):
+    model = mlp(0)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    before = [p.detach().clone() for p in params]
+    with gasloc.Run(model, opt, settings={"train.run_dir": str(tmp_path / "r")}):
+        assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+        assert all(torch.equal(p, b) for p, b in zip(params, before))
+        storages = {p.storage().data_ptr() for p in params}
+        assert len(storages) == 1, "one flat buffer"
+
+
+# (d) A module built against another torch is an ImportError naming both versions and the rebuild
+# command, raised before the compiled module loads.
+def test_another_torch_version_is_an_import_error():
+    code = "import torch; torch.__version__ = '0.0.1-other'; import gasloc"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr
+    assert "0.0.1-other" in r.stderr
+    assert f"torch {torch.__version__}" in r.stderr
+    assert "cmake --build" in r.stderr
+
+
+def launch(n: int, args: list, cwd: Path) -> None:
+    # The ranks import this very package, wherever the test runs from.
+    env = {**os.environ, "PYTHONPATH": str(Path(gasloc.__file__).resolve().parent.parent)}
+    r = subprocess.run([gasloc_bin(), "launch", "-n", str(n), "--", sys.executable, *args], capture_output=True,
+                       text=True, cwd=cwd, env=env, timeout=240)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+
+
+@pytest.fixture(scope="module")
+def by_hand(tmp_path_factory):
+    """The hand-written torch.distributed DiLoCo's final parameters, by world and rank."""
+    root = tmp_path_factory.mktemp("by_hand")
+    out = {}
+    for world in (2, 3):
+        launch(world, [WORKER, "torch", str(root / f"torch{world}")], root)
+        out[world] = [torch.load(root / f"torch{world}.rank{r}.pt") for r in range(world)]
+    return out
+
+
+# (a) DiLoCo from Python over two Gloo ranks equals a hand-written torch.distributed DiLoCo (inner
+# AdamW, outer SGD with Nesterov momentum on the averaged pseudo-gradient) on the same model, data
+# and seeds: the final parameters of every rank agree to fp32 tolerance. So do the GASLoC rounds
+# whose mixing is the average: the complete topology, 1peer over two workers (the pair, W = 1/2)
+# and 2peer over three (the ring through all three, W = 1/3).
+@pytest.mark.parametrize(
+    "world, algo",
+    [
+        (2, {"algo.name": "diloco"}),
+        (2, {"algo.name": "gasloc", "algo.topology": "complete"}),
+        (2, {"algo.name": "gasloc", "algo.topology": "1peer"}),
+        (3, {"algo.name": "gasloc", "algo.topology": "2peer"}),
+    ],
+)
+def test_rounds_over_gloo_ranks_equal_torch_distributed_diloco(tmp_path, by_hand, world, algo):
+    launch(world, [WORKER, "gasloc", str(tmp_path / "ours"), str(tmp_path / "run"), json.dumps(algo)], tmp_path)
+    for rank in range(world):
+        ours = torch.load(tmp_path / f"ours.rank{rank}.pt")
+        ref = by_hand[world][rank]
+        assert ours.keys() == ref.keys()
+        for name in ref:
+            assert torch.allclose(ours[name], ref[name], rtol=1e-5, atol=1e-6), (
+                f"rank {rank} {name}: max difference {(ours[name] - ref[name]).abs().max().item():.3g}"
+            )
+    rounds = [l for l in metrics(tmp_path / "run", "train") if l["round_done"]]
+    assert sorted({(l["worker"], l["step"]) for l in rounds}) == [(w, s) for w in range(world) for s in (5, 10, 15, 20)]
+    assert all(l["bytes_sent"] > 0 for l in rounds)
