@@ -794,6 +794,7 @@ namespace {
 // of a pair group, and holds the connection.
 std::atomic<bool> g_hijack{false};
 std::atomic<int> g_hijacked{0};
+std::atomic<int> g_addresses_read{0};  // pair keys read that held one loopback sockaddr
 std::mutex g_hijack_mu;
 std::vector<int> g_hijack_fds;
 
@@ -813,6 +814,7 @@ extern "C" void gasloc_test_pair_key_read(const char* key, const uint8_t* value,
   sockaddr_in in{};
   std::memcpy(&in, value, sizeof in);
   if (in.sin_family != AF_INET || in.sin_addr.s_addr != htonl(INADDR_LOOPBACK)) return;
+  ++g_addresses_read;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&in), sizeof in) != 0) {
     ::close(fd);
@@ -831,6 +833,7 @@ TEST(GlooElastic, APairGroupHijackedWhileItFormsIsFormedAgainOnFreshPortsAndNobo
   // every exchange arrives whole, and nobody is reported or declared dead.
   ElasticPairRun job;
   g_hijacked = 0;
+  g_addresses_read = 0;
   g_hijack = true;
   job.run(3);
   g_hijack = false;
@@ -841,6 +844,11 @@ TEST(GlooElastic, APairGroupHijackedWhileItFormsIsFormedAgainOnFreshPortsAndNobo
   }
   EXPECT_EQ(job.errors[0], "");
   EXPECT_EQ(job.errors[1], "");
+  // The intruder reads a pair's address as Gloo of LibTorch 1.13 publishes it (one sockaddr per
+  // pair key); torch 2.x's Gloo publishes its addresses in another layout, which it does not parse.
+  if (g_addresses_read.load() == 0)
+    GTEST_SKIP() << "this LibTorch's Gloo publishes no pair key holding one loopback sockaddr: the intruder cannot "
+                    "find the port to connect first to (the retry is pinned on Debian's LibTorch 1.13)";
   EXPECT_GE(g_hijacked.load(), 1) << "the test's intruder connected to no pair port";
   ASSERT_TRUE(job.keys->check({"el/pg/0.0-1.0/try"})) << "the hijacked first try did not fail";
   EXPECT_EQ(to_text(job.keys->get("el/pg/0.0-1.0/try")), "1") << "the second try, on fresh ports, must form the group";

@@ -23,8 +23,8 @@ job=(--config "$(dirname "$(readlink -f "$0")")/../configs/tiny.toml" --set mode
      --set train.eval_every=20 --set train.threads=1 --set train.checkpoint_every=0)
 "$G1" train "${job[@]}" --set train.run_dir=run1 >/dev/null
 "$G2" train "${job[@]}" --set train.run_dir=run2 >/dev/null
-G=$G1 metric_rows run1 train step loss > loss1.txt
-G=$G2 metric_rows run2 train step loss > loss2.txt
+G=$G1 metric_rows run1 train step train_loss > loss1.txt
+G=$G2 metric_rows run2 train step train_loss > loss2.txt
 [ "$(wc -l < loss1.txt)" -ge 40 ] || fail "the 1.13 run logged $(wc -l < loss1.txt) steps"
 # Step 0: rounding only (1e-5 relative); the whole 40 steps: 2e-3 relative.
 paste loss1.txt loss2.txt | awk '
