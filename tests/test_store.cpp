@@ -52,9 +52,8 @@ struct SilentListener {
   ~SilentListener() { ::close(fd); }
 };
 
-// A raw connection to a store, for speaking its wire format by hand; reads bounded by 5 s.
-int raw_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// Connects fd to a store on loopback; its reads bounded by 5 s.
+void connect_loopback(int fd, int port) {
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
@@ -62,6 +61,12 @@ int raw_connect(int port) {
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+}
+
+// A raw connection to a store, for speaking its wire format by hand; reads bounded by 5 s.
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  connect_loopback(fd, port);
   return fd;
 }
 
@@ -276,7 +281,10 @@ TEST(Store, OutOfFileDescriptorsTheStoreShedsTheOldestUnprovenAndDoesNotSpin) {
   std::vector<int> flood;
   {
     FewFileDescriptors few(120);  // 100 for the flood's ends, about 20 for the store's
-    for (int i = 0; i < 100; ++i) flood.push_back(raw_connect(server.port()));
+    // Every end of the flood is made before any connects, so that the store's accepts, not the
+    // flood's own sockets, are what runs out of descriptors.
+    for (int i = 0; i < 100; ++i) flood.push_back(::socket(AF_INET, SOCK_STREAM, 0));
+    for (int fd : flood) connect_loopback(fd, server.port());
     // CPU time, not wall time: an idle store uses about a millisecond of it in this second; one
     // that spins uses whatever share of a core it gets (0.4 s on a loaded 2-core machine).
     const double cpu0 = process_cpu_seconds();
