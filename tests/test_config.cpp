@@ -143,10 +143,11 @@ TEST(Config, ATimeoutBeyondAWeekAndRoundsLongerThanTheRunAreRefused) {
   expect_config_error([] { load_job("", {"cluster.timeout_s=1e308"}); }, "cluster.timeout_s");
   expect_config_error([] { load_job("", {"cluster.timeout_s=604801"}); }, "604800");
   EXPECT_NO_THROW(load_job("", {"cluster.timeout_s=604800"}));
-  expect_config_error([] { load_job("", {"algo.name=diloco", "algo.H=31", "train.steps=30", "cluster.workers=2"}); },
+  auto rounds_fit = [](std::vector<std::string> s) { check_rounds_fit(load_job("", s)); };
+  expect_config_error([&] { rounds_fit({"algo.name=diloco", "algo.H=31", "train.steps=30", "cluster.workers=2"}); },
                       "algo.H");
-  EXPECT_NO_THROW(load_job("", {"algo.name=diloco", "algo.H=30", "train.steps=30", "cluster.workers=2"}));
-  EXPECT_NO_THROW(load_job("", {"algo.name=dadam", "algo.H=31", "train.steps=30", "cluster.workers=2"}));  // no rounds
+  EXPECT_NO_THROW(rounds_fit({"algo.name=diloco", "algo.H=30", "train.steps=30", "cluster.workers=2"}));
+  EXPECT_NO_THROW(rounds_fit({"algo.name=dadam", "algo.H=31", "train.steps=30", "cluster.workers=2"}));  // no rounds
 }
 
 TEST(Config, SyntaxErrorsGiveFileAndLine) {

@@ -394,12 +394,6 @@ void JobConfig::validate() const {
   // Under gloo and nccl the world size is known only once the processes meet (WORLD_SIZE).
   const int world = cluster.backend == "inproc" ? static_cast<int>(cluster.workers) : 0;
   algo.validate(world);
-  // A round needs H local steps: with fewer steps in the whole run it would end, with exit 0, before
-  // its first round, having trained its workers apart and never communicated.
-  require(!algo::algorithm(algo.name).has_rounds || algo.H <= train.steps, "algo.H",
-          fmt::format("{} local steps per round exceed train.steps = {}: the run would end before its first round, "
-                      "without any communication; lower algo.H or raise train.steps",
-                      algo.H, train.steps));
   network.validate(world);
   require(cluster.heartbeat_timeout_s > 0, "cluster.heartbeat_timeout_s", "must be positive");
   // Over processes it is a real judge of real beats: at least four of them.
@@ -491,6 +485,15 @@ JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string
   job.network.resolve();
   job.validate();
   return job;
+}
+
+void check_rounds_fit(const JobConfig& job) {
+  // A round needs H local steps: with fewer steps in the whole run it would end, with exit 0, before
+  // its first round, having trained its workers apart and never communicated.
+  require(!algo::algorithm(job.algo.name).has_rounds || job.algo.H <= job.train.steps, "algo.H",
+          fmt::format("{} local steps per round exceed train.steps = {}: the run would end before its first round, "
+                      "without any communication; lower algo.H or raise train.steps",
+                      job.algo.H, job.train.steps));
 }
 
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides) {

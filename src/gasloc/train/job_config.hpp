@@ -416,6 +416,11 @@ struct JobConfig {
 JobConfig job_from_json(const nlohmann::json& doc, const std::vector<std::string>& overrides);
 // Loads a TOML job file (or only defaults when path is empty) with overrides.
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides);
+
+// A training run's own check (run_training), not every job's: algo.H within train.steps for the
+// algorithms of rounds. A consensus study's job trains nothing, so its steps do not bound H.
+// ConfigError naming algo.H.
+void check_rounds_fit(const JobConfig& job);
 // A table of every key, its type, default and doc.
 std::string describe_job();
 

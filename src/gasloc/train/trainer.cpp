@@ -143,6 +143,7 @@ TrainSummary run_training(const TrainRequest& req) {
   SignalScope signals;
   std::vector<SettingChange> changes;
   JobConfig job = resolve_job(req, &changes);
+  check_rounds_fit(job);
   if (job.train.threads > 0) torch::set_num_threads(static_cast<int>(job.train.threads));
 
   const data::Dataset dataset = data::Dataset::open(job.data.dir, job.data.vocab_size, job.data.verify_shards);
