@@ -33,6 +33,7 @@
 #include "gasloc/comm/pair_transfer.hpp"
 #include "gasloc/comm/rendezvous.hpp"
 #include "gasloc/core/error.hpp"
+#include "test_paths.hpp"
 
 using namespace gasloc;
 using namespace gasloc::comm;
@@ -1085,7 +1086,7 @@ TEST(GlooThreads, BandwidthLimitSlowsTheLinkForBothEnds) {
 
 namespace {
 
-const std::string kGasloc = std::string(GASLOC_BINARY_DIR) + "/gasloc";
+const std::string kGasloc = gasloc::test_paths::binary_dir().string() + "/gasloc";
 
 struct Proc {
   pid_t pid = -1;

@@ -17,6 +17,7 @@
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/run_start.hpp"
 #include "gasloc/train/optimizers.hpp"
+#include "test_paths.hpp"
 
 using namespace gasloc;
 using train::job_from_json;
@@ -151,7 +152,7 @@ TEST(Config, ATimeoutBeyondAWeekAndRoundsLongerThanTheRunAreRefused) {
 }
 
 TEST(Config, SyntaxErrorsGiveFileAndLine) {
-  const std::string path = std::string(GASLOC_BINARY_DIR) + "/bad_config.toml";
+  const std::string path = gasloc::test_paths::binary_dir().string() + "/bad_config.toml";
   {
     std::ofstream f(path);
     f << "[optim]\nlr = 0.1\n[train\nsteps = 3\n";

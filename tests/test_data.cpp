@@ -23,6 +23,7 @@
 #include "gasloc/data/shard.hpp"
 #include "gasloc/data/spm_runtime.hpp"
 #include "gasloc/data/tokenizer.hpp"
+#include "test_paths.hpp"
 
 // Ends a test at its SentencePiece part where this build cannot load SentencePiece (an ASan
 // build, spm_runtime.hpp), with the reason as the skip message.
@@ -41,7 +42,7 @@ class DataTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(GASLOC_BINARY_DIR) / "test_data_tmp" / (std::string(info->name()) + "_" + std::to_string(::getpid()));
+    dir_ = gasloc::test_paths::binary_dir() / "test_data_tmp" / (std::string(info->name()) + "_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

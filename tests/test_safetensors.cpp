@@ -15,6 +15,7 @@
 #include "gasloc/model/hf_export.hpp"
 #include "gasloc/model/llama.hpp"
 #include "gasloc/model/safetensors.hpp"
+#include "test_paths.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -26,13 +27,13 @@ namespace {
 // A fresh directory per test, under the build tree.
 fs::path tmp_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::path(GASLOC_BINARY_DIR) / "test_tmp" / "safetensors" / (std::string(info->test_suite_name()) + "." + info->name());
+  fs::path d = gasloc::test_paths::binary_dir() / "test_tmp" / "safetensors" / (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
 }
 
-const fs::path kFixtures = fs::path(GASLOC_SOURCE_DIR) / "tests" / "fixtures" / "hf_llama";
+const fs::path kFixtures = gasloc::test_paths::source_dir() / "tests" / "fixtures" / "hf_llama";
 
 // Expects `fn` to throw CheckpointError whose message contains every one of `parts`.
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {

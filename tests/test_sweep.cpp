@@ -27,6 +27,7 @@
 #include "gasloc/algo/consensus.hpp"
 #include "gasloc/topology/topology.hpp"
 #include "test_util.hpp"
+#include "test_paths.hpp"
 
 using namespace gasloc;
 namespace fs = std::filesystem;
@@ -320,7 +321,7 @@ TEST_F(Sweep, ReportsIntoItsOwnDirectoryByDefault) {
   EXPECT_NE(gp.find("set output 'own-step.png'"), std::string::npos) << gp;
   EXPECT_NE(gp.find("plot 'own-step.dat' index 0"), std::string::npos) << gp;
   EXPECT_EQ(gp.find(kRoot.string()), std::string::npos) << gp;
-  EXPECT_FALSE(fs::exists(fs::path(GASLOC_SOURCE_DIR) / "docs" / "results" / "own-step.png"));
+  EXPECT_FALSE(fs::exists(gasloc::test_paths::source_dir() / "docs" / "results" / "own-step.png"));
 }
 
 // A run stopped and resumed is two processes writing one metrics file, each with its wall clock
@@ -886,7 +887,7 @@ step_time_from = "real"
   study::apply_step_times(spec, runs);
   EXPECT_TRUE(runs[1].awaits_step_time);  // real has not run yet
   auto o = options("launch.md");
-  o.gasloc = fs::path(GASLOC_BINARY_DIR) / "gasloc";
+  o.gasloc = gasloc::test_paths::binary_dir() / "gasloc";
   study::run_sweep(spec, o);
   const auto real = study::read_run_summary(runs[0].dir);
   ASSERT_TRUE(real.finished()) << read_file(runs[0].dir.string() + ".log");

@@ -9,12 +9,13 @@
 #include "gasloc/data/prepare.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/trainer.hpp"
+#include "test_paths.hpp"
 
 namespace gasloc::test_util {
 
 // A unique directory for this process under the build tree.
 inline std::filesystem::path temp_root(const std::string& name) {
-  auto p = std::filesystem::path(GASLOC_BINARY_DIR) / (name + "_tmp") / std::to_string(::getpid());
+  auto p = gasloc::test_paths::binary_dir() / (name + "_tmp") / std::to_string(::getpid());
   std::filesystem::create_directories(p);
   return p;
 }
