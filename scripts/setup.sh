@@ -34,6 +34,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2 procps                            # ss, ip, pgrep: the process and network-namespace tests
   chromium                                   # headless: the dashboard test draws its page (tests/dashboard_page.sh)
+  python3-dev pybind11-dev python3-torch     # the Python API (python/, docs/python.md) for Debian's python3
+  python3-pytest                             # its tests (tests/python)
 )
 [ "$mode" = torch2 ] && PACKAGES+=(python3-venv)
 # `npm pack` fetches the default corpus; some machines ship npm with their own Node.js build.
@@ -93,7 +95,8 @@ export CCACHE_BASEDIR=$PWD CCACHE_SLOPPINESS=pch_defines,time_macros,include_fil
 launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 case "$mode" in
   all)
-    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DGASLOC_BUILD_TESTS=ON -DGASLOC_BUILD_BENCH=ON >/dev/null
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DGASLOC_BUILD_TESTS=ON -DGASLOC_BUILD_BENCH=ON \
+      -DGASLOC_BUILD_PYTHON=ON >/dev/null
     cmake --build build -j"$(nproc)" ;;
   program)
     # A build directory that has the tests keeps them; a new one is configured without.

@@ -18,9 +18,10 @@ cuda=$(cuda_from_wheels "$site" "$PWD/.venv/cuda") ||
   { echo "setup_torch2: no nvcc in $site/nvidia/cu13 (requirements/torch2.txt pins nvidia-cuda-nvcc)" >&2; exit 1; }
 # The part of the suite that runs on torch 2.x (docs/testing.md, "Two LibTorches"): the model, the
 # optimizers, checkpoints and safetensors, the algorithms, both communication backends, the CLI, an
-# elastic Gloo job, transformers against the HF export and import, and the same job on both builds.
+# elastic Gloo job, transformers against the HF export and import, the same job on both builds, and
+# the Python API (its module built for the virtual environment's interpreter and torch).
 TESTS="test_model;test_optim;test_safetensors;test_algo;test_comm_inproc;test_comm_gloo;test_train;cli_smoke"
-TESTS+=";gloo_store_elastic;hf_transformers;two_torches"
+TESTS+=";gloo_store_elastic;hf_transformers;two_torches;python_api"
 export CCACHE_BASEDIR=$PWD CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 # No GPU here: name the architecture instead of probing for one (Hopper, as scripts/gpu_check.sh);
 # kept in the cache, so that a later reconfigure does not probe either.
@@ -31,6 +32,7 @@ cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNC
   -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" -DTORCH_CUDA_ARCH_LIST="$arch" -DCMAKE_CUDA_ARCHITECTURES="${arch//./}" \
   -DGASLOC_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$site/nvidia/nccl/include" -DNCCL_LIBRARY="$site/nvidia/nccl/lib/libnccl.so.2" \
   -DGASLOC_BUILD_TESTS=ON -DGASLOC_TESTS="$TESTS" -DGASLOC_TEST_PYTHON="$PWD/.venv/bin/python" \
+  -DGASLOC_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PWD/.venv/bin/python" \
   -DGASLOC_REFERENCE_PROGRAM="$PWD/build/gasloc" -DGASLOC_BUILD_BENCH="${GASLOC_TORCH2_BENCH:-OFF}" \
   >build-torch2/configure.log 2>&1 ||
   { tail -30 build-torch2/configure.log >&2; echo "setup_torch2: configuring build-torch2 failed (whole log: build-torch2/configure.log)" >&2; exit 1; }
