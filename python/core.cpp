@@ -9,7 +9,9 @@
 #include <torch/version.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,10 +29,11 @@ namespace {
 class PyRun {
  public:
   PyRun(const std::string& config, const std::vector<std::string>& overrides,
-        const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer)
+        const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer, bool resume)
       : job_(train::user_job(config, overrides, std::getenv("WORLD_SIZE") != nullptr)),
         cluster_(train::open_user_cluster(job_)),
-        run_(std::make_unique<train::UserRun>(job_, params, *cluster_, cluster_->local_ranks().front(), optimizer)) {}
+        run_(std::make_unique<train::UserRun>(job_, params, *cluster_, cluster_->local_ranks().front(), optimizer,
+                                              resume)) {}
   train::UserRun& run() { return *run_; }
 
  private:
@@ -38,6 +41,19 @@ class PyRun {
   std::unique_ptr<comm::Cluster> cluster_;
   std::unique_ptr<train::UserRun> run_;
 };
+
+// The user's share of a checkpoint crosses as named tensors and a JSON text (the package packs it).
+using UserTensors = std::map<std::string, at::Tensor>;
+
+void checkpoint(PyRun& r, const UserTensors& tensors, const std::string& json) {
+  r.run().checkpoint(train::UserState{tensors, nlohmann::json::parse(json)});
+}
+
+std::optional<std::pair<UserTensors, std::string>> resumed(PyRun& r) {
+  const auto& user = r.run().resumed();
+  if (!user) return std::nullopt;
+  return std::make_pair(user->tensors, user->json.dump());
+}
 
 std::string with_hint(const Error& e) { return e.hint().empty() ? e.what() : std::string(e.what()) + " (" + e.hint() + ")"; }
 
@@ -63,12 +79,20 @@ PYBIND11_MODULE(_core, m) {
   // The GIL is released while the runtime joins the cluster and communicates.
   py::class_<PyRun>(m, "Run")
       .def(py::init<const std::string&, const std::vector<std::string>&,
-                    const std::vector<std::pair<std::string, at::Tensor>>&, const std::string&>(),
-           py::arg("config"), py::arg("overrides"), py::arg("params"), py::arg("optimizer"),
+                    const std::vector<std::pair<std::string, at::Tensor>>&, const std::string&, bool>(),
+           py::arg("config"), py::arg("overrides"), py::arg("params"), py::arg("optimizer"), py::arg("resume"),
            py::call_guard<py::gil_scoped_release>())
       .def("step", [](PyRun& r, std::optional<double> loss, double lr) { return r.run().step(loss, lr); }, py::arg("loss"),
            py::arg("lr"), py::call_guard<py::gil_scoped_release>())
+      .def("should_compute", [](PyRun& r) { return r.run().should_compute(); }, py::call_guard<py::gil_scoped_release>())
+      .def("sync_gradients", [](PyRun& r) { return r.run().sync_gradients(); }, py::call_guard<py::gil_scoped_release>())
+      .def("checkpoint_due", [](PyRun& r) { return r.run().checkpoint_due(); })
+      .def("checkpoint", &checkpoint, py::arg("tensors"), py::arg("json"), py::call_guard<py::gil_scoped_release>())
+      .def("resumed", &resumed)
+      .def("stop_agreed", [](PyRun& r) { return r.run().stop_agreed(); })
+      .def("land", [](PyRun& r) { return r.run().land(); }, py::call_guard<py::gil_scoped_release>())
       .def("close", [](PyRun& r) { r.run().close(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("checkpointed_step", [](PyRun& r) { return r.run().checkpointed_step(); })
       .def_property_readonly("rank", [](PyRun& r) { return r.run().rank(); })
       .def_property_readonly("world", [](PyRun& r) { return r.run().world(); })
       .def_property_readonly("steps_done", [](PyRun& r) { return r.run().steps_done(); })

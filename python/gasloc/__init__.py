@@ -14,12 +14,13 @@ each process is one rank of an N-worker job over Gloo. docs/python.md says what 
 """
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import torch
 
-from . import _build_info
+from . import _build_info, _state
 
 
 def _check_torch(running: str, built: str) -> None:
@@ -104,8 +105,8 @@ class Run:
     At the start the model's parameters become views of one flat fp32 buffer (the Parameter objects
     stay the same, so your optimizer keeps working), every rank checks that the others run the same
     job and model, and every rank takes rank 0's parameters. ``run.step()`` after each optimizer
-    step lets the algorithm act (``algo.name``: ``diloco``, ``gasloc``, ``local_dadam``, or ``none``
-    alone). Leaving the ``with`` block closes the run.
+    step lets the algorithm act (``algo.name``: ``diloco``, ``gasloc``, ``local_dadam``; ``allreduce``
+    and ``dadam`` with ``run.sync_gradients()``; ``none`` alone). Leaving the ``with`` block closes the run.
 
     Args:
         model: the torch.nn.Module whose parameters the optimizer steps (fp32, on one device).
@@ -114,7 +115,14 @@ class Run:
         settings: the job file's keys, e.g. {"algo.name": "gasloc", "algo.H": 30,
             "train.run_dir": "runs/mine"}; a bad key or value is a ValueError naming it, and so is a
             key you own in PyTorch (model.*, data.*, optim.*, train.steps, ...).
-        resume: continue from a checkpoint (not built yet: a ValueError).
+        state: ``(get, set)``: ``get()`` returns what else a checkpoint must hold (a data position, an
+            LR scheduler's ``state_dict()``: dicts, lists, numbers, strings and tensors, nothing
+            pickled); ``set(value)`` restores it on resume.
+        resume: continue from the newest checkpoint in ``train.run_dir``: the parameters, the
+            algorithm's state, the optimizer's state, ``state`` and the step (``run.start_step``).
+
+    Checkpoints: every ``train.checkpoint_every`` steps (default 100) and at ``close()``, each rank
+    writes its file and commits it once every rank has written (docs/python.md).
     """
 
     def __init__(
@@ -123,15 +131,36 @@ class Run:
         optimizer: torch.optim.Optimizer,
         config: Optional[str] = None,
         settings: Optional[Mapping[str, Any]] = None,
+        state: Optional[Tuple[Callable[[], Any], Callable[[Any], None]]] = None,
         resume: bool = False,
     ) -> None:
-        if resume:
-            raise ValueError("resume=True: checkpoints of a Python run are not built yet (docs/python.md)")
+        if state is not None and not (isinstance(state, tuple) and len(state) == 2 and all(map(callable, state))):
+            raise ValueError("state must be a pair of callables (get, set): get() returns a value, set(value) restores it")
         named = list(model.named_parameters())
         _check_optimizer(optimizer, named)
         self._optimizer = optimizer
-        self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__)
+        self._state = state
+        self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__, bool(resume))
         self._closed = False
+        self._start_step = self._core.steps_done
+        if resume:
+            self._restore(*self._core.resumed())
+
+    def _restore(self, tensors: dict, text: str) -> None:
+        """Puts a checkpoint's share of the user's back: the optimizer's state, then ``state``."""
+        saved = json.loads(text)
+        self._optimizer.load_state_dict(_state.unpack(saved["optimizer"], tensors))
+        if "state" in saved:
+            if self._state is None:
+                raise ValueError("the checkpoint holds a state=(get, set) value: pass the same state= to resume it")
+            self._state[1](_state.unpack(saved["state"], tensors))
+
+    def _checkpoint(self) -> None:
+        tensors: dict = {}
+        saved = {"optimizer": _state.pack(self._optimizer.state_dict(), "optimizer.", tensors)}
+        if self._state is not None:
+            saved["state"] = _state.pack(self._state[0](), "state.", tensors)
+        self._core.checkpoint(tensors, _state.dumps(saved))
 
     @property
     def rank(self) -> int:
@@ -145,8 +174,8 @@ class Run:
 
     @property
     def start_step(self) -> int:
-        """The step the loop starts from: 0 (a resumed or healed run would start later)."""
-        return 0
+        """The step the loop starts from: 0 for a new run, the checkpoint's step after a resume."""
+        return self._start_step
 
     @property
     def steps_done(self) -> int:
@@ -158,6 +187,19 @@ class Run:
         """train.run_dir: run.json and metrics.jsonl, which `gasloc report` reads."""
         return self._core.run_dir
 
+    def should_compute(self) -> bool:
+        """Before a step's computation: False when the algorithm skips it (``algo.h_policy =
+        "time_budget"``: a slower worker takes fewer local steps per round). Then compute nothing
+        (no batch, backward or optimizer step) and still call ``run.step()``. Always True otherwise."""
+        return self._core.should_compute()
+
+    def sync_gradients(self) -> bool:
+        """Between ``loss.backward()`` and ``opt.step()``: the exchange of the gradient-level
+        algorithms (``allreduce``: the gradients' mean over the workers; ``dadam``: its mix of the
+        parameters). Returns False, doing nothing, for the algorithms that mix in ``run.step()``,
+        so one loop serves every algorithm."""
+        return self._core.sync_gradients()
+
     def step(self, loss: Optional[float] = None) -> bool:
         """After every optimizer step: the algorithm's step (DiLoCo and GASLoC end a round every
         algo.H steps, replacing the parameters in place). `loss` (a float) goes to metrics.jsonl.
@@ -167,19 +209,36 @@ class Run:
             if not math.isfinite(loss):
                 raise ValueError(f"run.step(loss={loss}): the loss is not finite; the worker diverged")
         lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
-        return self._core.step(loss, lr)
+        round_done = self._core.step(loss, lr)
+        if self._core.checkpoint_due():
+            self._checkpoint()
+        if self._core.stop_agreed():
+            step = self._core.steps_done
+            self.close()  # every rank stops after this step: a checkpoint of it, committed
+            raise KeyboardInterrupt(
+                f"gasloc: stopped after step {step} (Ctrl+C or SIGTERM) with a checkpoint in {self.run_dir}: "
+                "continue with gasloc.Run(..., resume=True)"
+            )
+        return round_done
 
     def close(self) -> None:
-        """Lands an overlapped round still in flight, writes the last metrics line and frees the run
-        directory. Every rank closes at the same step (the `with` block does it)."""
+        """Lands an overlapped round still in flight, checkpoints the last step, writes the last
+        metrics line and frees the run directory. Every rank closes at the same step (the `with`
+        block does it)."""
         if not self._closed:
             self._closed = True
+            self._core.land()
+            if self._core.steps_done > max(self._core.checkpointed_step, 0):
+                self._checkpoint()
             self._core.close()
 
     def __enter__(self) -> "Run":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
+        if exc_type is None or (self.world == 1 and not self._closed):
+            # Alone, an exception in the block leaves a checkpoint of the last step too.
             self.close()
-        # After an exception the peers may be elsewhere in the loop: no collective, the process ends.
+        # With peers, after an exception they may be elsewhere in the loop: no collective (a
+        # checkpoint commits only once every rank wrote it), the process ends; Ctrl+C instead stops
+        # every rank after the same step (step() above).

@@ -150,18 +150,21 @@ Checkpoint Run::load(const RunCheckpoints& ckpts, int64_t step, int rank, const 
   const auto got = CheckpointMeta::from_json(c.meta);
   auto expected = meta();
   if (got.world != world_ && world_may_change()) expected.world = got.world;  // check_resume_world said why
-  if (!(got == expected)) {
-    std::string diffs;
-    const auto flat_got = got.to_json().flatten(), flat_want = expected.to_json().flatten();
-    for (auto& [k, v] : flat_want.items())
-      if (flat_got.value(k, nlohmann::json()) != v)
-        diffs += fmt::format("{}{} is {} in the checkpoint, {} in this job", diffs.empty() ? "" : "; ", k.substr(1),
-                             flat_got.value(k, nlohmann::json()).dump(), v.dump());
-    std::replace(diffs.begin(), diffs.end(), '/', '.');
-    throw CheckpointError(fmt::format("checkpoint '{}' differs from this job: {}", path.string(), diffs),
-                          "resume with the model, optimizer, algorithm and cluster the run was started with");
-  }
+  check_checkpoint_meta(path, got, expected);
   return c;
+}
+
+void check_checkpoint_meta(const fs::path& path, const CheckpointMeta& got, const CheckpointMeta& expected) {
+  if (got == expected) return;
+  std::string diffs;
+  const auto flat_got = got.to_json().flatten(), flat_want = expected.to_json().flatten();
+  for (auto& [k, v] : flat_want.items())
+    if (flat_got.value(k, nlohmann::json()) != v)
+      diffs += fmt::format("{}{} is {} in the checkpoint, {} in this job", diffs.empty() ? "" : "; ", k.substr(1),
+                           flat_got.value(k, nlohmann::json()).dump(), v.dump());
+  std::replace(diffs.begin(), diffs.end(), '/', '.');
+  throw CheckpointError(fmt::format("checkpoint '{}' differs from this job: {}", path.string(), diffs),
+                        "resume with the model, optimizer, algorithm and cluster the run was started with");
 }
 
 namespace {

@@ -41,6 +41,10 @@ struct CheckpointMeta {
   static CheckpointMeta from_json(const nlohmann::json& m);
 };
 
+// Refuses a checkpoint (at `path`) whose meta differs from what the resuming job expects,
+// naming every key that differs with both values (CheckpointError).
+void check_checkpoint_meta(const std::filesystem::path& path, const CheckpointMeta& got, const CheckpointMeta& expected);
+
 // Cumulative counters of one rank. They live in its checkpoints, so that a resumed run reports
 // the traffic, times and idle time of the whole run, not of its last part.
 struct Counters {

@@ -47,7 +47,6 @@ const std::vector<Refusal>& refusals() {
       {"cluster.compute_slots", "it schedules the in-process workers of the CLI trainer; a Python process is one worker"},
       {"train.eval_every", kNotBuilt},
       {"train.eval_model", kNotBuilt},
-      {"train.checkpoint_every", kNotBuilt},
       {"cluster.elastic", kNotBuilt},
       {"cluster.join", kNotBuilt},
       {"cluster.heartbeat_timeout_s", kNotBuilt},
@@ -61,20 +60,6 @@ void refuse_if_owned(const std::string& key, const std::string& where) {
   if (!why.empty())
     throw ConfigError("config key '" + key + "'" + where + " cannot be set for a Python run: " + why,
                       "remove it from the settings and the job file");
-}
-
-// Settings this API cannot run yet, whatever key set them.
-void refuse_what_is_not_built(const JobConfig& job) {
-  const algo::AlgorithmEntry& entry = algo::algorithm(job.algo.name);
-  if (!entry.has_rounds && !entry.single_worker)
-    throw ConfigError("config key 'algo.name': '" + job.algo.name.str() +
-                          "' communicates between backward() and the optimizer step, which needs run.sync_gradients(): "
-                          "not built yet in the Python API",
-                      "choose one of " + algo::algorithm_names(&algo::AlgorithmEntry::has_rounds) + ", or none");
-  if (job.algo.h_policy != "fixed")
-    throw ConfigError("config key 'algo.h_policy': '" + job.algo.h_policy.str() +
-                          "' skips steps' computation, which needs run.should_compute(): not built yet in the Python API",
-                      "set algo.h_policy = \"fixed\"");
 }
 
 // The model's names and shapes, as the configuration the ranks agree on: a rank whose model
@@ -131,7 +116,6 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
     throw ConfigError("config key 'cluster.backend': inproc trains this process alone, but a launcher started it as one "
                       "rank of WORLD_SIZE",
                       "leave cluster.backend out (gloo), or set gloo or nccl");
-  refuse_what_is_not_built(job);
   return job;
 }
 
@@ -142,31 +126,108 @@ std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job) {
 }
 
 UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                 comm::Cluster& cluster, int rank, const std::string& optimizer)
-    : job_(job), cluster_(cluster), rank_(rank), dir_(job.train.run_dir) {
+                 comm::Cluster& cluster, int rank, const std::string& optimizer, bool resume)
+    : job_(job), cluster_(cluster), rank_(rank), dir_(job.train.run_dir), checkpoints_(dir_, cluster.world()),
+      optimizer_(optimizer), grads_mixed_(!algo::algorithm(job.algo.name).has_rounds &&
+                                         !algo::algorithm(job.algo.name).single_worker) {
   check_params(params);
+  for (const auto& [name, p] : params) by_name_.emplace(name, p);
   lock_.emplace(dir_, std::vector<int>{rank_});
   params_ = FlatParams(params);
   nlohmann::json resolved = job_.to_json();
   resolved["model"] = model_shapes(params_);
-  if (comm::Communicator* processes = cluster_.processes()) agree_on_config(*processes, resolved, "");
-  {
+  comm::Communicator* processes = cluster_.processes();
+  if (processes) agree_on_config(*processes, resolved, "");
+  network_ = job_.network.model(world());
+  sync_ = algo::make_synchronizer(job_.algo, world(), job_.train.seed, &network_, nullptr, job_.faults.poisons());
+  const std::vector<int> mine{rank_};
+  if (resume) {
+    sync_->init(params_);
+    const auto committed = committed_by_rank(checkpoints_, world(), mine, processes);
+    int64_t step = -1;
+    try {
+      step = checkpoints_.resume_step(committed, mine);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(e.what(), "leave resume=True out to start a new run in " + dir_.string());
+    }
+    resume_from(step);
+  } else {
+    if (checkpoints_.any(&mine))
+      throw CheckpointError("run directory '" + dir_.string() + "' already holds checkpoints",
+                            "continue that run with gasloc.Run(..., resume=True), or set another train.run_dir");
     // Every rank starts from rank 0's parameters, so that ranks need not seed alike.
     torch::NoGradGuard no_grad;
     cluster_.control(rank_).broadcast(params_.data(), 0);
+    sync_->init(params_);  // anchors start at the agreed parameters
   }
-  network_ = job_.network.model(world());
-  sync_ = algo::make_synchronizer(job_.algo, world(), job_.train.seed, &network_, nullptr, job_.faults.poisons());
-  sync_->init(params_);
-  start_files(optimizer);
+  start_files(optimizer, resume);
+  signals_.emplace();
+}
+
+CheckpointMeta UserRun::meta() const { return {model_shapes(params_), optimizer_, job_.algo.name.str(), world()}; }
+
+// This rank's file of `step`: the parameters, the synchronizer's state, the step, the counters,
+// the process's CPU random generator (a loop that draws from it continues bit-exactly), and the
+// user's share, kept for the caller.
+void UserRun::resume_from(int64_t step) {
+  const fs::path path = checkpoints_.file(step, rank_);
+  Checkpoint c = load_checkpoint(path);
+  check_checkpoint_meta(path, CheckpointMeta::from_json(c.meta), meta());
+  auto take = [&](const std::string& key) {
+    auto it = c.tensors.find(key);
+    if (it == c.tensors.end())
+      throw CheckpointError("checkpoint '" + path.string() + "' has no '" + key + "'", "it was not written by gasloc.Run");
+    return it->second;
+  };
+  {
+    torch::NoGradGuard no_grad;
+    params_.data().copy_(take("params"));
+  }
+  algo::StateDict sync_state;
+  UserState user{{}, c.meta.value("user", nlohmann::json())};
+  for (const auto& [k, v] : c.tensors) {
+    if (k.rfind("sync.", 0) == 0) sync_state[k.substr(5)] = v;
+    if (k.rfind("user.", 0) == 0) user.tensors[k.substr(5)] = v;
+  }
+  sync_->load_state(sync_state);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(take("rng.cpu"));
+  step_ = logged_step_ = checkpointed_ = step;
+  base_ = Counters::from_json(c.meta.value("counters", nlohmann::json::object()));
+  resumed_ = std::move(user);
+}
+
+bool UserRun::checkpoint_due() const {
+  return job_.train.checkpoint_every > 0 && step_ % job_.train.checkpoint_every == 0 && step_ != checkpointed_;
+}
+
+void UserRun::checkpoint(const UserState& user) {
+  comm::Communicator& comm = cluster_.comm(rank_);
+  sync_->settle(comm);  // an overlapped exchange in flight: its result goes into the state
+  Checkpoint c;
+  c.meta = meta().to_json();
+  c.meta["step"] = step_;
+  c.meta["source"] = "python";
+  c.meta["user"] = user.json;
+  c.meta["counters"] = counters().to_json();
+  c.tensors["params"] = params_.data().clone();
+  for (const auto& [k, v] : sync_->state()) c.tensors["sync." + k] = v;
+  for (const auto& [k, v] : user.tensors) c.tensors["user." + k] = v;
+  c.tensors["rng.cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  checkpoints_.write(step_, rank_, c);
+  cluster_.control(rank_).barrier();  // every rank wrote this step before any commits it
+  checkpoints_.commit(step_, rank_);
+  checkpointed_ = step_;
 }
 
 UserRun::~UserRun() = default;
 
-void UserRun::start_files(const std::string& optimizer) {
+void UserRun::start_files(const std::string& optimizer, bool resumed) {
   const fs::path file = dir_ / "metrics.jsonl";
   const bool leader = rank_ == 0;
-  if (leader) {
+  if (leader && resumed) {
+    metrics_ = std::make_unique<MetricsLog>(file, step_);  // drops the lines after the checkpoint (a crash's tail)
+  } else if (leader) {
     // The settings this run used; of what the user owns, only the optimizer's name (for readers of runs).
     nlohmann::json config = job_.to_json();
     for (auto& [section, table] : config.items())
@@ -184,7 +245,7 @@ void UserRun::start_files(const std::string& optimizer) {
   }
   cluster_.control(rank_).barrier();  // the leader's new file exists before anyone appends to it
   if (!metrics_) metrics_ = std::make_unique<MetricsLog>(file);
-  if (leader) {
+  if (leader && !resumed) {
     int64_t sync_bytes = 0;
     for (const auto& [k, t] : sync_->state()) sync_bytes += t.numel() * static_cast<int64_t>(t.element_size());
     metrics_->write(MemoryEvent{.step = 0, .worker = rank_, .optim = optimizer, .algo = job_.algo.name.str(),
@@ -193,25 +254,85 @@ void UserRun::start_files(const std::string& optimizer) {
   }
 }
 
+bool UserRun::should_compute() {
+  if (!computes_) computes_ = sync_->wants_compute(step_ + 1, cluster_.comm(rank_));
+  return *computes_;
+}
+
+bool UserRun::sync_gradients() {
+  if (!grads_mixed_) return false;
+  if (grads_synced_) throw Error("run.sync_gradients() twice in one step", "call it once, between backward() and opt.step()");
+  const auto t = std::chrono::steady_clock::now();
+  gather_grads();
+  sync_->after_backward(step_ + 1, params_, cluster_.comm(rank_));
+  grads_synced_ = true;
+  in_step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return true;
+}
+
+void UserRun::gather_grads() {
+  torch::NoGradGuard no_grad;
+  for (const auto& seg : params_.segments()) {
+    torch::Tensor& p = by_name_.at(seg.name);
+    torch::Tensor view = params_.view(params_.grad(), seg);
+    const torch::Tensor g = p.grad();
+    if (g.defined() && g.data_ptr() == view.data_ptr()) continue;  // autograd accumulated into the view
+    if (g.defined()) view.copy_(g);
+    else view.zero_();  // a parameter the loss did not reach
+    p.mutable_grad() = view;
+  }
+}
+
 bool UserRun::step(std::optional<double> loss, double lr) {
   if (closed_) throw Error("run.step() after run.close()", "call run.step() inside the `with gasloc.Run(...)` block");
+  if (job_.algo.h_policy == "time_budget" && !computes_)
+    throw ConfigError("algo.h_policy = 'time_budget' skips some steps' computation: run.should_compute() was not asked "
+                          "before this step",
+                      "begin each step with `if run.should_compute():` around the batch, backward() and opt.step()");
+  if (grads_mixed_ && !grads_synced_ && should_compute())
+    throw ConfigError("algo.name = '" + job_.algo.name.str() +
+                          "' exchanges gradients between backward() and the optimizer step: run.sync_gradients() was not "
+                          "called in this step",
+                      "call run.sync_gradients() after loss.backward() and before opt.step()");
   const auto t = std::chrono::steady_clock::now();
   comm::Communicator& comm = cluster_.comm(rank_);
+  const bool computed = should_compute();
+  computes_.reset();
+  grads_synced_ = false;
   ++step_;
-  comm.compute(1);
+  if (computed) comm.compute(1);
   const bool round_done = sync_->after_step(step_, params_, comm);
   in_step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   if (loss) last_loss_ = loss;
   last_lr_ = lr;
-  if (step_ % job_.train.log_every == 0) write_train_line(round_done);
+  if (step_ % job_.train.log_every == 0) {
+    write_train_line(round_done);
+    stop_agreed_ = agree_stop();
+  }
   return round_done;
 }
 
-void UserRun::write_train_line(bool round_done) {
-  const comm::Communicator& comm = cluster_.comm(rank_);
-  const comm::CommStats st = comm.stats();
+bool UserRun::agree_stop() {
+  auto asked = torch::tensor({stop_requested() ? 1.0 : 0.0}, torch::kFloat64);
+  if (world() > 1) cluster_.control(rank_).all_reduce_mean(asked);
+  return asked.item<double>() > 0;
+}
+
+// This run's counters: this invocation's on top of what its checkpoint carried.
+Counters UserRun::counters() const {
+  const comm::CommStats st = cluster_.comm(rank_).stats();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  const double compute = std::max(0.0, wall - in_step_s_);  // the user's loop: everything outside step()
+  Counters c = base_;
+  c.bytes_sent += st.bytes_sent;
+  c.idle_s += st.idle_s;
+  c.wall_time_s += wall;
+  c.virtual_time_s += wall;
+  c.compute_s += std::max(0.0, wall - in_step_s_);  // the user's loop: everything outside step()
+  return c;
+}
+
+void UserRun::write_train_line(bool round_done) {
+  const Counters c = counters();
   metrics_->write(TrainEvent{.step = step_,
                              .worker = rank_,
                              .train_loss = last_loss_.value_or(std::nan("")),
@@ -220,25 +341,34 @@ void UserRun::write_train_line(bool round_done) {
                              .grad_norm = std::nullopt,
                              .round_done = round_done,
                              .tokens_per_s = 0,
-                             .wall_time_s = wall,
-                             .virtual_time_s = wall,
-                             .bytes_sent = st.bytes_sent,
-                             .idle_s = st.idle_s,
+                             .wall_time_s = c.wall_time_s,
+                             .virtual_time_s = c.virtual_time_s,
+                             .bytes_sent = c.bytes_sent,
+                             .idle_s = c.idle_s,
                              .local_steps = step_,
-                             .compute_s = compute,
-                             .utilization = wall > 0 ? compute / wall : 0.0,
+                             .compute_s = c.compute_s,
+                             .utilization = c.wall_time_s > 0 ? c.compute_s / c.wall_time_s : 0.0,
                              .codec_resends = sync_->codec_resends(),
-                             .clipped_from = sync_->clipped_from()});
+                             .clipped_from = sync_->clipped_from(),
+                             .dropped_from = sync_->dropped_from()});
   logged_step_ = step_;
+}
+
+bool UserRun::land() {
+  if (closed_) return false;
+  const bool landed = sync_->flush(params_, cluster_.comm(rank_));
+  landed_ = landed_ || landed;
+  return landed;
 }
 
 void UserRun::close() {
   if (closed_) return;
+  land();
   closed_ = true;
-  const bool landed = sync_->flush(params_, cluster_.comm(rank_));
-  if (step_ > logged_step_) write_train_line(landed);
+  if (step_ > logged_step_) write_train_line(landed_);
   metrics_.reset();
   lock_.reset();
+  signals_.reset();
 }
 
 }  // namespace gasloc::train

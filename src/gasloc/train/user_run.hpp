@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,9 +19,12 @@
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/flat_params.hpp"
+#include "gasloc/train/checkpoint.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/metrics.hpp"
+#include "gasloc/train/run.hpp"
 #include "gasloc/train/run_lock.hpp"
+#include "gasloc/train/signals.hpp"
 
 namespace gasloc::train {
 
@@ -41,16 +45,28 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
 // (cluster.backend = inproc), or one rank of a process group formed from the launcher's variables.
 std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job);
 
+// The user's share of a checkpoint, which the Python package packs (nothing pickled): the tensors
+// of the optimizer's state_dict() and of `state=`'s value by name, and the rest as JSON.
+struct UserState {
+  std::map<std::string, torch::Tensor> tensors;
+  nlohmann::json json;
+};
+
 class UserRun {
  public:
   // Rebinds `params` (the user's, by name; the Parameter objects stay the same) to views of one
   // flat fp32 buffer, checks that every rank holds the same names and shapes and the same job,
   // takes the parameters of rank 0 (as DDP broadcasts rank 0's), builds the synchronizer, and
   // starts run.json and metrics.jsonl in train.run_dir. `rank` is one of `cluster`'s local ranks;
-  // `optimizer` names the user's inner optimizer (for metrics). Throws ConfigError for parameters
-  // on several devices, of another dtype than fp32, or none at all.
+  // `optimizer` names the user's inner optimizer (for metrics and checkpoints). Throws ConfigError
+  // for parameters on several devices, of another dtype than fp32, or none at all; CheckpointError
+  // for a new run in a directory that holds checkpoints.
+  // `resume`: every rank continues from its file of the newest step any rank committed in
+  // train.run_dir (the parameters, the synchronizer's state, the step, the counters); resumed()
+  // then holds the user's share for the caller to restore. A checkpoint of another model,
+  // optimizer, algorithm or world is a CheckpointError naming what differs.
   UserRun(const JobConfig& job, const std::vector<std::pair<std::string, torch::Tensor>>& params, comm::Cluster& cluster,
-          int rank, const std::string& optimizer);
+          int rank, const std::string& optimizer, bool resume = false);
   ~UserRun();
   UserRun(const UserRun&) = delete;
   UserRun& operator=(const UserRun&) = delete;
@@ -59,8 +75,34 @@ class UserRun {
   // when a round ended at this step. `loss` (the step's training loss, if given) and `lr` go to
   // metrics.jsonl every train.log_every steps.
   bool step(std::optional<double> loss, double lr);
-  // Lands an overlapped round still in flight (collective: every rank closes at the same step),
-  // writes the last step's train line, and lets the run directory go. Idempotent.
+  // Before the next step's computation: false when the algorithm skips it (algo.h_policy =
+  // "time_budget": a worker with H_i < H skips the last H - H_i steps of a round); the loop then
+  // computes nothing and still calls step(). The same answer until step() is called.
+  bool should_compute();
+  // Between backward() and the optimizer step of the gradient-level algorithms (allreduce,
+  // dadam): their exchange (the gradients' mean; DAdam's mix of the parameters). Gradients that
+  // backward() wrote outside the flat buffer (zero_grad(set_to_none=True) drops its views) are
+  // copied in and rebound first. False for the algorithms that mix in step(), which do nothing here.
+  bool sync_gradients();
+  // A checkpoint is due after this step (train.checkpoint_every; 0: only at the end).
+  bool checkpoint_due() const;
+  // The step of the last checkpoint this run wrote or resumed from (-1: none).
+  int64_t checkpointed_step() const { return checkpointed_; }
+  // Writes and commits this rank's checkpoint of the current step with the user's share
+  // (collective: every rank at the same step; RunCheckpoints' two phases). An overlapped round in
+  // flight is settled first and lands at its usual step after a resume, as in the CLI trainer.
+  void checkpoint(const UserState& user);
+  // Ctrl+C or SIGTERM (train/signals.hpp, installed for the run's life): the ranks agree every
+  // train.log_every steps whether any was asked to stop, so that all stop after the same step.
+  // True once they agreed: the caller checkpoints, closes and leaves.
+  bool stop_agreed() const { return stop_agreed_; }
+  // What a resumed run loaded of the user's share (nullopt for a new run).
+  const std::optional<UserState>& resumed() const { return resumed_; }
+  // Lands an overlapped round still in flight (collective: every rank lands at the same step).
+  // True when one landed. close() does it too; call it first to checkpoint the landed state.
+  bool land();
+  // Lands what is in flight, writes the last step's train line, and lets the run directory go.
+  // Idempotent.
   void close();
 
   int rank() const { return rank_; }
@@ -71,8 +113,13 @@ class UserRun {
   const algo::Synchronizer& sync() const { return *sync_; }
 
  private:
-  void start_files(const std::string& optimizer);
+  void start_files(const std::string& optimizer, bool resumed);
+  void resume_from(int64_t step);
   void write_train_line(bool round_done);
+  void gather_grads();
+  CheckpointMeta meta() const;
+  Counters counters() const;
+  bool agree_stop();
 
   JobConfig job_;
   comm::Cluster& cluster_;
@@ -83,7 +130,18 @@ class UserRun {
   comm::NetworkModel network_;  // the synchronizer prices rounds with it (make_synchronizer keeps a pointer)
   std::unique_ptr<algo::Synchronizer> sync_;
   std::unique_ptr<MetricsLog> metrics_;
-  int64_t step_ = 0, logged_step_ = 0;
+  RunCheckpoints checkpoints_;
+  std::string optimizer_;
+  std::optional<UserState> resumed_;
+  Counters base_;  // what the run's earlier invocations counted (a resume), added to this one's
+  int64_t step_ = 0, logged_step_ = 0, checkpointed_ = -1;
+  bool landed_ = false, stop_agreed_ = false;
+  // This step's answers: should_compute() (asked, and what), sync_gradients() (called).
+  std::optional<bool> computes_;
+  bool grads_synced_ = false;
+  const bool grads_mixed_;  // a gradient-level algorithm: step() needs sync_gradients() first
+  std::map<std::string, torch::Tensor> by_name_;  // the user's parameters, whose .grad the flat buffer holds
+  std::optional<SignalScope> signals_;
   std::optional<double> last_loss_;
   double last_lr_ = 0;
   bool closed_ = false;
