@@ -115,6 +115,12 @@ class Run:
         settings: the job file's keys, e.g. {"algo.name": "gasloc", "algo.H": 30,
             "train.run_dir": "runs/mine"}; a bad key or value is a ValueError naming it, and so is a
             key you own in PyTorch (model.*, data.*, optim.*, train.steps, ...).
+        evaluate: a callable returning a loss (a float or a 0-d tensor), called every
+            ``train.eval_every`` steps and at ``close()`` on every rank: first on the worker's own
+            model, then (``train.eval_model = "average"``, several workers) with the workers' mean
+            in the parameters' place; the eval line of metrics.jsonl holds both, and the consensus
+            distance. It is called as given: switch to ``model.eval()`` and ``torch.no_grad()``
+            inside it.
         state: ``(get, set)``: ``get()`` returns what else a checkpoint must hold (a data position, an
             LR scheduler's ``state_dict()``: dicts, lists, numbers, strings and tensors, nothing
             pickled); ``set(value)`` restores it on resume.
@@ -131,6 +137,7 @@ class Run:
         optimizer: torch.optim.Optimizer,
         config: Optional[str] = None,
         settings: Optional[Mapping[str, Any]] = None,
+        evaluate: Optional[Callable[[], Any]] = None,
         state: Optional[Tuple[Callable[[], Any], Callable[[Any], None]]] = None,
         resume: bool = False,
     ) -> None:
@@ -138,7 +145,10 @@ class Run:
             raise ValueError("state must be a pair of callables (get, set): get() returns a value, set(value) restores it")
         named = list(model.named_parameters())
         _check_optimizer(optimizer, named)
+        if evaluate is not None and not callable(evaluate):
+            raise ValueError("evaluate must be a callable that returns a loss")
         self._optimizer = optimizer
+        self._evaluate = evaluate
         self._state = state
         self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__, bool(resume))
         self._closed = False
@@ -154,6 +164,12 @@ class Run:
             if self._state is None:
                 raise ValueError("the checkpoint holds a state=(get, set) value: pass the same state= to resume it")
             self._state[1](_state.unpack(saved["state"], tensors))
+
+    def _evaluation(self) -> None:
+        """Every rank at the same step: its own model, then the average where there is one."""
+        own = float(self._evaluate())
+        average = float(self._evaluate()) if self._core.begin_evaluation() else None
+        self._core.end_evaluation(own, average)
 
     def _checkpoint(self) -> None:
         tensors: dict = {}
@@ -210,6 +226,8 @@ class Run:
                 raise ValueError(f"run.step(loss={loss}): the loss is not finite; the worker diverged")
         lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
         round_done = self._core.step(loss, lr)
+        if self._evaluate is not None and self._core.eval_due():
+            self._evaluation()
         if self._core.checkpoint_due():
             self._checkpoint()
         if self._core.stop_agreed():
@@ -228,6 +246,8 @@ class Run:
         if not self._closed:
             self._closed = True
             self._core.land()
+            if self._evaluate is not None and self._core.steps_done > max(self._core.evaluated_step, 0):
+                self._evaluation()
             if self._core.steps_done > max(self._core.checkpointed_step, 0):
                 self._checkpoint()
             self._core.close()

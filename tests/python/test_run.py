@@ -212,3 +212,30 @@ def test_every_algorithm_learns_from_python(tmp_path, world, algo):
     for rank in range(world):
         first, last = (tmp_path / "run" / f"losses.rank{rank}.txt").read_text().split()
         assert float(last) < 0.7 * float(first), f"{algo} rank {rank}: {first} -> {last}"
+
+
+# evaluate= at train.eval_every inside a round (step 7, H = 5): each worker's own model first,
+# then the workers' mean in its place (the eval line's val_loss), then its own parameters back;
+# the eval line holds both workers' own losses and the consensus distance mean_i ||phi_i - mean||^2.
+# At close (step 10) once more, and `gasloc report` reads the validation loss.
+def test_evaluate_measures_each_workers_model_and_the_average(tmp_path):
+    launch(2, [str(HERE / "eval_worker.py"), str(tmp_path / "run"), str(tmp_path / "out")], tmp_path)
+    got = [torch.load(tmp_path / f"out.rank{r}.pt") for r in range(2)]
+    for r in range(2):
+        assert len(got[r]["seen"]) == 4, "own and average, at steps 7 and 10"
+    own = [got[r]["seen"][0][0] for r in range(2)]
+    mean = (own[0] + own[1]) / 2
+    assert not torch.equal(own[0], own[1]), "inside a round the workers differ"
+    for r in range(2):
+        assert torch.allclose(got[r]["seen"][1][0], mean, atol=1e-7), "the average model in the parameters' place"
+        assert torch.equal(got[r]["after"], own[r]), "the worker's own parameters back after the evaluation"
+    evals = metrics(tmp_path / "run", "eval")
+    assert [e["step"] for e in evals] == [7, 10]
+    first = evals[0]
+    assert first["worker_val_loss"] == pytest.approx([got[0]["seen"][0][1], got[1]["seen"][0][1]])
+    assert first["val_loss"] == pytest.approx(got[0]["seen"][1][1])
+    consensus = sum(float((o - mean).pow(2).sum()) for o in own) / 2
+    assert first["consensus_distance"] == pytest.approx(consensus, rel=1e-4)
+    report = subprocess.run([gasloc_bin(), "report", str(tmp_path / "run")], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    assert f"| {evals[-1]['val_loss']:.4f} |" in report.stdout, report.stdout

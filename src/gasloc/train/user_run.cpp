@@ -45,8 +45,6 @@ const std::vector<Refusal>& refusals() {
       {"train.divergence_factor", "your loop owns its loss"},
       {"cluster.workers", "a Python process is one worker: start N of them with gasloc launch -n N"},
       {"cluster.compute_slots", "it schedules the in-process workers of the CLI trainer; a Python process is one worker"},
-      {"train.eval_every", kNotBuilt},
-      {"train.eval_model", kNotBuilt},
       {"cluster.elastic", kNotBuilt},
       {"cluster.join", kNotBuilt},
       {"cluster.heartbeat_timeout_s", kNotBuilt},
@@ -195,6 +193,52 @@ void UserRun::resume_from(int64_t step) {
   step_ = logged_step_ = checkpointed_ = step;
   base_ = Counters::from_json(c.meta.value("counters", nlohmann::json::object()));
   resumed_ = std::move(user);
+}
+
+bool UserRun::eval_due() const {
+  return job_.train.eval_every > 0 && step_ % job_.train.eval_every == 0 && step_ != evaluated_;
+}
+
+bool UserRun::begin_evaluation() {
+  if (world() == 1) return false;
+  torch::NoGradGuard no_grad;
+  comm::Communicator& control = cluster_.control(rank_);
+  torch::Tensor mean = params_.data().clone();
+  control.all_reduce_mean(mean);
+  auto distance = (params_.data() - mean).pow(2).sum().to(torch::kFloat64).reshape({1});
+  control.all_reduce_mean(distance);
+  consensus_ = distance.item<double>();
+  if (job_.train.eval_model != "average") return false;
+  own_params_ = params_.data().clone();
+  params_.data().copy_(mean);
+  return true;
+}
+
+void UserRun::end_evaluation(double own_loss, std::optional<double> average_loss) {
+  if (own_params_.defined()) {
+    torch::NoGradGuard no_grad;
+    params_.data().copy_(own_params_);
+    own_params_ = torch::Tensor();
+  }
+  // Row r holds rank r's loss, the others zeros: the mean times the world is every row.
+  auto losses = torch::zeros({world()}, torch::kFloat64);
+  losses[rank_] = own_loss;
+  if (world() > 1) cluster_.control(rank_).all_reduce_mean(losses);
+  losses.mul_(world());
+  std::vector<double> by_rank(losses.data_ptr<double>(), losses.data_ptr<double>() + world());
+  evaluated_ = step_;
+  if (rank_ != 0) return;
+  const Counters c = counters();
+  metrics_->write(EvalEvent{.step = step_,
+                            .worker = rank_,
+                            .val_loss = average_loss.value_or(losses.mean().item<double>()),
+                            .worker_val_loss = by_rank,
+                            .consensus_distance = consensus_,
+                            .wall_time_s = c.wall_time_s,
+                            .virtual_time_s = c.virtual_time_s,
+                            .bytes_sent = c.bytes_sent,
+                            .members = {},
+                            .eval_time_s = 0});
 }
 
 bool UserRun::checkpoint_due() const {

@@ -84,6 +84,17 @@ class UserRun {
   // backward() wrote outside the flat buffer (zero_grad(set_to_none=True) drops its views) are
   // copied in and rebound first. False for the algorithms that mix in step(), which do nothing here.
   bool sync_gradients();
+  // evaluate=: an evaluation is due after this step (train.eval_every; 0: only at the end).
+  bool eval_due() const;
+  int64_t evaluated_step() const { return evaluated_; }
+  // Collective, between the caller's evaluation of this worker's own model and, when this returns
+  // true, of the average model: the workers' mean and consensus distance (mean_i ||phi_i - mean||^2)
+  // are computed, and with train.eval_model = "average" and several workers the mean takes the
+  // parameters' place until end_evaluation.
+  bool begin_evaluation();
+  // Collective: puts this worker's own parameters back, gathers every worker's own loss, and the
+  // leader writes the eval line (val_loss: the average model's, or the mean of the workers' own).
+  void end_evaluation(double own_loss, std::optional<double> average_loss);
   // A checkpoint is due after this step (train.checkpoint_every; 0: only at the end).
   bool checkpoint_due() const;
   // The step of the last checkpoint this run wrote or resumed from (-1: none).
@@ -139,6 +150,9 @@ class UserRun {
   // This step's answers: should_compute() (asked, and what), sync_gradients() (called).
   std::optional<bool> computes_;
   bool grads_synced_ = false;
+  int64_t evaluated_ = -1;          // the step of the last evaluation
+  torch::Tensor own_params_;        // the worker's own parameters while the average is in their place
+  double consensus_ = 0;
   const bool grads_mixed_;  // a gradient-level algorithm: step() needs sync_gradients() first
   std::map<std::string, torch::Tensor> by_name_;  // the user's parameters, whose .grad the flat buffer holds
   std::optional<SignalScope> signals_;
