@@ -2,6 +2,7 @@
 PYTHONPATH=BUILD/python and GASLOC_BIN=BUILD/gasloc."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -126,11 +127,30 @@ def test_another_torch_version_is_an_import_error():
     assert "cmake --build" in r.stderr
 
 
-def launch(n: int, args: list, cwd: Path) -> None:
+def launch(n: int, args: list, cwd: Path, launcher: str = "gasloc") -> None:
+    """Runs `python3 ARGS` as n ranks: under `gasloc launch -n n`, under torchrun (its agent's
+    store), or started by hand with the variables a user would set (rank 0 hosts gasloc's store)."""
     # The ranks import this very package, wherever the test runs from.
     env = {**os.environ, "PYTHONPATH": str(Path(gasloc.__file__).resolve().parent.parent)}
-    r = subprocess.run([gasloc_bin(), "launch", "-n", str(n), "--", sys.executable, *args], capture_output=True,
-                       text=True, cwd=cwd, env=env, timeout=240)
+    if launcher == "by_hand":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ranks = [subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**env, "RANK": str(r), "WORLD_SIZE": str(n),
+                                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                 for r in range(n)]
+        outs = [p.communicate(timeout=240) for p in ranks]
+        for r, (p, (out, err)) in enumerate(zip(ranks, outs)):
+            assert p.returncode == 0, f"rank {r}: {out}\n{err}"
+        return
+    cmd = [gasloc_bin(), "launch", "-n", str(n), "--", sys.executable, *args]
+    if launcher == "torchrun":
+        # --redirects/--tee 1: their default "0" parses to None under Python 3.11 in Debian's torch
+        # 1.13 (Std.from_str iterates a Flag enum, which skips 0), and torchrun fails before any rank.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "--redirects=1",
+               "--tee=1", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=240)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
 
 
@@ -239,3 +259,16 @@ def test_evaluate_measures_each_workers_model_and_the_average(tmp_path):
     report = subprocess.run([gasloc_bin(), "report", str(tmp_path / "run")], capture_output=True, text=True)
     assert report.returncode == 0, report.stderr
     assert f"| {evals[-1]['val_loss']:.4f} |" in report.stdout, report.stdout
+
+
+# The same DiLoCo job started by torchrun (its agent's store, TORCHELASTIC_USE_AGENT_STORE) and
+# by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts gasloc's store) gives the
+# hand-written torch.distributed DiLoCo's parameters, as under gasloc launch.
+@pytest.mark.parametrize("launcher", ["torchrun", "by_hand"])
+def test_torchrun_and_hand_started_ranks_run_the_same_diloco(tmp_path, by_hand, launcher):
+    launch(2, [WORKER, "gasloc", str(tmp_path / "ours"), str(tmp_path / "run"), json.dumps({"algo.name": "diloco"})],
+           tmp_path, launcher)
+    for rank in range(2):
+        ours = torch.load(tmp_path / f"ours.rank{rank}.pt")
+        for name, ref in by_hand[2][rank].items():
+            assert torch.allclose(ours[name], ref, rtol=1e-5, atol=1e-6), f"{launcher} rank {rank} {name}"
