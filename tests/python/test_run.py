@@ -272,3 +272,22 @@ def test_torchrun_and_hand_started_ranks_run_the_same_diloco(tmp_path, by_hand, 
         ours = torch.load(tmp_path / f"ours.rank{rank}.pt")
         for name, ref in by_hand[2][rank].items():
             assert torch.allclose(ours[name], ref, rtol=1e-5, atol=1e-6), f"{launcher} rank {rank} {name}"
+
+
+# examples/python/nanogpt.py (docs/python.md, "Examples") runs as its README line says, shortened:
+# 4 ranks, GASLoC over 2-peer rings, on the default corpus; rank 0's loss falls below the
+# unigram baseline it prints, and gasloc report reads the run.
+def test_the_nanogpt_example_learns(tmp_path):
+    root = HERE.parent.parent
+    if not (root / "data/corpus/nlp-corpus/.complete").exists():
+        pytest.skip("the default corpus is missing (scripts/setup.sh fetches it)")
+    env = {**os.environ, "PYTHONPATH": str(Path(gasloc.__file__).resolve().parent.parent)}
+    r = subprocess.run([gasloc_bin(), "launch", "-n", "4", "--", sys.executable, "examples/python/nanogpt.py",
+                        "--steps", "100", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    last = [l for l in r.stdout.splitlines() if "| loss" in l][-1]
+    loss, unigram = float(last.split("| loss ")[1].split()[0]), float(last.split("baseline ")[1].rstrip(")"))
+    assert loss < unigram, last
+    report = subprocess.run([gasloc_bin(), "report", str(tmp_path / "run")], capture_output=True, text=True)
+    assert report.returncode == 0 and "gasloc" in report.stdout, report.stderr
