@@ -74,6 +74,11 @@ spm=$(awk '$1 == "libsentencepiece_train.so.0" && !found { print $NF; found = 1 
 [ -n "$spm" ] || fail "libsentencepiece_train.so.0 is not installed here (libsentencepiece0)"
 files+=("$spm")
 mapfile -t -O "${#files[@]}" files < <(resolve_libs "$spm")
+# The Python module, when the package has it (Depends: python3-torch): its libraries too.
+for mod in "$root"/usr/lib/python3/dist-packages/gasloc/_core*.so; do
+  [ -f "$mod" ] || continue
+  mapfile -t -O "${#files[@]}" files < <(resolve_libs "$mod")
+done
 gp=$(command -v gnuplot) || fail "gnuplot is not installed here (gnuplot-nox)"
 files+=("$gp")
 

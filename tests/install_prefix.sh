@@ -22,7 +22,7 @@ done
 for f in "$src"/experiments/*.toml; do
   [ -f "$P/share/gasloc/experiments/$(basename "$f")" ] || fail "experiments/$(basename "$f") not installed"
 done
-unexpected=$(cd "$P" && find . -type f | grep -vE '^\./(bin/gasloc|share/gasloc/(configs|experiments)/[^/]+\.toml|share/doc/gasloc/README\.md)$' || true)
+unexpected=$(cd "$P" && find . -type f | grep -vE '^\./(bin/gasloc|share/gasloc/(configs|experiments)/[^/]+\.toml|share/doc/gasloc/README\.md|lib/python3/dist-packages/gasloc/[_a-z]+(\.py|\.cpython-[^/]+\.so))$' || true)
 [ -z "$unexpected" ] || fail "installed files beyond the program and its share files: $unexpected"
 if readelf -d "$G" | grep -qE "R(UN)?PATH.*$build"; then fail "the installed program still points into the build tree: $(readelf -d "$G" | grep PATH)"; fi
 
@@ -62,6 +62,28 @@ grep -qF "$P/share/gasloc" <<<"$out" || fail "the error for a missing config doe
 # A study by its relative path; its job = "configs/research.toml" is found the same way.
 "$G" sweep experiments/e1_one_step.toml --quick --dry-run > sweep.log || fail "installed study failed: $(cat sweep.log)"
 grep -qi "to run" sweep.log || fail "sweep --dry-run listed no runs: $(cat sweep.log)"
+
+# The Python package, when the build has it: imported from the prefix by Debian's python3 outside
+# the checkout, it trains a model alone and keeps no path into the build tree.
+mods=("$build"/python/gasloc/_core*.so)
+if [ -f "${mods[0]}" ]; then
+  site=$P/lib/python3/dist-packages
+  [ -f "$site/gasloc/__init__.py" ] && ls "$site"/gasloc/_core*.so >/dev/null 2>&1 || fail "the Python package was not installed into $site"
+  if readelf -d "$site"/gasloc/_core*.so | grep -qE "R(UN)?PATH.*$build"; then fail "the installed module points into the build tree"; fi
+  PYTHONPATH=$site /usr/bin/python3 - > python.log 2>&1 <<'PY' || fail "the installed Python package failed: $(cat python.log)"
+import gasloc, torch
+assert "/lib/python3/dist-packages/gasloc/" in gasloc.__file__, gasloc.__file__
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with gasloc.Run(model, opt, settings={"algo.name": "diloco", "algo.H": 2, "train.run_dir": "py"}) as run:
+    for step in range(run.start_step, 4):
+        loss = model(torch.ones(2, 4)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        run.step(loss=loss.item())
+print("python ok")
+PY
+  [ -s py/metrics.jsonl ] || fail "the installed package's run wrote no metrics.jsonl"
+fi
 
 help=$("$G" train --help)
 grep -q "installed share/gasloc" <<<"$help" || fail "gasloc train --help does not say where configs are looked up: $help"
