@@ -267,6 +267,12 @@ std::string scenarios_md(const SweepSpec& spec) {
   return md;
 }
 
+// The verdict rule, as the section's opening states it (docs/experiments.md, "Seeds and verdicts").
+constexpr const char* kPairedRule =
+    "they pair the variants by seed and need the mean paired difference to exceed the spread of the paired differences "
+    "(their min-max range), else they are inconclusive; a claim whose variants share no seed is judged unpaired, on the "
+    "means against the larger of the two variants' min-max ranges";
+
 // The section's opening: what was run, the variants and their grids, the tuning protocol.
 std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std::string& id, int started, double wall_s) {
   std::string md = fmt::format("{}\n## {}{}\n\n", section_begin(id, opts.command, spec.version), spec.title,
@@ -301,14 +307,12 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
                       opts.quick ? "in this mode" : "(each point is declared in the study file before any run)",
                       seeds_text(spec.seeds(opts.quick)), spec.learned_by,
                       one_seed ? "with one seed there is no spread to exceed"
-                               : "they pair the variants by seed and need the difference to exceed the seeds' spread (the "
-                                 "larger min-max range), else they are inconclusive");
+                               : kPairedRule);
   else if (spec.tuned)
     md += fmt::format("\nTuning, fixed in the study file before any run: each variant's grid runs on the tuning seed {}; the "
-                      "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts pair the variants by seed and "
-                      "need the difference to exceed the seeds' spread (the larger min-max range), else they are inconclusive; "
-                      "they also need every run {:.1f} nats below the unigram baseline.\n",
-                      spec.tuning.seed, seeds_text(spec.seeds(opts.quick)), spec.learned_by);
+                      "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts: {}; they also need every run {:.1f} "
+                      "nats below the unigram baseline.\n",
+                      spec.tuning.seed, seeds_text(spec.seeds(opts.quick)), kPairedRule, spec.learned_by);
   md += fmt::format("\nTraining time of these {} runs: {:.1f} min (their own wall clock, summed; a resumed run counts "
                     "each part).\n",
                     started, wall_s / 60);
