@@ -486,6 +486,49 @@ TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
   fs::remove_all(root);
 }
 
+// Issue 66: the unigram gate is the reference's. Unigram baseline 7.0, learned_by 1.0: a run has
+// learned when it ends at or below 6.0. ref ends at 5.5 and 5.6 (learned), sub at 6.4 and 6.5
+// (not: its worst is 0.50 nats below the baseline), late at 6.2 and 6.3 (not either).
+TEST(SweepClaims, UnigramGateIsTheReferences) {
+  const fs::path root = kRoot / "gate";
+  fs::create_directories(root / "data");
+  std::ofstream(root / "data" / "dataset.json") << R"({"unigram_val_loss": 7.0})";
+  std::vector<study::SweepRun> runs;
+  auto write_run = [&](const std::string& name, int64_t seed, double final_loss) {
+    const fs::path dir = root / fmt::format("{}-{}", name, seed);
+    runs.push_back(write_eval_run(dir, name, seed, {{{60, 6.8, 60}, {120, final_loss, 120}}}));
+    std::ofstream(dir / "run.json") << R"({"world": 2, "dataset": {"dir": ")" << (root / "data").string()
+                                    << R"("}, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
+  };
+  write_run("ref", 1, 5.5);
+  write_run("ref", 2, 5.6);
+  write_run("sub", 1, 6.4);
+  write_run("sub", 2, 6.5);
+  write_run("late", 1, 6.2);
+  write_run("late", 2, 6.3);
+  study::SweepSpec spec;
+  spec.name = spec.title = "t";
+  spec.plot_x.clear();
+  spec.variants = {{"ref", {}, {}, {}}, {"sub", {}, {}, {}}, {"late", {}, {}, {}}};
+  spec.claims = {{"sub ends lower than ref", "lower", "sub", "ref"},
+                 {"ref is within 1% of sub", "within", "ref", "sub", 0.01},
+                 {"sub is within 1% of late", "within", "sub", "late", 0.01}};
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  const std::string md = study::sweep_section(spec, runs, o);
+  // The subject did not learn while its reference did: a failure, with the reason.
+  EXPECT_NE(md.find("- sub ends lower than ref: **not reproduced: sub's worst run ends 0.50 nats below the unigram baseline "
+                    "7.0000, not the 1.0 a verdict needs, while ref learned** (a = sub, b = ref; final loss: a 6.4500"),
+            std::string::npos) << md;
+  // The reference did not learn: nothing to compare against, whatever the subject did.
+  EXPECT_NE(md.find("- ref is within 1% of sub: **says nothing: sub's worst run ends 0.50 nats below the unigram baseline"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("- sub is within 1% of late: **says nothing: late's worst run ends 0.70 nats below the unigram baseline"),
+            std::string::npos) << md;
+  fs::remove_all(root);
+}
+
 // The target is the highest of the reference's final losses, which each of its seeds reaches (with
 // their mean, 6.1, seed 2 would never reach its own reference's target): hand-computed crossings.
 TEST(SweepClaims, TargetIsTheReferencesHighestFinalLoss) {
