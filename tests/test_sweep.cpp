@@ -14,6 +14,7 @@
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/study/claims.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/train/checkpoint.hpp"
 #include "gasloc/study/consensus_study.hpp"
@@ -114,6 +115,22 @@ study::SweepRun write_eval_run(const fs::path& dir, const std::string& variant, 
   return r;
 }
 
+// A dataset folder under `root` whose dataset.json records this unigram baseline.
+fs::path unigram_data(const fs::path& root, double unigram) {
+  fs::create_directories(root / "data");
+  std::ofstream(root / "data" / "dataset.json") << "{\"unigram_val_loss\": " << unigram << "}";
+  return root / "data";
+}
+
+// write_eval_run's run, on that data (its run.json names the dataset, whose baseline it reads).
+study::SweepRun write_run_on(const fs::path& data, const fs::path& dir, const std::string& variant, int64_t seed,
+                             const std::vector<std::array<double, 3>>& evals) {
+  study::SweepRun r = write_eval_run(dir, variant, seed, evals);
+  std::ofstream(dir / "run.json") << R"({"world": 2, "dataset": {"dir": ")" << data.string()
+                                  << R"("}, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
+  return r;
+}
+
 }  // namespace
 
 TEST_F(Sweep, BadSweepFilesNameTheKey) {
@@ -192,6 +209,14 @@ TEST_F(Sweep, RunsReusesAndWritesTheSection) {
   EXPECT_NE(doc.find("the larger rate gets there first: **"), std::string::npos) << doc;
   EXPECT_NE(doc.find("steps to target: a "), std::string::npos) << doc;
   EXPECT_NE(doc.find("a - b per seed: seed 1: "), std::string::npos) << doc;
+  // Its runs table is beside the plots, and judges these real runs' claims again bit for bit.
+  const fs::path table = study::runs_table_path(kRoot / "plots", spec, false);
+  ASSERT_TRUE(fs::exists(table));
+  const std::string section = study::find_doc_section(doc, "study");
+  const auto claims_at = section.find("\nClaims:\n\n");
+  ASSERT_NE(claims_at, std::string::npos) << section;
+  EXPECT_EQ(study::verdicts_from_table(spec, false, read_file(table), table.string()),
+            section.substr(claims_at, section.rfind("<!-- study:end -->") - claims_at));
   // These 4-step nano models learn nothing: with the protocol's 1 nat below the unigram baseline
   // required, no claim gets a verdict.
   auto strict = spec;
@@ -491,14 +516,10 @@ TEST(SweepClaims, TargetAtReadsTheReferenceEarlierAndInterpolates) {
 // (not: its worst is 0.50 nats below the baseline), late at 6.2 and 6.3 (not either).
 TEST(SweepClaims, UnigramGateIsTheReferences) {
   const fs::path root = kRoot / "gate";
-  fs::create_directories(root / "data");
-  std::ofstream(root / "data" / "dataset.json") << R"({"unigram_val_loss": 7.0})";
+  const fs::path data = unigram_data(root, 7.0);
   std::vector<study::SweepRun> runs;
   auto write_run = [&](const std::string& name, int64_t seed, double final_loss) {
-    const fs::path dir = root / fmt::format("{}-{}", name, seed);
-    runs.push_back(write_eval_run(dir, name, seed, {{{60, 6.8, 60}, {120, final_loss, 120}}}));
-    std::ofstream(dir / "run.json") << R"({"world": 2, "dataset": {"dir": ")" << (root / "data").string()
-                                    << R"("}, "config": {"algo": {"name": "diloco"}, "train": {"steps": 120}, "optim": {"name": "adamw"}}})";
+    runs.push_back(write_run_on(data, root / fmt::format("{}-{}", name, seed), name, seed, {{{60, 6.8, 60}, {120, final_loss, 120}}}));
   };
   write_run("ref", 1, 5.5);
   write_run("ref", 2, 5.6);
@@ -526,6 +547,85 @@ TEST(SweepClaims, UnigramGateIsTheReferences) {
             std::string::npos) << md;
   EXPECT_NE(md.find("- sub is within 1% of late: **says nothing: late's worst run ends 0.70 nats below the unigram baseline"),
             std::string::npos) << md;
+  fs::remove_all(root);
+}
+
+// Issue 66: the runs table holds what the verdicts read, so judging again from it alone gives the
+// section's verdict lines bit for bit. Two groups (lr, with a comma in their names: workers too),
+// two seeds, every kind of claim, the unigram gate (baseline 7.0) and an earlier target.
+TEST(SweepClaims, ReverdictFromTheRunsTableGivesTheSectionsVerdicts) {
+  const fs::path root = kRoot / "reverdict";
+  fs::remove_all(root);
+  const fs::path data = unigram_data(root, 7.0);
+  study::SweepSpec spec;
+  spec.name = spec.title = "rv";
+  spec.file = root / "rv.toml";
+  spec.target_from = "ref";
+  spec.plot_x.clear();
+  spec.grid = {{"optim.lr", {0.001, 0.002}}, {"cluster.workers", {2}}, {"train.seed", {1, 2}}};
+  spec.variants = {{"ref", {}, {}, {}}, {"fast", {}, {}, {}}, {"stuck", {}, {}, {}}};
+  study::SweepClaim faster{"fast reaches ref's loss sooner", "faster", "fast", "ref", 0.5};
+  study::SweepClaim early = faster;
+  early.text = "fast reaches ref's halfway loss in fewer steps";
+  early.target_at = 0.5;
+  early.by = "steps";
+  spec.claims = {faster, early, {"fast ends lower", "lower", "fast", "ref"}, {"fast within 1%", "within", "fast", "ref", 0.01},
+                 {"stuck is no worse", "no_worse", "stuck", "ref", 0.01}};
+  std::vector<study::SweepRun> runs;
+  for (double lr : {0.001, 0.002})
+    for (int64_t seed : {1, 2}) {
+      // Losses in 1/16ths: exact in binary, so the hand-computed crossings below are exact too.
+      const double shift = 0.0625 * static_cast<double>(seed) + (lr > 0.0015 ? 0.0625 : 0.0);
+      auto add = [&](const std::string& variant, const std::vector<std::array<double, 3>>& evals) {
+        auto r = write_run_on(data, root / fmt::format("{}-{}-{}", variant, lr, seed), variant, 0, evals);
+        r.point = {{"optim.lr", lr}, {"cluster.workers", 2}, {"train.seed", seed}};  // the seed from the grid, as untuned runs
+        runs.push_back(r);
+      };
+      add("ref", {{{60, 6.25 + shift, 60}, {120, 5.75 + shift, 120}}});
+      add("fast", {{{60, 5.9375 + shift, 30}, {120, 5.6875 + shift, 60}}});
+      add("stuck", {{{60, 6.625 + shift, 60}, {120, 6.4375 + shift, 120}}});
+    }
+  study::SweepOptions o;
+  o.doc = "";
+  o.command = "test";
+  const study::SweepReport report = study::sweep_report(spec, runs, o);
+  const std::string& md = report.section;
+  const auto claims_at = md.find("\nClaims:\n\n");
+  ASSERT_NE(claims_at, std::string::npos) << md;
+  const std::string claims = md.substr(claims_at, md.rfind("<!-- rv:end -->") - claims_at);
+  EXPECT_NE(claims.find("- stuck is no worse [lr=0.001,workers=2]: **not reproduced: stuck's worst run ends 0.44 nats"),
+            std::string::npos) << claims;
+  // The table's columns, and a row: ref's seed 1 at lr 0.001, finished at 5.8125 on data whose
+  // baseline is 7, its virtual time 0 (no train lines); it crosses the group's target 5.875 (seed
+  // 2's final loss) at step 112.5 (6.3125 at 60 to 5.8125 at 120: 0.4375 of 0.5 down), second 112.5.
+  EXPECT_EQ(report.runs_csv.substr(0, report.runs_csv.find('\n')),
+            "run,variant,group,tune,tuning,seed,finished,val_loss,unigram,virtual_s,eval_s,steps_to_target,virtual_s_to_target,"
+            "mb_per_worker,consensus,utilization,loss_at_0.5,steps_to_target_at_0.5,virtual_s_to_target_at_0.5");
+  EXPECT_NE(report.runs_csv.find(",ref,\"lr=0.001,workers=2\",,0,1,1,5.8125,7,0,0,112.5,112.5,"), std::string::npos)
+      << report.runs_csv;
+  EXPECT_EQ(study::verdicts_from_table(spec, false, report.runs_csv, "test"), claims);
+
+  // --reverdict on a document: its claim lines, whatever they say, become the table's.
+  const fs::path doc = root / "results.md";
+  study::write_doc_section(doc, "rv", md);
+  std::string stale = read_file(doc);
+  stale.replace(stale.find("\nClaims:\n\n"), claims.size(), "\nClaims:\n\n- stale verdict\n");
+  write_file_atomic(doc, stale);
+  EXPECT_NE(study::reverdict(doc, spec, false).find("no runs table"), std::string::npos);
+  EXPECT_NE(read_file(doc).find("- stale verdict\n"), std::string::npos);
+  write_file_atomic(study::runs_table_path(root / "results", spec, false), report.runs_csv);
+  EXPECT_NE(study::reverdict(doc, spec, false).find("judged again from"), std::string::npos);
+  EXPECT_EQ(study::find_doc_section(read_file(doc), "rv"), md);
+  // A table that lacks a column is refused, naming it.
+  std::string cut = report.runs_csv;
+  cut.replace(cut.find(",eval_s"), 7, "");
+  write_file_atomic(study::runs_table_path(root / "results", spec, false), cut);
+  try {
+    study::reverdict(doc, spec, false);
+    ADD_FAILURE() << "a table without eval_s must be refused";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("no column 'eval_s'"), std::string::npos) << e.what();
+  }
   fs::remove_all(root);
 }
 
