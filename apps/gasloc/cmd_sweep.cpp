@@ -1,12 +1,14 @@
 // gasloc sweep FILE: runs a study's grid of training runs (resumable) and writes its report into
 // the sweep's own directory, RUNS/NAME[-quick]/results.md (study/study_file.hpp has the file format).
 // gasloc sweep --glance --doc DOC FILE...: "Claims at a glance" on top of DOC from those studies'
-// sections in it (study/glance.hpp).
+// sections in it (study/glance.hpp). gasloc sweep --reverdict --doc DOC FILE...: every claim of
+// those studies judged again from their runs tables beside DOC (study/claims.hpp), then the glance.
 #include <fmt/format.h>
 
 #include "commands.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/shipped_files.hpp"
+#include "gasloc/study/claims.hpp"
 #include "gasloc/study/glance.hpp"
 #include "gasloc/study/study_file.hpp"
 #include "gasloc/study/sweep.hpp"
@@ -17,7 +19,7 @@ Action add_sweep(CLI::App& app) {
   struct Opts {
     std::vector<std::string> files;
     std::string doc, runs = "runs/experiments";
-    bool quick = false, dry_run = false, print = false, glance = false;
+    bool quick = false, dry_run = false, print = false, glance = false, reverdict = false;
     std::vector<std::string> sets;
     int64_t steps = 0;
   };
@@ -43,19 +45,28 @@ Action add_sweep(CLI::App& app) {
                "run nothing: write \"Claims at a glance\" into --doc from the sections the given studies wrote there "
                "(with --quick: their quick sections)")
       ->needs(doc);
+  app.add_flag("--reverdict", o->reverdict,
+               "run nothing: judge every claim of the given studies again from their runs tables (RESULTS/STUDY-runs.csv "
+               "beside --doc, written by each study's sweep), rewrite their claim lines in --doc, then \"Claims at a glance\"")
+      ->needs(doc);
   return [o]() {
-    if (o->glance) {
+    if (o->glance || o->reverdict) {
       std::vector<study::SweepSpec> studies;
       std::string names;
       for (const auto& f : o->files) {
         studies.push_back(study::load_sweep(find_shipped(f)));
         names += " " + f;
       }
-      study::write_glance(o->doc, studies, o->quick, fmt::format("gasloc sweep --glance{} --doc {}{}", o->quick ? " --quick" : "", o->doc, names));
+      if (o->reverdict)
+        for (const auto& spec : studies) fmt::print("{}\n", study::reverdict(o->doc, spec, o->quick));
+      study::write_glance(o->doc, studies, o->quick,
+                          fmt::format("gasloc sweep {}{} --doc {}{}", o->reverdict ? "--reverdict" : "--glance",
+                                      o->quick ? " --quick" : "", o->doc, names));
       fmt::print("wrote the '{}' section of {}\n", o->quick ? "claims-quick" : "claims", o->doc);
       return 0;
     }
-    if (o->files.size() != 1) throw ConfigError("gasloc sweep runs one study file at a time (several only with --glance)");
+    if (o->files.size() != 1)
+      throw ConfigError("gasloc sweep runs one study file at a time (several only with --glance or --reverdict)");
     auto spec = study::load_sweep(find_shipped(o->files.front()));
     // A try is a shortened or changed study: its own directory, and the section says so.
     std::string tried;

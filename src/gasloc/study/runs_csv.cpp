@@ -18,13 +18,52 @@ const std::vector<std::string> kCsvColumns = {"train_loss", "val_loss",   "conse
                                               "local_steps", "wall_time_s", "virtual_time_s",   "bytes_sent",
                                               "idle_s",     "compute_s",  "utilization",      "eval_time_s"};
 
-namespace {
 std::string csv_cell(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
   return q + "\"";
 }
+
+std::vector<std::vector<std::string>> parse_csv(const std::string& text, const std::string& where) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> row;
+  std::string cell;
+  bool quoted = false, any = false;  // any: the row has begun
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c != '"') cell += c;
+      else if (i + 1 < text.size() && text[i + 1] == '"') cell += text[++i];
+      else quoted = false;
+      continue;
+    }
+    any = true;
+    if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      row.push_back(std::move(cell));
+      cell.clear();
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      row.push_back(std::move(cell));
+      cell.clear();
+      rows.push_back(std::move(row));
+      row.clear();
+      any = false;
+    } else {
+      cell += c;
+    }
+  }
+  if (quoted) throw DataError("'" + where + "' ends inside a quoted cell", "is the file cut short? regenerate it");
+  if (any) {
+    row.push_back(std::move(cell));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+namespace {
 std::string csv_value(const json& v) {
   if (v.is_null()) return "";
   if (v.is_string()) return csv_cell(v.get<std::string>());

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
-#include <limits>
 #include <map>
 #include <optional>
 
@@ -16,6 +15,7 @@
 #include "gasloc/comm/network_model.hpp"
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/study/claims.hpp"
 #include "gasloc/study/plot.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/verdict.hpp"
@@ -28,8 +28,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-constexpr double kNever = std::numeric_limits<double>::infinity();
 
 // The validation loss of a curve at `step`, interpolated linearly between evaluations; nothing if
 // the curve does not span it.
@@ -52,13 +50,6 @@ int64_t seed_of(const SweepRun& r) {
   return 0;
 }
 
-Point without_seed(const Point& p) {
-  Point out;
-  for (const auto& kv : p)
-    if (kv.first != "train.seed") out.push_back(kv);
-  return out;
-}
-
 struct Loaded {
   const SweepRun* run;
   RunSummary summary;
@@ -67,6 +58,7 @@ struct Loaded {
 struct Group {
   Point point;                                                // its scenario and grid values, no seed
   std::map<std::string, std::vector<Loaded>> finals, tuning;  // variant -> its runs that have started
+  GroupOutcomes out;                                          // the same runs as the verdicts read them
 };
 
 
@@ -84,60 +76,6 @@ std::string seeds_text(const std::vector<int64_t>& s) {
   std::string out;
   for (auto x : s) out += (out.empty() ? "" : ", ") + std::to_string(x);
   return out;
-}
-
-// Time (steps or virtual seconds) to `target` per seed, +inf where a run never reached it.
-BySeed times_to(const std::vector<Loaded>& runs, double target, bool steps) {
-  BySeed out;
-  for (const auto& l : runs) {
-    auto hit = target > 0 ? reach_target(l.summary.curve, target) : std::nullopt;
-    out[seed_of(*l.run)] = hit ? (steps ? hit->first : hit->second) : kNever;
-  }
-  return out;
-}
-
-BySeed losses_of(const std::vector<Loaded>& runs) {
-  BySeed out;
-  for (const auto& l : runs)
-    if (l.summary.has_val_loss) out[seed_of(*l.run)] = l.summary.val_loss;
-  return out;
-}
-
-// Why a claim's runs cannot support a verdict ("" when they can): unfinished runs, or runs that
-// did not end learned_by nats below the unigram baseline.
-std::string unfit(const SweepSpec& spec, const std::string& name, const std::vector<Loaded>& runs, double unigram) {
-  if (runs.empty()) return name + " has no runs";
-  double worst = -kNever;
-  for (const auto& l : runs) {
-    if (!l.summary.finished()) return name + " has unfinished runs";
-    worst = std::max(worst, l.summary.val_loss);
-  }
-  if (unigram >= 0 && worst > unigram - spec.learned_by)
-    return fmt::format("{}'s worst run ends {:.2f} nats below the unigram baseline {:.4f}, not the {:.1f} a verdict needs",
-                       name, unigram - worst, unigram, spec.learned_by);
-  return "";
-}
-
-// The virtual-time budget of a group (sweep.equal_time): target_from's longest run, or 0 when it
-// has none or no budget is declared.
-double time_budget(const SweepSpec& spec, Group& grp) {
-  if (spec.equal_time <= 0) return 0.0;
-  double budget = 0;
-  for (const auto& l : grp.finals[spec.target_from]) budget = std::max(budget, l.summary.virtual_s);
-  return budget;
-}
-
-// Why a variant's runs did not get the group's budget ("" when they did): a run that ended above
-// it, or more than spec.equal_time below it.
-std::string over_budget(const SweepSpec& spec, const std::string& name, const std::vector<Loaded>& runs, double budget) {
-  for (const auto& l : runs) {
-    const double t = l.summary.virtual_s;
-    if (t > budget * (1 + 1e-9) || t < budget * (1 - spec.equal_time))
-      return fmt::format("{}'s runs ended at {:.1f} virtual s, not within {:.0f}% below the budget of {:.1f} s ({}'s); set its "
-                         "train.steps to fit",
-                         name, t, 100 * spec.equal_time, budget, spec.target_from);
-  }
-  return "";
 }
 
 }  // namespace
@@ -239,10 +177,10 @@ struct Groups {
 Groups collect_groups(const std::vector<SweepRun>& runs) {
   Groups out;
   for (const auto& r : runs) {
-    const std::string g = point_name(without_seed(r.point));
+    const std::string g = point_name(group_point(r.point));
     if (!out.by_name.count(g)) {
       out.order.push_back(g);
-      out.by_name[g].point = without_seed(r.point);
+      out.by_name[g].point = out.by_name[g].out.point = group_point(r.point);
     }
     auto& grp = out.by_name[g];
     if (r.provisional || !fs::exists(r.dir / "run.json")) continue;
@@ -252,6 +190,59 @@ Groups collect_groups(const std::vector<SweepRun>& runs) {
     (r.tuning ? grp.tuning : grp.finals)[r.variant].push_back(std::move(l));
   }
   return out;
+}
+
+// A run's row of the runs table, but its times to the group's targets (add_crossings): what it
+// ended at, and its loss at each claim's target_at fraction of its steps.
+RunOutcome outcome_of(const SweepSpec& spec, const Loaded& l, const fs::path& study_dir) {
+  const SweepRun& r = *l.run;
+  const RunSummary& s = l.summary;
+  RunOutcome o;
+  const fs::path rel = r.dir.lexically_relative(study_dir);
+  o.run = rel.empty() || *rel.begin() == ".." ? r.dir.string() : rel.string();
+  o.variant = r.variant;
+  o.group = point_name(group_point(r.point));
+  o.tune = point_name(r.tune);
+  o.tuning = r.tuning;
+  o.seed = seed_of(r);
+  o.finished = s.finished();
+  if (s.has_val_loss) o.val_loss = s.val_loss;
+  o.unigram = s.unigram;
+  o.virtual_s = s.virtual_s;
+  o.eval_s = s.eval_s;
+  o.mb_per_worker = s.mb_per_worker;
+  o.consensus = s.consensus;
+  o.utilization = s.utilization;
+  for (double f : early_fractions(spec))
+    o.loss_at[f] = loss_at(s.curve, f * static_cast<double>(s.planned_steps)).value_or(std::nan(""));
+  return o;
+}
+
+// Where a curve reaches a target (never for a target of 0: none).
+Crossing crossing(const RunSummary& s, double target) {
+  const auto hit = target > 0 ? reach_target(s.curve, target) : std::nullopt;
+  return hit ? Crossing{hit->first, hit->second} : Crossing{};
+}
+
+// The group's runs as the verdicts read them (grp.out): their rows first, then, from target_from's
+// rows, the group's targets, and each run's times to them.
+void add_outcomes(const SweepSpec& spec, Group& grp, const fs::path& study_dir) {
+  for (const auto& [v, rs] : grp.finals)
+    for (const auto& l : rs) grp.out.finals[v].push_back(outcome_of(spec, l, study_dir));
+  for (const auto& [v, rs] : grp.tuning)
+    for (const auto& l : rs) grp.out.tuning.push_back(outcome_of(spec, l, study_dir));
+  const double target = group_target(spec, grp.out);
+  std::map<double, double> early;
+  for (double f : early_fractions(spec)) early[f] = early_target(spec, grp.out, f);
+  auto add = [&](RunOutcome& o, const RunSummary& s) {
+    o.target = crossing(s, target);
+    for (const auto& [f, t] : early) o.early[f] = crossing(s, t);
+  };
+  for (auto& [v, rs] : grp.finals)
+    for (size_t i = 0; i < rs.size(); ++i) add(grp.out.finals[v][i], rs[i].summary);
+  size_t k = 0;
+  for (const auto& [v, rs] : grp.tuning)
+    for (const auto& l : rs) add(grp.out.tuning[k++], l.summary);
 }
 
 // The scenarios, each with its settings and the variants that run in it ("" without scenarios).
@@ -265,6 +256,19 @@ std::string scenarios_md(const SweepSpec& spec) {
     md += fmt::format("| {} | {} | {} |\n", sc.name, settings_list(sc.settings), vs.empty() ? "all" : vs);
   }
   return md;
+}
+
+// The verdict rule, as the section's opening states it (docs/experiments.md, "Seeds and verdicts").
+constexpr const char* kPairedRule =
+    "they pair the variants by seed and need the mean paired difference to exceed the spread of the paired differences "
+    "(their min-max range), else they are inconclusive; a claim whose variants share no seed is judged unpaired, on the "
+    "means against the larger of the two variants' min-max ranges";
+
+// The unigram gate, as the section's opening states it.
+std::string gate_text(const SweepSpec& spec) {
+  return fmt::format("every run of the reference (b) {:.1f} nats below the unigram baseline (else a claim says nothing); a "
+                     "subject (a) whose runs do not get there while b's do is not reproduced",
+                     spec.learned_by);
 }
 
 // The section's opening: what was run, the variants and their grids, the tuning protocol.
@@ -297,18 +301,15 @@ std::string header_md(const SweepSpec& spec, const SweepOptions& opts, const std
   const bool one_seed = spec.seeds(opts.quick).size() < 2;
   if (spec.tuned && !any_tuned)
     md += fmt::format("\nNo tuning {}: each variant runs the one point declared for it on seeds {{{}}}. Verdicts need "
-                      "every run {:.1f} nats below the unigram baseline; {}.\n",
+                      "{}; {}.\n",
                       opts.quick ? "in this mode" : "(each point is declared in the study file before any run)",
-                      seeds_text(spec.seeds(opts.quick)), spec.learned_by,
+                      seeds_text(spec.seeds(opts.quick)), gate_text(spec),
                       one_seed ? "with one seed there is no spread to exceed"
-                               : "they pair the variants by seed and need the difference to exceed the seeds' spread (the "
-                                 "larger min-max range), else they are inconclusive");
+                               : kPairedRule);
   else if (spec.tuned)
     md += fmt::format("\nTuning, fixed in the study file before any run: each variant's grid runs on the tuning seed {}; the "
-                      "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts pair the variants by seed and "
-                      "need the difference to exceed the seeds' spread (the larger min-max range), else they are inconclusive; "
-                      "they also need every run {:.1f} nats below the unigram baseline.\n",
-                      spec.tuning.seed, seeds_text(spec.seeds(opts.quick)), spec.learned_by);
+                      "point with the lowest final validation loss reruns on seeds {{{}}}. Verdicts: {}; they also need {}.\n",
+                      spec.tuning.seed, seeds_text(spec.seeds(opts.quick)), kPairedRule, gate_text(spec));
   md += fmt::format("\nTraining time of these {} runs: {:.1f} min (their own wall clock, summed; a resumed run counts "
                     "each part).\n",
                     started, wall_s / 60);
@@ -325,42 +326,13 @@ std::string version_text(const SweepSpec& spec) {
 
 namespace {
 
-// The data's unigram baseline when every run of the group shares it, else -1.
-double shared_unigram(const Group& grp) {
-  double unigram = -1;
-  bool shared = true;
-  for (const auto* set : {&grp.finals, &grp.tuning})
-    for (const auto& [v, rs] : *set)
-      for (const auto& l : rs) {
-        if (l.summary.unigram < 0) continue;
-        if (unigram < 0) unigram = l.summary.unigram;
-        shared = shared && std::abs(unigram - l.summary.unigram) < 1e-9;
-      }
-  if (!shared) unigram = -1;
-  return unigram;
-}
-
-// The group's target loss: the study's, or the highest final loss of its target_from runs.
-double group_target(const SweepSpec& spec, Group& grp) {
-  double target = spec.target;
-  if (!spec.target_from.empty()) {
-    std::vector<double> f;
-    for (const auto& l : grp.finals[spec.target_from])
-      if (l.summary.has_val_loss) f.push_back(l.summary.val_loss);
-    // The highest of the reference's final losses, not their mean: every reference run reaches
-    // it, so a time-to-target verdict never fails for the reference's own seeds.
-    target = f.empty() ? 0.0 : stats_of(f).hi;
-  }
-  return target;
-}
-
 // The virtual-time budget line: each variant's virtual time against the budget.
 std::string budget_md(const SweepSpec& spec, Group& grp, double budget) {
   std::string md;
   if (budget > 0) {
     std::string each;
     for (const auto& v : spec.variants) {
-      const std::string why = over_budget(spec, v.name, grp.finals[v.name], budget);
+      const std::string why = over_budget(spec, v.name, grp.out.finals[v.name], budget);
       std::vector<double> vt;
       for (const auto& l : grp.finals[v.name]) vt.push_back(l.summary.virtual_s);
       each += fmt::format("{}{} {} s{}", each.empty() ? "" : ", ", v.name, fmt_stats(stats_of(vt), "{:.1f}"),
@@ -522,101 +494,42 @@ std::string projection_md(const SweepSpec& spec, Group& grp) {
   return md;
 }
 
-// A faster claim: time (or steps) to the group's target, or to target_from's loss at
-// c.target_at of its steps; `why` gets the equal-time budget's objection, if any.
-Judgement judge_faster_claim(const SweepSpec& spec, const SweepClaim& c, Group& grp, double target, double budget,
-                             std::string& why) {
-  const auto &ra = grp.finals[c.a], &rb = grp.finals[c.b];
-  const bool steps = c.by == "steps";
-  if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.a, ra, budget);
-  if (why.empty() && !steps && budget > 0) why = over_budget(spec, c.b, rb, budget);
-  double t = target;
-  std::string which = "target";
-  if (c.target_at < 1) {  // this claim's own target: target_from's loss earlier in its runs
-    std::vector<double> at;
-    for (const auto& l : grp.finals[spec.target_from])
-      if (auto v = loss_at(l.summary.curve, c.target_at * static_cast<double>(l.summary.planned_steps))) at.push_back(*v);
-    t = at.empty() ? 0.0 : stats_of(at).hi;
-    which = fmt::format("target {:.4f} ({}'s loss at {:.0f}% of its steps, the highest of its runs)", t, spec.target_from,
-                        100 * c.target_at);
-  }
-  Judgement j = judge_faster(times_to(ra, t, steps), times_to(rb, t, steps), c.tolerance, steps ? "steps" : "virtual s");
-  j.numbers = (steps ? "steps to " : "virtual s to ") + which + ": " + j.numbers;
-  return j;
-}
-
-// Each run's final time on its clock (the wall clock for launched runs) per seed; with_eval adds
-// the evaluations the virtual clock priced apart (a real clock's time already holds them).
-BySeed final_times_of(const std::vector<Loaded>& runs, bool with_eval) {
-  BySeed out;
-  for (const auto& l : runs) out[seed_of(*l.run)] = l.summary.virtual_s + (with_eval ? l.summary.eval_s : 0.0);
-  return out;
-}
-
-// lower, within, no_worse: on the final losses, or with by = "time" on the runs' final times.
-Judgement judge_value_claim(const SweepClaim& c, Group& grp) {
-  const bool with_eval = c.by == "time_and_eval", time = c.by == "time" || with_eval;
-  const BySeed a = time ? final_times_of(grp.finals[c.a], with_eval) : losses_of(grp.finals[c.a]);
-  const BySeed b = time ? final_times_of(grp.finals[c.b], with_eval) : losses_of(grp.finals[c.b]);
-  Judgement j = c.kind == "within" ? judge_within(a, b, c.tolerance) : c.kind == "no_worse" ? judge_no_worse(a, b, c.tolerance)
-                                                                                            : judge_lower(a, b);
-  j.numbers = (with_eval ? "final time with priced evaluations (s, each run's own clock): "
-               : time    ? "final time (s, each run's own clock): "
-                         : "final loss: ") +
-              j.numbers;
-  return j;
-}
-
-// Each claim's verdict for this group, as a markdown list item.
-std::vector<std::string> judge_claims(const SweepSpec& spec, Group& grp, const std::string& g, double unigram, double target,
-                                      double budget) {
-  std::vector<std::string> claim_lines;
-  for (const auto& c : spec.claims) {
-    if (!spec.judged_in(c, grp.point)) continue;
-    std::string why = unfit(spec, c.a, grp.finals[c.a], unigram);
-    if (why.empty()) why = unfit(spec, c.b, grp.finals[c.b], unigram);
-    Judgement j = c.kind == "faster" ? judge_faster_claim(spec, c, grp, target, budget, why) : judge_value_claim(c, grp);
-    if (!why.empty()) j.verdict = "says nothing: " + why;
-    claim_lines.push_back(fmt::format("- {}{}: **{}** (a = {}, b = {}; {})", c.text, g.empty() ? "" : " [" + g + "]", j.verdict,
-                                      c.a, c.b, j.numbers));
-  }
-  return claim_lines;
-}
-
 }  // namespace
 
-std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts) {
+SweepReport sweep_report(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts) {
   const std::string id = spec.name + (opts.quick ? "-quick" : "");
   Groups groups = collect_groups(runs);
   std::string md = header_md(spec, opts, id, groups.started, groups.wall_s);
   std::vector<std::string> claim_lines;
+  std::vector<GroupOutcomes> table;
   for (const auto& g : groups.order) {
     auto& grp = groups.by_name[g];
+    add_outcomes(spec, grp, sweep_dir(spec, opts.quick, opts.runs_root));
     md += fmt::format("\n### {}\n\n", g.empty() ? spec.title : g);
-    const double unigram = shared_unigram(grp);
+    const double unigram = shared_unigram(grp.out);
     if (unigram >= 0)
       md += fmt::format("Unigram baseline of the data: {:.4f} (the validation loss of token frequencies alone).\n\n", unigram);
-    const double target = group_target(spec, grp);
+    const double target = group_target(spec, grp.out);
     if (target > 0)
       md += fmt::format("Target validation loss: {:.4f}{}.\n\n", target,
                         spec.target_from.empty() ? ""
                                                  : " (the highest final loss of " + spec.target_from +
                                                        "'s runs, which each of them reaches)");
-    const double budget = time_budget(spec, grp);
-    md += budget_md(spec, grp, budget);
+    md += budget_md(spec, grp, time_budget(spec, grp.out));
     md += results_table(spec, grp, unigram, target);
     if (spec.memory) md += memory_md(spec, grp);
     md += tuning_table(spec, grp);
     md += plots_md(spec, grp, g, id, opts, unigram);
     md += projection_md(spec, grp);
-    for (auto& line : judge_claims(spec, grp, g, unigram, target, budget)) claim_lines.push_back(std::move(line));
+    for (auto& line : judge_claims(spec, grp.out, g)) claim_lines.push_back(std::move(line));
+    table.push_back(std::move(grp.out));
   }
-  if (!claim_lines.empty()) {
-    md += "\nClaims:\n\n";
-    for (const auto& l : claim_lines) md += l + "\n";
-  }
-  md += fmt::format("<!-- {}:end -->", id);
-  return md;
+  md += claims_md(claim_lines) + fmt::format("<!-- {}:end -->", id);
+  return {md, runs_table_csv(spec, table)};
+}
+
+std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts) {
+  return sweep_report(spec, runs, opts).section;
 }
 
 std::string section_begin(const std::string& id, const std::string& command, int64_t version) {

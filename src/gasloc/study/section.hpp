@@ -1,7 +1,7 @@
 // The markdown section of a study: per group of the grid, the unigram baseline, a table of each
 // variant's final runs (seeds as mean and range), its tuning grid with the chosen point, loss
 // plots with the baseline drawn, the paper-scale projection of its communication, and one verdict
-// line per claim (verdict.hpp).
+// line per claim (claims.hpp, verdict.hpp).
 #pragma once
 #include <filesystem>
 #include <string>
@@ -11,8 +11,14 @@
 
 namespace gasloc::study {
 
-// The section from the study's (finished) runs, tuning and final. With opts.doc "" its plots go
-// to opts.plots_dir (or ./sweep-plots) and are linked by that path.
+// The section from the study's (finished) runs, tuning and final, and its runs table (claims.hpp:
+// one row per started run, what its verdicts read). With opts.doc "" its plots go to
+// opts.plots_dir (or ./sweep-plots) and are linked by that path.
+struct SweepReport {
+  std::string section, runs_csv;
+};
+SweepReport sweep_report(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts);
+// The section alone.
 std::string sweep_section(const SweepSpec& spec, const std::vector<SweepRun>& runs, const SweepOptions& opts);
 
 // " from version N of the study file (...)" for a study of version 2 or more, else "": the

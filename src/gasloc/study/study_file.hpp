@@ -12,7 +12,7 @@
 //   target_from = "diloco"                      # time-to-target: this variant's highest final loss (or target = 6.5)
 //   plot_x = ["step", "time", "bytes"]          # loss against these; "consensus": consensus distance
 //   keep_checkpoints = false                    # finished runs' checkpoints are removed (disk)
-//   learned_by = 1.0                            # a verdict needs its runs this many nats below the unigram baseline
+//   learned_by = 1.0                            # a verdict needs its reference's (b) runs this many nats below the unigram baseline
 //   project = ["134m:bf16", "551m:bf16"]        # a table of each method's communication at these scales
 //   equal_time = 0.05                           # faster by time: every variant ends within 5% below target_from's virtual time
 //   memory = true                               # a table of the state each variant holds per parameter
@@ -127,7 +127,7 @@ struct StudySection {
     v("target", target, "time to target: this loss (0 = none, or target_from's)");
     v("plot_x", plot_x, "validation loss against step, time, bytes; consensus: consensus distance against step");
     v("keep_checkpoints", keep_checkpoints, "keep finished runs' checkpoints (they cost disk)");
-    v("learned_by", learned_by, "nats below the unigram baseline every run behind a verdict must end");
+    v("learned_by", learned_by, "nats below the unigram baseline every run of a claim's reference (b) must end for a verdict (a subject that does not is not reproduced)");
     v("project", project, "paper-scale projection: price each method's rounds as these PRESET:DTYPE models");
     v("equal_time", equal_time,
       "faster by time: every variant's runs end within this fraction below target_from's virtual time, never above (0 = "
@@ -253,7 +253,7 @@ struct SweepSpec {
   double target = 0.0;  // 0 = none (or target_from)
   std::vector<std::string> plot_x = {"step"};
   bool keep_checkpoints = false;  // keep finished runs' checkpoints (to train on later); they cost disk
-  double learned_by = 1.0;        // nats below the unigram baseline a run behind a verdict must end
+  double learned_by = 1.0;        // nats below the unigram baseline a claim's reference runs must end
   std::vector<std::string> project;  // PRESET:DTYPE models whose communication the section projects
   double equal_time = 0.0;  // faster by time: how far below target_from's virtual time a run may end (0 = unchecked)
   std::vector<std::string> settings, quick;

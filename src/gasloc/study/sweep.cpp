@@ -15,6 +15,7 @@
 
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/study/claims.hpp"
 #include "gasloc/study/consensus_study.hpp"
 #include "gasloc/study/run_summary.hpp"
 #include "gasloc/study/section.hpp"
@@ -359,12 +360,19 @@ void write_section(const SweepSpec& spec, const SweepOptions& opts, const std::v
   } else if (o.doc.empty()) {
     o.doc = own / "results.md";
   }
-  const std::string section = spec.consensus ? consensus_section(spec, runs, o) : sweep_section(spec, runs, o);
+  const SweepReport report = spec.consensus ? SweepReport{consensus_section(spec, runs, o), ""} : sweep_report(spec, runs, o);
   if (o.print_only) {
-    fmt::print("{}\n", section);
+    fmt::print("{}\n", report.section);
   } else {
-    write_doc_section(o.doc, spec.name + (opts.quick ? "-quick" : ""), section);
+    write_doc_section(o.doc, spec.name + (opts.quick ? "-quick" : ""), report.section);
     fmt::print("wrote the '{}' section of {}\n", spec.name, o.doc.string());
+  }
+  // The raw per-run results beside the plots: `gasloc sweep --reverdict` judges from them alone.
+  if (!report.runs_csv.empty()) {
+    const fs::path table = runs_table_path(plot_dir(o), spec, opts.quick);
+    fs::create_directories(table.parent_path());
+    write_file_atomic(table, report.runs_csv);
+    fmt::print("wrote its runs table {}\n", table.string());
   }
 }
 
