@@ -9,18 +9,8 @@
 #     naming cluster.secret_file, and the store goes on serving the job's real ranks;
 #  5. a secret with a command that is not gasloc's (c10d's TCPStore) is refused.
 #   tests/auth_launch.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_exit CODE TEXT CMD...: CMD exits CODE and its output holds TEXT.
 expect_exit() {
   local code=$1 text=$2; shift 2
@@ -48,9 +38,8 @@ expect_exit 2 "chmod 600 job.secret" "$G" launch -n 2 --secret-file job.secret -
 chmod 600 job.secret
 
 # 3. A small 2-rank Gloo job with a secret, to the end.
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+prepare_corpus
+job=("${nano[@]}"
      --set data.val_batches=2 --set train.log_every=5 --set train.eval_every=10 --set train.threads=1
      --set train.blas_threads=1 --set algo.name=diloco --set algo.H=5 --set cluster.backend=gloo
      --set train.steps=10 --set cluster.timeout_s=60)

@@ -2,13 +2,8 @@
 # End-to-end check of the gasloc CLI as a user runs it: prepare, train, Ctrl+C-free resume,
 # export, init_from, model-info, and errors that name the problem (exit status 2).
 #   tests/cli_smoke.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_error "needle" cmd...: the command must fail with status 2 and print the needle.
 expect_error() {
   local needle=$1; shift
@@ -17,11 +12,10 @@ expect_error() {
   grep -qF -- "$needle" <<<"$out" || fail "expected '$needle' in the error of '$*': $out"
 }
 
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+prepare_corpus
 [ -f data/dataset.json ] || fail "prepare wrote no dataset.json"
 
-common=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+common=("${nano[@]}"
         --set data.val_batches=2 --set train.log_every=5 --set train.eval_every=10 --set train.threads=1)
 "$G" train "${common[@]}" --set train.steps=20 --set train.stop_at=10 --set train.run_dir=run > log1.txt
 grep -q "stopped\|done after 10 steps" log1.txt || fail "first half did not stop at 10: $(cat log1.txt)"

@@ -6,22 +6,10 @@
 #   tests/dashboard_page.sh path/to/gasloc
 # Needs Chromium (the Debian package chromium, which scripts/setup.sh installs): without it this
 # test fails and says so, since a skipped test would hide a dashboard that draws nothing.
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-fail() { echo "FAIL: $*" >&2; exit 1; }
 CHROMIUM=$(command -v chromium || command -v chromium-browser || true)
 [ -n "$CHROMIUM" ] || fail "chromium is not installed: run scripts/setup.sh (it installs the Debian package chromium)"
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
 
 # The page as Chromium builds it; --virtual-time-budget lets its script fetch and draw first.
 dump_dom() {
@@ -37,11 +25,10 @@ http_status() {
   exec 3<&-
 }
 
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+prepare_corpus
 
 # Far more steps than the test waits for: the run is still training while the page is loaded.
-"$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
+"$G" train "${nano[@]}" \
   --set data.val_batches=2 --set train.threads=1 --set cluster.workers=2 --set algo.name=diloco --set algo.H=4 \
   --set train.steps=100000 --set train.log_every=2 --set train.eval_every=4 --set train.checkpoint_every=0 \
   --set train.run_dir=run > train.log 2>&1 &

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Every sweep file in experiments/ loads (every run's job included) and expands, in both modes, and
 # every scripts/results_*.sh wrapper names one or more of them.
-set -euo pipefail
 G=$1
-cd "$(dirname "$0")/.."
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+here=$(dirname "$(readlink -f "$0")")
+source "$here/lib.sh"
+cd "$here/.."
 for f in experiments/*.toml; do
   for mode in "" --quick; do
     out=$("$G" sweep "$f" $mode --dry-run --runs "$tmp") || { echo "FAIL: $f $mode"; exit 1; }

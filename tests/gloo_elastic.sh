@@ -15,21 +15,10 @@
 #     resumed on more starts the ranks beyond as joiners (cluster.join), healed from a donor;
 #  and Ctrl+C stops every rank at one step, from which --resume continues bit for bit.
 #   tests/gloo_elastic.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-base=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+prepare_corpus
+base=("${nano[@]}"
       --set data.val_batches=2 --set train.threads=1 --set train.blas_threads=1 --set algo.H=5)
 extract() { metric_rows "$1" train worker step train_loss | sort -n -k1 -k2; }
 

@@ -13,22 +13,11 @@
 #  5. every rank killed at once: no member is left to heal from, the job stops non-zero with one
 #     line per rank (it exited 0).
 #   tests/gloo_elastic_faults.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
-  umount "$tmp/full" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
+at_exit+=('umount "$tmp/full"')
+prepare_corpus
+job=("${nano[@]}" --set data.val_batches=2
      --set train.threads=1 --set train.blas_threads=1 --set algo.H=5 --set algo.name=gasloc --set algo.topology=1peer
      --set cluster.backend=gloo --set cluster.timeout_s=40 --set cluster.heartbeat_timeout_s=4 --set train.log_every=10)
 # The pid of incarnation INC of rank R of the run in directory DIR, once it runs (empty after 15 s).

@@ -10,21 +10,16 @@
 # (algo.compression: three jobs blocking, two overlapped). Both backends
 # report every worker's own validation loss at each evaluation: the same models, the same numbers.
 #   tests/gloo_equivalence.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+prepare_corpus
 # Per worker and step: the training loss (printed in the shortest form that reads back exactly).
 extract() { metric_rows "$1" train worker step train_loss | sort -n -k1 -k2; }
 # Per evaluation and worker: that worker's own validation loss.
 worker_losses() { metric_rows "$1" eval_worker step worker val_loss; }
 compare() {
   local name=$1; shift
-  local job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+  local job=("${nano[@]}"
              --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10
              --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc --set algo.H=5 "$@")
   "$G" train "${job[@]}" --set cluster.workers=4 --set train.run_dir="$name-inproc" >/dev/null
@@ -70,7 +65,7 @@ compare overlap_modulo_int8 --set algo.topology=2peer --set algo.compression=int
   --set algo.overlap_steps=3
 compare overlap_complete_int8 --set algo.topology=complete --set algo.compression=int8 --set algo.overlap_steps=3
 # The bf16 job must differ from its fp32 twin (the setting reached the run).
-"$G" train --set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 \
+"$G" train "${nano[@]}" \
   --set data.val_batches=2 --set train.steps=20 --set train.log_every=1 --set train.eval_every=10 --set train.threads=1 \
   --set train.blas_threads=1 --set algo.name=gasloc --set algo.H=5 --set algo.topology=1peer --set algo.form=accelerated \
   --set algo.gossip_step=0.8 --set algo.outer_momentum=0.5 --set cluster.workers=4 --set train.run_dir=acc-fp32 >/dev/null

@@ -8,16 +8,10 @@
 #  3. ranks started by hand with different settings stop at once, naming the key;
 #  4. a damaged checkpoint is refused with "corrupt checkpoint" and the previous step offered.
 #   tests/gloo_faults.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+prepare_corpus
+job=("${nano[@]}"
      --set data.val_batches=2 --set train.steps=30 --set train.log_every=5 --set train.eval_every=10
      --set train.checkpoint_every=10 --set train.threads=1 --set train.blas_threads=1 --set algo.name=gasloc
      --set algo.topology=1peer --set algo.H=5 --set cluster.backend=gloo)

@@ -15,23 +15,12 @@
 #  8. a rank stopped (SIGSTOP) while its peer waits with a 120 s timeout: its heartbeat stalls,
 #     and the launcher kills it and stops the job naming it within the heartbeat timeout.
 #   tests/gloo_hardening.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 free_port() { echo $(( 20000 + RANDOM % 30000 )); }
 listening() { ss -ltnH "sport = :$1" | grep -q .; }
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+prepare_corpus
+job=("${nano[@]}"
      --set data.val_batches=2 --set train.log_every=5 --set train.eval_every=10 --set train.threads=1
      --set train.blas_threads=1 --set algo.name=diloco --set algo.H=5 --set cluster.backend=gloo)
 

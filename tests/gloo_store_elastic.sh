@@ -12,20 +12,9 @@
 #  6. the run, resumed on 5 ranks at a store with --founders 4, takes rank 4 in as a joiner.
 # The stores have no --heartbeat-timeout: they take the job's cluster.heartbeat_timeout_s (6 s).
 #   tests/gloo_store_elastic.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
-tmp=${KEEP_TMP:-$(mktemp -d)}; mkdir -p "$tmp"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+prepare_corpus
 
 # start_store LOG ARGS...: a gasloc store in the background; sets store_port to the port it serves.
 start_store() {
@@ -43,7 +32,7 @@ start_store() {
 start_store store.log -n 4 --job-id hand
 port=$store_port
 
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4
+job=("${nano[@]}"
      --set data.val_batches=2 --set train.threads=1 --set train.blas_threads=1 --set algo.H=5
      --set train.steps=100000 --set train.log_every=20 --set train.eval_every=1000 --set train.checkpoint_every=1000
      --set algo.name=gasloc --set algo.topology=1peer --set cluster.backend=gloo --set cluster.elastic=true

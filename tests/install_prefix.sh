@@ -3,13 +3,9 @@
 # installed job files, run from a directory outside the checkout: the program, its configs/ and
 # experiments/ under PREFIX/share/gasloc, found without a checkout, and nothing test-only.
 #   tests/install_prefix.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 build=$(readlink -f "$1")
 src=$(readlink -f "$2")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 P=$tmp/prefix
 cmake --install "$build" --prefix "$P" >"$tmp/install.log" || fail "cmake --install failed: $(cat "$tmp/install.log")"
 G=$P/bin/gasloc
@@ -31,8 +27,7 @@ work=$tmp/work
 mkdir -p "$work" && cd "$work"
 case "$(pwd -P)/" in "$src"/*) fail "the work directory $(pwd -P) is inside the checkout $src";; esac
 [ ! -e configs ] || fail "configs/ exists in the work directory"
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+prepare_corpus
 tiny=(--set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
       --set train.steps=4 --set train.log_every=2 --set train.eval_every=4 --set train.checkpoint_every=4
       --set train.threads=1)

@@ -15,17 +15,13 @@
 #     difference), uncompressed DiLoCo, int4 DiLoCo and int8 modulo GASLoC, and the kernel's bytes
 #     fall by the codec's ratio.
 #   tests/netns_launch.sh path/to/gasloc
-set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 G=$(readlink -f "$1")
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: launch --netns needs root"; exit 77; fi
 if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then echo "SKIP: no ip/tc (apt-get install iproute2)"; exit 77; fi
 if ! ip netns add gasloc_probe 2>/dev/null; then echo "SKIP: network namespaces are not available here"; exit 77; fi
 ip netns del gasloc_probe
-tmp=$(mktemp -d)
-trap '"$G" launch --cleanup >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+at_exit+=('"$G" launch --cleanup >/dev/null')
 links=(--netns-set network.preset=straggler_bw10 --netns-set network.bandwidth_gbit=0.2)   # 25 MB/s; rank 3 2.5 MB/s
 
 # 1. Measured rates.
@@ -71,9 +67,8 @@ grep -q "reports that rank 1 failed first" stall.log || fail "the stalled rank i
 echo "netns_launch: a link set down, a trickle and a stalled rank each stopped the run naming the rank"
 
 # 3. SIGKILL of a training rank, resume under --netns.
-for i in $(seq 1 200); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
+prepare_corpus 200
+job=("${nano[@]}" --set data.val_batches=2
      --set train.steps=40 --set train.log_every=5 --set train.eval_every=20 --set train.checkpoint_every=5
      --set train.threads=1 --set train.blas_threads=1 --set algo.name=diloco --set algo.H=5 --set cluster.backend=gloo
      --set train.run_dir=run --set network.bandwidth_gbit=0.5)
@@ -96,7 +91,7 @@ grep -q "done after 40 steps" k2.log || fail "the resumed run did not finish: $(
 # 4. Elastic: rank 2's link set down for 8 s in GASLoC-1peer. Its heartbeat stalls, the launcher
 # kills it, its partners' waits are aborted (a dead link sends them no reset) and the others train
 # on without a restart; rank 2's next incarnation rejoins once its link is back.
-ejob=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
+ejob=("${nano[@]}" --set data.val_batches=2
       --set train.steps=400 --set train.log_every=20 --set train.eval_every=200 --set train.threads=1
       --set train.blas_threads=1 --set algo.name=gasloc --set algo.topology=1peer --set algo.H=5
       --set cluster.backend=gloo --set cluster.timeout_s=120 --set train.run_dir=elastic)

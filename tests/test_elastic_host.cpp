@@ -251,3 +251,51 @@ TEST(ElasticHost, RefusesImpossibleOptions) {
   EXPECT_THROW(comm::ElasticHost(*store, opts(2, 0, 3, 0), nullptr), ConfigError);
   EXPECT_THROW(comm::ElasticHost(*store, {2, 3, 0, 1, 0}, nullptr), ConfigError);
 }
+
+// The fixed world of `gasloc launch` without --elastic: the same host with no restart and every
+// rank needed. Its first failure stops the job, whatever the status and whoever is left.
+TEST(ElasticHost, AFixedWorldStopsAtItsFirstFailure) {
+  Job job(comm::ElasticHost::Options::fixed_world(3, 0));
+  EXPECT_TRUE(job.exit(0, 0, "exit status 0").empty());
+  EXPECT_TRUE(job.exit(2, 0, "exit status 0").empty());
+  job.now = 7.5;
+  // Rank 1 is the last member: an elastic job would have nobody to heal it from; this one just stops.
+  const auto events = job.exit(1, 1, "exit status 1");
+  ASSERT_EQ(kinds(events), std::vector{HostEvent::Kind::stop});
+  EXPECT_EQ(events[0].line, "rank 1 failed with exit status 1 after 7.5 s; stopping the other ranks");
+  EXPECT_TRUE(job.host.stopping());
+  EXPECT_TRUE(job.control.started.empty());
+  EXPECT_FALSE(job.host.ended_well(1));
+  ASSERT_TRUE(comm::read_failure(*job.store, 1).has_value());
+}
+
+TEST(ElasticHost, AFixedWorldStopsAtAConfigurationErrorLikeAtAnyOther) {
+  Job job(comm::ElasticHost::Options::fixed_world(2, 0));
+  const auto events = job.exit(1, comm::kNoRestartStatus, "exit status 2");
+  ASSERT_EQ(kinds(events), std::vector{HostEvent::Kind::stop});
+  EXPECT_EQ(events[0].line, "rank 1 failed with exit status 2 after 0.0 s; stopping the other ranks");
+  // A rank that fails while the job stops is recorded for its peers, and stops nothing more.
+  EXPECT_TRUE(job.exit(0, std::nullopt, "signal 15 (Terminated)").empty());
+  EXPECT_TRUE(comm::read_failure(*job.store, 0).has_value());
+}
+
+TEST(ElasticHost, AFixedWorldKillsAStalledRankAndItsEndStopsTheJob) {
+  Job job(comm::ElasticHost::Options::fixed_world(3, 4.0));
+  EXPECT_TRUE(job.tend(2.0, {0, 1, 2}).empty());
+  const auto fenced = job.tend(6.4, {0, 2});
+  ASSERT_EQ(kinds(fenced), std::vector{HostEvent::Kind::fenced});
+  EXPECT_EQ(fenced[0].line,
+            "rank 1 sent no heartbeat for 4 s (stopped, frozen or cut off from the store); the fake launcher killed it");
+  EXPECT_EQ(job.control.killed, std::vector{1});
+  const auto events = job.exit(1, std::nullopt, "signal 9 (Killed)");
+  ASSERT_EQ(kinds(events), std::vector{HostEvent::Kind::stop});
+  EXPECT_EQ(events[0].line, "rank 1 failed with signal 9 (Killed) after 6.4 s; stopping the other ranks");
+  // Its record is the heartbeat's, written before the kill: its peers read why it went.
+  const auto rec = comm::read_failure(*job.store, 1);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_NE(rec->what.find("sent no heartbeat"), std::string::npos) << rec->what;
+  // Nobody else is judged while the job stops.
+  EXPECT_TRUE(job.tend(20.0, {}).empty());
+  EXPECT_EQ(job.control.killed, std::vector{1});
+  EXPECT_TRUE(job.control.started.empty());
+}

@@ -40,23 +40,23 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   EXPECT_EQ(line_of(train_event()),
             R"({"bytes_sent":4096,"compute_s":2.75,"computed":true,"eval_time_s":0.5,"event":"train","grad_norm":1.5,)"
             R"("idle_s":0.125,"local_steps":28,"lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,)"
-            R"("train_loss":5.25,"utilization":0.75,"version":4,"virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})");
+            R"("train_loss":5.25,"utilization":0.75,"version":5,"virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})");
   EXPECT_EQ(line_of(eval_event()),
             R"({"bytes_sent":8192,"consensus_distance":0.001,"eval_time_s":0.5,"event":"eval","step":30,"val_loss":5.5,)"
-            R"("version":4,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
+            R"("version":5,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
   EXPECT_EQ(line_of(memory_event()),
             R"({"algo":"gasloc","event":"memory","optim":"adamw","optimizer_state_bytes":8000,"param_bytes":4000,)"
-            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":4,"worker":0})");
+            R"("params":1000,"step":0,"sync_state_bytes":8000,"version":5,"worker":0})");
   // Elastic runs: an eval names the workers it averaged over; a view change has its own event.
   EvalEvent over_members = eval_event();
   over_members.members = {0, 2};
   EXPECT_EQ(line_of(over_members),
             R"({"bytes_sent":8192,"consensus_distance":0.001,"eval_time_s":0.5,"event":"eval","members":[0,2],"step":30,)"
-            R"("val_loss":5.5,"version":4,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
+            R"("val_loss":5.5,"version":5,"virtual_time_s":3.75,"wall_time_s":13.0,"worker":0,"worker_val_loss":[5.5,5.75]})");
   const ViewEvent view{.step = 30, .worker = 0, .round = 5, .members = {0, 1, 2}, .died = {1}, .joined = {3},
                        .virtual_time_s = 2.5};
   EXPECT_EQ(line_of(view), R"({"died":[1],"event":"view","joined":[3],"members":[0,1,2],"round":5,"step":30,)"
-                           R"("version":4,"virtual_time_s":2.5,"worker":0})");
+                           R"("version":5,"virtual_time_s":2.5,"worker":0})");
   const auto back = std::get<ViewEvent>(*parse_metrics_line(line_of(view)));
   EXPECT_EQ(back.members, view.members);
   EXPECT_EQ(back.died, view.died);
@@ -84,7 +84,7 @@ TEST(MetricsSchema, EachEventWritesThePinnedLine) {
   // A resume that changed a setting the state depends on (--allow-change).
   const ConfigChangeEvent change{.step = 40, .worker = 0, .key = "algo.compression", .old_value = "int4", .new_value = "int8"};
   EXPECT_EQ(line_of(change), R"({"event":"config_change","key":"algo.compression","new":"int8","old":"int4","step":40,)"
-                             R"("version":4,"worker":0})");
+                             R"("version":5,"worker":0})");
   const auto changed = std::get<ConfigChangeEvent>(*parse_metrics_line(line_of(change)));
   EXPECT_EQ(changed.key, "algo.compression");
   EXPECT_EQ(changed.old_value, "int4");
@@ -152,11 +152,40 @@ TEST(MetricsSchema, MalformedAndUnknownLinesAreSkippedANewerVersionIsRefused) {
   EXPECT_FALSE(parse_metrics_line("[1, 2]").has_value());
   EXPECT_FALSE(parse_metrics_line(R"({"event":"checkpoint","step":3})").has_value());
   try {
-    parse_metrics_line(R"({"event":"train","step":1,"version":5})");
-    ADD_FAILURE() << "expected a DataError for version 5";
+    parse_metrics_line(R"({"event":"train","step":1,"version":6})");
+    ADD_FAILURE() << "expected a DataError for version 6";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("version 5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 6"), std::string::npos) << e.what();
   }
+}
+
+// Version 4 lines (before codec_resends, clipped_from, dropped_from, joined_incarnations and
+// config_change) read as they did, with those absent; version 5 lines, which may hold them, read.
+TEST(MetricsSchema, VersionFourAndFiveLinesBothRead) {
+  const std::string v4_train =
+      R"({"bytes_sent":4096,"compute_s":2.75,"computed":true,"eval_time_s":0.5,"event":"train","grad_norm":1.5,)"
+      R"("idle_s":0.125,"local_steps":28,"lr":0.003,"round_done":true,"step":30,"tokens_per_s":1024.5,)"
+      R"("train_loss":5.25,"utilization":0.75,"version":4,"virtual_time_s":3.5,"wall_time_s":12.25,"worker":1})";
+  const auto v4 = std::get<TrainEvent>(*parse_metrics_line(v4_train));
+  EXPECT_EQ(line_of(v4), line_of(train_event()));
+  EXPECT_FALSE(v4.codec_resends.has_value());
+  EXPECT_FALSE(v4.clipped_from.has_value());
+  EXPECT_FALSE(v4.dropped_from.has_value());
+  const auto v4_view = std::get<ViewEvent>(*parse_metrics_line(
+      R"({"died":[1],"event":"view","joined":[3],"members":[0,1,2],"round":5,"step":30,"version":4,"virtual_time_s":2.5,"worker":0})"));
+  EXPECT_TRUE(v4_view.joined_incarnations.empty());
+  const auto v5 = std::get<TrainEvent>(*parse_metrics_line(
+      R"({"event":"train","step":30,"worker":1,"codec_resends":3,"clipped_from":[0,2],"dropped_from":[1,0],"version":5})"));
+  EXPECT_EQ(v5.codec_resends, 3);
+  EXPECT_EQ(v5.clipped_from, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(v5.dropped_from, (std::vector<int64_t>{1, 0}));
+  const auto v5_view = std::get<ViewEvent>(*parse_metrics_line(
+      R"({"event":"view","joined":[3],"joined_incarnations":[1],"members":[0,3],"round":6,"step":36,"version":5,"worker":0})"));
+  EXPECT_EQ(v5_view.joined_incarnations, std::vector<int64_t>{1});
+  EXPECT_EQ(std::get<ConfigChangeEvent>(*parse_metrics_line(
+                R"({"event":"config_change","key":"optim.lr","new":0.01,"old":0.003,"step":40,"version":5,"worker":0})"))
+                .key,
+            "optim.lr");
 }
 
 // MetricsLog writes through to_json, and read_metrics reads the file back in order.

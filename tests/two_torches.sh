@@ -10,14 +10,9 @@ G2=$(readlink -f "$1")
 G1=$(readlink -f "$2")
 [ -x "$G1" ] || { echo "FAIL: the reference program $2 is missing (build build/ first: scripts/setup.sh)" >&2; exit 1; }
 G=$G2
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G1" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+G=$G1 prepare_corpus
 job=(--config "$(dirname "$(readlink -f "$0")")/../configs/tiny.toml" --set model.preset=nano --set data.dir=data
      --set data.seq_len=32 --set data.batch_size=8 --set data.val_batches=2 --set train.steps=40 --set train.log_every=1
      --set train.eval_every=20 --set train.threads=1 --set train.checkpoint_every=0)

@@ -19,7 +19,7 @@
 // - A Communicator is used by one thread at a time (the worker's).
 // - Overlapped operations (start_exchange, start_all_reduce_mean; algo.overlap_steps, docs/design.md
 //   section 11): see their comment below.
-// - Elastic rounds (cluster.elastic, docs/design.md section 10; the in-process backend so far):
+// - Elastic rounds (cluster.elastic, docs/design.md section 10; in-process and Gloo, comm/elastic_gloo.hpp):
 //   a rank that dies at an exchange passes an undefined `send` to its listed peers, and each of
 //   them gets an undefined recv entry for it, a failed edge, instead of an error;
 //   all_reduce_mean_over averages over a round's members only and reports an aborted round.

@@ -76,11 +76,21 @@ std::vector<HostEvent> ElasticHost::exited(int id, const ProcessEnd& end, double
     tell("stopped as asked, its checkpoint committed");
     return {};
   }
-  if (interrupted_ || stopped_) {
+  if (interrupted_) {
     tell("ended with " + end.how + " while the job stopped");
     return {};
   }
+  // Its own record, written before it exited, wins over this one.
   publish_failure(store_, id, {id, fmt::format("rank {} exited with {} (seen by gasloc launch)", id, end.status)});
+  if (stopped_) {
+    tell("ended with " + end.how + " while the job stopped");
+    return {};
+  }
+  // A fixed world (no restart, every rank needed): any failure ends the job.
+  if (restarts_left_ == 0 && opts_.min_ranks == opts_.world) {
+    tell("failed with " + end.how);
+    return {stop(id, fmt::format("rank {} failed with {} after {:.1f} s; stopping the other ranks", id, end.status, now_s))};
+  }
   if (end.exit_status == kNoRestartStatus) {
     tell("failed with exit status 2 (not restarted)");
     return {stop(id, fmt::format("rank {} (incarnation {}) failed with exit status 2: its error (above) is about the "

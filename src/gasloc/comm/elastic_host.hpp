@@ -10,6 +10,9 @@
 //   - restarts (a failed rank starts again as the next incarnation while --max-restarts lasts),
 //   - the floor of the job (no member left, fewer than --min-ranks alive, an error a restart would
 //     meet again: the job stops).
+// A fixed world (`gasloc launch` without --elastic) is this host with zero restarts and
+// min_ranks = world: its first failure stops the job, and a stalled rank is killed, which then
+// stops the job the same way (ranks that are not elastic never read the roster it keeps).
 // A peer's report alone fences nobody, with a hook or without: anyone who reaches a pair's port
 // can make a link fail (Gloo takes the first connection on it, docs/communication.md "Authenticated
 // jobs"), so a report is no evidence against the rank. It is fenced only once its counter has also
@@ -94,6 +97,10 @@ class ElasticHost {
     int min_ranks = 1;               // fewer ranks alive stop the job
     double heartbeat_timeout_s = 0;  // 0: heartbeats are not judged (by hand: until the job's first rank sets one)
     bool by_hand = false;            // ranks started by hand: they claim incarnations (above); no ProcessControl
+    // A fixed world of `world` ranks (above): no restart, every rank needed.
+    static Options fixed_world(int world, double heartbeat_timeout_s) {
+      return {world, world, 0, world, heartbeat_timeout_s, false};
+    }
   };
   // Writes the roster with incarnation 0 of every id started (by hand: none started yet; the job's
   // world and founders published for the ranks' claims). `control` may be null (see above), and

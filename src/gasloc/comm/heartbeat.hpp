@@ -79,8 +79,8 @@ class Heartbeat {
 // timeout).
 constexpr double kSuspectSilenceS = 3.0;
 
-// The one liveness judge of the job's hosts (`gasloc launch`'s ElasticHost and its plain
-// supervision, `gasloc store --elastic`'s RosterHost): which ranks' counters have not moved for
+// The one liveness judge of the job's hosts (comm::ElasticHost, under `gasloc launch` with or
+// without --elastic and under `gasloc store --elastic`): which ranks' counters have not moved for
 // timeout_s of the host's clock, and what peers' reports of a failed link to a rank come to. A
 // rank that never beat is not judged unless watched from a given time (watch_from): it is still
 // starting, or it is not a gasloc rank.

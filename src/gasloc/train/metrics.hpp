@@ -20,8 +20,10 @@ namespace gasloc::train {
 
 // 2: the version field added to version 1's keys. 3: elastic runs (an eval's "members", the
 // "view" event). 4: the priced evaluations ("eval_time_s"), compute time and utilization of a
-// train line. A reader refuses lines of a newer version; older lines read with those at 0.
-inline constexpr int64_t kMetricsVersion = 4;
+// train line. 5: a train line's "codec_resends", "clipped_from" and "dropped_from", a view's
+// "joined_incarnations", the "config_change" event (each written only where it applies). A reader
+// refuses lines of a newer version; older lines read with those at 0 or absent.
+inline constexpr int64_t kMetricsVersion = 5;
 
 // One worker's training, every train.log_every steps ("train").
 struct TrainEvent {
