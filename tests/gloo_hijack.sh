@@ -9,25 +9,14 @@
 # new listening ports of the job's ranks and connects to the first few, as the adversarial pass did.
 #   tests/gloo_hijack.sh path/to/gasloc
 set -euo pipefail
-source "$(dirname "$(readlink -f "$0")")/metrics_lib.sh"
 G=$(readlink -f "$1")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
 command -v python3 >/dev/null || { echo "gloo_hijack: skipped (no python3)"; exit 0; }
 
-for i in $(seq 1 300); do printf 'Line %d of a small corpus about foxes and dogs number %d.\n\n' $i $((i % 17)); done > corpus.txt
-"$G" prepare --input corpus.txt --out data --byte-level --val-fraction 0.1 >/dev/null
+prepare_corpus
 "$G" secret --out job.secret >/dev/null
-job=(--set model.preset=nano --set data.dir=data --set data.seq_len=32 --set data.batch_size=4 --set data.val_batches=2
-     --set train.threads=1 --set train.blas_threads=1 --set algo.H=5 --set algo.name=gasloc --set algo.topology=1peer
-     --set cluster.backend=gloo --set cluster.timeout_s=40 --set cluster.heartbeat_timeout_s=10 --set train.log_every=10
+job=("${nano[@]}" --set data.val_batches=2 --set train.threads=1 --set train.blas_threads=1 --set algo.H=5
+     --set algo.name=gasloc --set algo.topology=1peer --set cluster.backend=gloo --set cluster.timeout_s=40 --set cluster.heartbeat_timeout_s=10 --set train.log_every=10
      --set train.steps=60 --set train.run_dir=run)
 
 # The intruder: connects to each new 127.0.0.1 listening port that a process of the job (a
