@@ -25,13 +25,26 @@ using namespace gasloc;
 
 namespace {
 
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The job as a launcher started this process: one rank of WORLD_SIZE when it is set, and under
+// gasloc launch --secret-file the job's secret (GASLOC_SECRET_FILE) unless the settings name one.
+train::JobConfig launched_job(const std::string& config, const std::vector<std::string>& overrides) {
+  train::JobConfig job = train::user_job(config, overrides, !env("WORLD_SIZE").empty());
+  if (job.cluster.secret_file.empty()) job.cluster.secret_file = env("GASLOC_SECRET_FILE");
+  return job;
+}
+
 // The cluster this process hosts and the run on its rank, made and let go together.
 class PyRun {
  public:
   PyRun(const std::string& config, const std::vector<std::string>& overrides,
         const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer, bool resume)
-      : job_(train::user_job(config, overrides, std::getenv("WORLD_SIZE") != nullptr)),
-        cluster_(train::open_user_cluster(job_)),
+      : job_(launched_job(config, overrides)),
+        cluster_(train::open_user_cluster(job_, env("GASLOC_JOB_ID"))),
         run_(std::make_unique<train::UserRun>(job_, params, *cluster_, cluster_->local_ranks().front(), optimizer,
                                               resume)) {}
   train::UserRun& run() { return *run_; }

@@ -250,13 +250,25 @@ int run_launch(const LaunchOptions& o) {
   // there which rank failed first, and the launcher records the ranks it sees exit (without a
   // socket: nothing here waits on it). Port 0 lets the OS choose a free port, with no race.
   // gasloc's own commands meet at gasloc's store (bounded calls, one job per store) with the
-  // job's token; another command (a torchrun-style script) gets c10d's TCPStore.
+  // job's token; another command (a torchrun-style script) gets c10d's TCPStore, unless the job
+  // has a secret, which c10d's store cannot check: then the command's ranks are gasloc.Run's
+  // (docs/python.md, "Launch"), meeting at gasloc's store with the job's token and the secret's
+  // path in GASLOC_JOB_ID and GASLOC_SECRET_FILE; a torch.distributed script cannot join.
   const bool gasloc_ranks = self_cmd && (o.cmd[1] == "train" || o.cmd[1] == "comm-check");
+  const bool sealed_user_ranks = !gasloc_ranks && !o.secret_file.empty();
   comm::JobIdentity job{comm::random_job_token(), fmt::format("gasloc launch pid {}", ::getpid()), {}};
   if (!o.secret_file.empty()) job.secret = read_secret_file(o.secret_file);
-  comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout.value_or(0)), job, !gasloc_ranks);
+  comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout.value_or(0)), job,
+                             !gasloc_ranks && !sealed_user_ranks);
   std::vector<std::string> args = rank_args(o, self_cmd, gasloc_ranks, job.token);
   auto envs = rank_envs(o.n, master_addr, store_host.port(), testbed != nullptr);
+  if (sealed_user_ranks)
+    write_all(1, "launch: the job has a secret, which c10d's store cannot check: its ranks meet at gasloc's store, as "
+                 "gasloc.Run's ranks do (a torch.distributed script cannot join; leave out --secret-file for one)\n");
+  if (sealed_user_ranks)
+    for (auto& env : envs)
+      env.insert(env.end(), {"GASLOC_JOB_ID=" + job.token,
+                             "GASLOC_SECRET_FILE=" + std::filesystem::absolute(o.secret_file).string()});
 
   if (o.elastic && !(self_cmd && o.cmd[1] == "train"))
     throw Error("launch --elastic runs gasloc train ranks only", "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
@@ -272,7 +284,7 @@ int run_launch(const LaunchOptions& o) {
   if (members < o.n)
     write_all(1, fmt::format("launch: the run was saved by {} ranks; ranks {}..{} join it with a donor's state\n",
                              members, members, o.n - 1));
-  const double heartbeat_s = gasloc_ranks ? heartbeat_timeout(o) : 0.0;
+  const double heartbeat_s = gasloc_ranks || sealed_user_ranks ? heartbeat_timeout(o) : 0.0;
   const auto policy = o.elastic ? comm::ElasticHost::Options{o.n, members, o.max_restarts, o.min_ranks, heartbeat_s}
                                 : comm::ElasticHost::Options::fixed_world(o.n, heartbeat_s);
   std::vector<Rank> ranks;

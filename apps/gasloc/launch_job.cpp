@@ -114,7 +114,7 @@ std::vector<std::vector<std::string>> rank_envs(int n, const std::string& master
   std::vector<std::string> base;
   auto overridden = [testbed](const std::string& kv) {
     for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                          "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_RESTART_COUNT="})
+                          "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_RESTART_COUNT=", "GASLOC_JOB_ID=", "GASLOC_SECRET_FILE="})
       if (kv.rfind(k, 0) == 0) return true;
     return testbed && kv.rfind("GLOO_SOCKET_IFNAME=", 0) == 0;
   };

@@ -127,7 +127,7 @@ def test_another_torch_version_is_an_import_error():
     assert "cmake --build" in r.stderr
 
 
-def launch(n: int, args: list, cwd: Path, launcher: str = "gasloc") -> None:
+def launch(n: int, args: list, cwd: Path, launcher: str = "gasloc", launch_args: tuple = ()) -> None:
     """Runs `python3 ARGS` as n ranks: under `gasloc launch -n n`, under torchrun (its agent's
     store), or started by hand with the variables a user would set (rank 0 hosts gasloc's store)."""
     # The ranks import this very package, wherever the test runs from.
@@ -144,7 +144,7 @@ def launch(n: int, args: list, cwd: Path, launcher: str = "gasloc") -> None:
         for r, (p, (out, err)) in enumerate(zip(ranks, outs)):
             assert p.returncode == 0, f"rank {r}: {out}\n{err}"
         return
-    cmd = [gasloc_bin(), "launch", "-n", str(n), "--", sys.executable, *args]
+    cmd = [gasloc_bin(), "launch", "-n", str(n), *launch_args, "--", sys.executable, *args]
     if launcher == "torchrun":
         # --redirects/--tee 1: their default "0" parses to None under Python 3.11 in Debian's torch
         # 1.13 (Std.from_str iterates a Flag enum, which skips 0), and torchrun fails before any rank.
@@ -291,3 +291,23 @@ def test_the_nanogpt_example_learns(tmp_path):
     assert loss < unigram, last
     report = subprocess.run([gasloc_bin(), "report", str(tmp_path / "run")], capture_output=True, text=True)
     assert report.returncode == 0 and "gasloc" in report.stdout, report.stderr
+
+
+# A sealed job: under gasloc launch --secret-file the Python ranks meet at gasloc's authenticated
+# store with the job's token and the secret (GASLOC_JOB_ID, GASLOC_SECRET_FILE), and send
+# heartbeats, as gasloc train ranks do; the same DiLoCo as the hand-written reference. A
+# torch.distributed script cannot meet at that store: it fails, the launcher says which rank.
+def test_a_sealed_job_of_python_ranks(tmp_path, by_hand):
+    secret = tmp_path / "job.secret"
+    subprocess.run([gasloc_bin(), "secret", "--out", str(secret)], check=True, capture_output=True)
+    launch(2, [WORKER, "gasloc", str(tmp_path / "ours"), str(tmp_path / "run"), json.dumps({"algo.name": "diloco"})],
+           tmp_path, launch_args=("--secret-file", str(secret)))
+    for rank in range(2):
+        ours = torch.load(tmp_path / f"ours.rank{rank}.pt")
+        for name, ref in by_hand[2][rank].items():
+            assert torch.allclose(ours[name], ref, rtol=1e-5, atol=1e-6), f"rank {rank} {name}"
+    env = {**os.environ, "PYTHONPATH": str(Path(gasloc.__file__).resolve().parent.parent)}
+    r = subprocess.run([gasloc_bin(), "launch", "-n", "2", "--secret-file", str(secret), "--", sys.executable, WORKER,
+                        "torch", str(tmp_path / "intruder")], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=240)
+    assert r.returncode != 0 and "rank" in r.stdout + r.stderr

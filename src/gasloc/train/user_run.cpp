@@ -117,10 +117,10 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
   return job;
 }
 
-std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job) {
-  // No job token of gasloc launch's: under it a Python rank meets at the launcher's c10d store
-  // (TORCHELASTIC_USE_AGENT_STORE), started by hand at the store its rank 0 hosts.
-  return open_cluster(TrainRequest{}, job);
+std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std::string& job_id) {
+  TrainRequest req;
+  req.job_id = job_id;
+  return open_cluster(req, job);
 }
 
 UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, torch::Tensor>>& params,

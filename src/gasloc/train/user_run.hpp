@@ -43,7 +43,10 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
 
 // The ranks this process hosts for `job` (train/run_start.hpp's open_cluster): one rank alone
 // (cluster.backend = inproc), or one rank of a process group formed from the launcher's variables.
-std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job);
+// `job_id`: the job token gasloc launch hands a sealed job's ranks (GASLOC_JOB_ID): the rank then
+// meets at gasloc's store, authenticated with cluster.secret_file, and sends heartbeats, as a
+// `gasloc train` rank does; "" meets at the launcher's c10d store (or hosts gasloc's as rank 0 by hand).
+std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std::string& job_id = "");
 
 // The user's share of a checkpoint, which the Python package packs (nothing pickled): the tensors
 // of the optimizer's state_dict() and of `state=`'s value by name, and the rest as JSON.
