@@ -119,29 +119,35 @@ def test_the_packing_round_trips_an_optimizers_state():
 
 
 # Ctrl+C (SIGINT) stops the run after a step every rank agrees on, with a committed checkpoint of
-# it; the process then ends as Python does after Ctrl+C, and resume=True continues from that step.
-def test_ctrl_c_checkpoints_the_step_it_stops_after(tmp_path):
+# it; the process then ends as Python does after Ctrl+C (under gasloc launch, which forwards it:
+# status 130), and resume=True continues from that step.
+@pytest.mark.parametrize("world", [1, 2])
+def test_ctrl_c_checkpoints_the_step_every_rank_stops_after(tmp_path, world):
     import signal
     import time
     run_dir = tmp_path / "r"
-    settings = json.dumps({"algo.name": "none", "train.log_every": 2, "train.checkpoint_every": 0})
+    settings = json.dumps({"algo.name": "diloco" if world > 1 else "none", "algo.H": 5, "train.log_every": 2,
+                           "train.checkpoint_every": 0})
     env = {**os.environ, "PYTHONPATH": str(Path(gasloc.__file__).resolve().parent.parent)}
-    p = subprocess.Popen([sys.executable, WORKER, str(run_dir), "100000000", str(tmp_path / "o"), settings],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    cmd = [sys.executable, WORKER, str(run_dir), "100000000", str(tmp_path / "o"), settings]
+    if world > 1:
+        cmd = [gasloc_bin(), "launch", "-n", str(world), "--", *cmd]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 60
     while not (metrics.exists() and '"train"' in metrics.read_text()):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == -signal.SIGINT, err
-    assert "stopped after step" in err and "resume=True" in err
-    stopped = int(err.split("stopped after step ")[1].split()[0])
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == (130 if world > 1 else -signal.SIGINT), out
+    assert "stopped after step" in out and "resume=True" in out
+    stopped = int(out.split("stopped after step ")[1].split()[0])
     assert stopped % 2 == 0
-    committed = (run_dir / "checkpoints" / "rank0.committed").read_text()
-    assert str(stopped) in committed
+    for rank in range(world):
+        assert json.loads((run_dir / "checkpoints" / f"rank{rank}.committed").read_text())["steps"][0] == stopped
     # The resumed run starts there: its history holds the steps from `stopped` on.
-    run(1, [str(run_dir), str(stopped + 3), str(tmp_path / "again"), settings, "resume"], tmp_path)
-    state = torch.load(tmp_path / "again.rank0.pt")["state"]
-    assert state["history"][-3:] == [stopped, stopped + 1, stopped + 2]
+    run(world, [str(run_dir), str(stopped + 3), str(tmp_path / "again"), settings, "resume"], tmp_path)
+    for rank in range(world):
+        state = torch.load(tmp_path / f"again.rank{rank}.pt")["state"]
+        assert state["history"][-3:] == [stopped, stopped + 1, stopped + 2]
