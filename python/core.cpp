@@ -42,7 +42,8 @@ train::JobConfig launched_job(const std::string& config, const std::vector<std::
 class PyRun {
  public:
   PyRun(const std::string& config, const std::vector<std::string>& overrides,
-        const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer, bool resume)
+        const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer,
+        std::optional<int64_t> resume)
       : job_(launched_job(config, overrides)),
         cluster_(train::open_user_cluster(job_, env("GASLOC_JOB_ID"))),
         run_(std::make_unique<train::UserRun>(job_, params, *cluster_, cluster_->local_ranks().front(), optimizer,
@@ -92,7 +93,7 @@ PYBIND11_MODULE(_core, m) {
   // The GIL is released while the runtime joins the cluster and communicates.
   py::class_<PyRun>(m, "Run")
       .def(py::init<const std::string&, const std::vector<std::string>&,
-                    const std::vector<std::pair<std::string, at::Tensor>>&, const std::string&, bool>(),
+                    const std::vector<std::pair<std::string, at::Tensor>>&, const std::string&, std::optional<int64_t>>(),
            py::arg("config"), py::arg("overrides"), py::arg("params"), py::arg("optimizer"), py::arg("resume"),
            py::call_guard<py::gil_scoped_release>())
       .def("step", [](PyRun& r, std::optional<double> loss, double lr) { return r.run().step(loss, lr); }, py::arg("loss"),

@@ -99,6 +99,17 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, named: list[tuple[str, to
                 )
 
 
+def _resume_step(resume: Any) -> Optional[int]:
+    """resume= as the runtime takes it: None (a new run), -1 (the newest checkpoint) or a step."""
+    if resume is False or resume is None:
+        return None
+    if resume is True:
+        return -1
+    if isinstance(resume, int) and resume >= 1:
+        return resume
+    raise ValueError(f"resume={resume!r}: True (the newest checkpoint), a committed step number, or False")
+
+
 class Run:
     """One worker of a gasloc job around your model and optimizer (a context manager).
 
@@ -124,8 +135,9 @@ class Run:
         state: ``(get, set)``: ``get()`` returns what else a checkpoint must hold (a data position, an
             LR scheduler's ``state_dict()``: dicts, lists, numbers, strings and tensors, nothing
             pickled); ``set(value)`` restores it on resume.
-        resume: continue from the newest checkpoint in ``train.run_dir``: the parameters, the
-            algorithm's state, the optimizer's state, ``state`` and the step (``run.start_step``).
+        resume: True continues from the newest checkpoint in ``train.run_dir``, a step number from
+            that committed step (when the newest is damaged): the parameters, the algorithm's
+            state, the optimizer's state, ``state`` and the step (``run.start_step``).
 
     Checkpoints: every ``train.checkpoint_every`` steps (default 100) and at ``close()``, each rank
     writes its file and commits it once every rank has written (docs/python.md).
@@ -139,7 +151,7 @@ class Run:
         settings: Optional[Mapping[str, Any]] = None,
         evaluate: Optional[Callable[[], Any]] = None,
         state: Optional[Tuple[Callable[[], Any], Callable[[Any], None]]] = None,
-        resume: bool = False,
+        resume: "bool | int" = False,
     ) -> None:
         if state is not None and not (isinstance(state, tuple) and len(state) == 2 and all(map(callable, state))):
             raise ValueError("state must be a pair of callables (get, set): get() returns a value, set(value) restores it")
@@ -150,7 +162,8 @@ class Run:
         self._optimizer = optimizer
         self._evaluate = evaluate
         self._state = state
-        self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__, bool(resume))
+        self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__,
+                               _resume_step(resume))
         self._closed = False
         self._start_step = self._core.steps_done
         if resume:

@@ -1,6 +1,6 @@
 """One rank of a run that stops and resumes, alone or under `gasloc launch -n N`:
 
-    resume_worker.py RUN_DIR STOP OUT SETTINGS [resume]
+    resume_worker.py RUN_DIR STOP OUT SETTINGS [resume | resume=STEP]
 
 trains a 2-layer MLP with dropout (it draws from torch's global generator) from run.start_step to
 step STOP with gasloc.Run(settings=SETTINGS (JSON), state=(get, set)), and saves its parameters,
@@ -16,7 +16,9 @@ import gasloc
 
 def main() -> None:
     run_dir, stop, out, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-    resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
+    resume = False
+    if len(sys.argv) > 5:  # "resume" (the newest checkpoint) or "resume=STEP"
+        resume = True if sys.argv[5] == "resume" else int(sys.argv[5].split("=")[1])
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

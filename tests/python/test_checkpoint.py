@@ -151,3 +151,25 @@ def test_ctrl_c_checkpoints_the_step_every_rank_stops_after(tmp_path, world):
     for rank in range(world):
         state = torch.load(tmp_path / f"again.rank{rank}.pt")["state"]
         assert state["history"][-3:] == [stopped, stopped + 1, stopped + 2]
+
+
+# A run of 2 resumed on 3 ranks is refused on every rank from its run.json, naming both worlds. A
+# damaged newest checkpoint names the previous committed step, which resume=STEP continues from
+# (and the abandoned later step is forgotten).
+def test_another_world_and_a_damaged_checkpoint_are_refused_with_what_to_do(tmp_path):
+    settings = json.dumps({"algo.name": "diloco", "algo.H": 5, "train.checkpoint_every": 4})
+    d = str(tmp_path / "r")
+    run(2, [d, "10", str(tmp_path / "o"), settings], tmp_path)  # commits 4, 8 (and 10 at close)
+    r = run(3, [d, "12", str(tmp_path / "o"), settings, "resume"], tmp_path, expect_ok=False)
+    assert r.returncode != 0 and "saved by 2 workers, and this job has 3" in r.stdout + r.stderr
+    newest = tmp_path / "r" / "checkpoints" / "step-00000010" / "rank1.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    r = run(2, [d, "12", str(tmp_path / "o"), settings, "resume"], tmp_path, expect_ok=False)
+    assert r.returncode != 0 and "resume=8" in r.stdout + r.stderr, r.stdout + r.stderr
+    run(2, [d, "12", str(tmp_path / "again"), settings, "resume=8"], tmp_path)
+    for rank in range(2):
+        assert torch.load(tmp_path / f"again.rank{rank}.pt")["state"]["history"][-4:] == [8, 9, 10, 11]
+        committed = json.loads((tmp_path / "r" / "checkpoints" / f"rank{rank}.committed").read_text())["steps"]
+        assert 10 not in committed and committed[0] == 12, committed

@@ -1,6 +1,7 @@
 #include "gasloc/train/user_run.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -124,7 +125,7 @@ std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std
 }
 
 UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                 comm::Cluster& cluster, int rank, const std::string& optimizer, bool resume)
+                 comm::Cluster& cluster, int rank, const std::string& optimizer, std::optional<int64_t> resume)
     : job_(job), cluster_(cluster), rank_(rank), dir_(job.train.run_dir), checkpoints_(dir_, cluster.world()),
       optimizer_(optimizer), grads_mixed_(!algo::algorithm(job.algo.name).has_rounds &&
                                          !algo::algorithm(job.algo.name).single_worker) {
@@ -141,14 +142,8 @@ UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, 
   const std::vector<int> mine{rank_};
   if (resume) {
     sync_->init(params_);
-    const auto committed = committed_by_rank(checkpoints_, world(), mine, processes);
-    int64_t step = -1;
-    try {
-      step = checkpoints_.resume_step(committed, mine);
-    } catch (const CheckpointError& e) {
-      throw CheckpointError(e.what(), "leave resume=True out to start a new run in " + dir_.string());
-    }
-    resume_from(step);
+    const int64_t step = agreed_resume_step(*resume);
+    resume_from(step, checkpoints_.committed(rank_));
   } else {
     if (checkpoints_.any(&mine))
       throw CheckpointError("run directory '" + dir_.string() + "' already holds checkpoints",
@@ -158,18 +153,56 @@ UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, 
     cluster_.control(rank_).broadcast(params_.data(), 0);
     sync_->init(params_);  // anchors start at the agreed parameters
   }
-  start_files(optimizer, resume);
+  start_files(optimizer, resume.has_value());
   signals_.emplace();
 }
 
 CheckpointMeta UserRun::meta() const { return {model_shapes(params_), optimizer_, job_.algo.name.str(), world()}; }
 
+// The step every rank resumes: the newest any rank committed, or `asked` when some rank committed
+// it. A run saved by another world is refused first, from its run.json, on every rank alike.
+int64_t UserRun::agreed_resume_step(int64_t asked) {
+  const fs::path run_json = dir_ / "run.json";
+  const auto info = fs::exists(run_json) ? nlohmann::json::parse(read_file(run_json), nullptr, false) : nlohmann::json();
+  if (info.is_object() && info.value("world", world()) != world())
+    throw CheckpointError(fmt::format("run '{}' was saved by {} workers, and this job has {}", dir_.string(),
+                                      info.value("world", 0), world()),
+                          fmt::format("resume it with {} ranks (gasloc launch -n {})", info.value("world", 0),
+                                      info.value("world", 0)));
+  const std::vector<int> mine{rank_};
+  const auto committed = committed_by_rank(checkpoints_, world(), mine, cluster_.processes());
+  try {
+    if (asked == kResumeNewest) return checkpoints_.resume_step(committed, mine);
+  } catch (const CheckpointError& e) {
+    if (std::string(e.what()).find("holds no committed checkpoint") == std::string::npos) throw;
+    throw CheckpointError(e.what(), "leave resume=True out to start a new run in " + dir_.string());
+  }
+  for (const auto& steps : committed)
+    if (std::find(steps.begin(), steps.end(), asked) != steps.end()) return asked;
+  throw CheckpointError(fmt::format("resume={} is not a committed checkpoint of run '{}' (this rank committed: {})",
+                                    asked, dir_.string(), fmt::join(checkpoints_.committed(rank_), ", ")),
+                        "give resume=True (the newest) or one of the committed steps");
+}
+
 // This rank's file of `step`: the parameters, the synchronizer's state, the step, the counters,
 // the process's CPU random generator (a loop that draws from it continues bit-exactly), and the
-// user's share, kept for the caller.
-void UserRun::resume_from(int64_t step) {
+// user's share, kept for the caller. A committed step after `step` is a branch this resume
+// abandons: forgotten on disk, so that a later resume cannot take it.
+void UserRun::resume_from(int64_t step, const std::vector<int64_t>& committed) {
   const fs::path path = checkpoints_.file(step, rank_);
-  Checkpoint c = load_checkpoint(path);
+  Checkpoint c;
+  try {
+    c = load_checkpoint(path);
+  } catch (const CheckpointError& e) {
+    std::string hint = e.hint();
+    for (int64_t prev : committed)
+      if (prev < step) {
+        hint = fmt::format("resume the previous committed step: gasloc.Run(..., resume={})", prev);
+        break;
+      }
+    throw CheckpointError(e.what(), hint);
+  }
+  if (!committed.empty() && committed.front() > step) checkpoints_.rewind(rank_, step);
   check_checkpoint_meta(path, CheckpointMeta::from_json(c.meta), meta());
   auto take = [&](const std::string& key) {
     auto it = c.tensors.find(key);

@@ -65,11 +65,14 @@ class UserRun {
   // for parameters on several devices, of another dtype than fp32, or none at all; CheckpointError
   // for a new run in a directory that holds checkpoints.
   // `resume`: every rank continues from its file of the newest step any rank committed in
-  // train.run_dir (the parameters, the synchronizer's state, the step, the counters); resumed()
-  // then holds the user's share for the caller to restore. A checkpoint of another model,
-  // optimizer, algorithm or world is a CheckpointError naming what differs.
+  // train.run_dir (kResumeNewest), or of the committed step given (a damaged newest one's
+  // fallback; later steps are forgotten), with the parameters, the synchronizer's state, the step
+  // and the counters; resumed() then holds the user's share for the caller to restore. A run of
+  // another world, or a checkpoint of another model, optimizer or algorithm, is a CheckpointError
+  // naming what differs; a damaged file names the step to resume instead.
   UserRun(const JobConfig& job, const std::vector<std::pair<std::string, torch::Tensor>>& params, comm::Cluster& cluster,
-          int rank, const std::string& optimizer, bool resume = false);
+          int rank, const std::string& optimizer, std::optional<int64_t> resume = std::nullopt);
+  static constexpr int64_t kResumeNewest = -1;
   ~UserRun();
   UserRun(const UserRun&) = delete;
   UserRun& operator=(const UserRun&) = delete;
@@ -128,7 +131,8 @@ class UserRun {
 
  private:
   void start_files(const std::string& optimizer, bool resumed);
-  void resume_from(int64_t step);
+  int64_t agreed_resume_step(int64_t asked);
+  void resume_from(int64_t step, const std::vector<int64_t>& committed);
   void write_train_line(bool round_done);
   void gather_grads();
   CheckpointMeta meta() const;
