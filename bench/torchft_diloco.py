@@ -83,7 +83,9 @@ def timed_inner_steps(clock: RoundClock) -> None:
 def with_gasloc(model, opt, rank, out) -> None:
     import gasloc
 
-    settings = {"algo.name": "diloco", "algo.H": H, "train.run_dir": f"{out}.run", "train.log_every": H * ROUNDS}
+    # train.checkpoint_every = 0: one checkpoint, at close (after the timed rounds), as the others write none
+    settings = {"algo.name": "diloco", "algo.H": H, "train.run_dir": f"{out}.run", "train.log_every": H * ROUNDS,
+                "train.checkpoint_every": 0}
     with gasloc.Run(model, opt, settings=settings) as run:
         for step in range(H * ROUNDS):
             run.step(loss=reference.inner_step(model, opt, rank, step))

@@ -36,6 +36,7 @@ trap '[ ${#bed[@]} -eq 0 ] || "$LAUNCHER" launch --cleanup >/dev/null 2>&1 || tr
 
 one_run() {  # one_run MODE REP: launch 4 ranks; appends "MODE wall s_per_round bytes_per_round" to runs.txt
   local mode=$1 rep=$2 t0 t1 log=$out/$1.$2.log
+  rm -rf "$out/$mode.run"  # gasloc.Run's run directory of the previous turn
   t0=$(date +%s.%N)
   timeout 300 "$LAUNCHER" launch -n 4 "${bed[@]}" -- "$PYTHON" bench/torchft_diloco.py "$mode" "$out/$mode" \
     > "$log" 2>&1 || { grep -v 'frame #' "$log" | tail -20 >&2; exit 1; }
