@@ -15,6 +15,7 @@
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/compressed_consensus.hpp"
 #include "gasloc/algo/compression.hpp"
+#include "gasloc/algo/mix/make_mix.hpp"
 #include "gasloc/algo/consensus.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
 #include "gasloc/algo/round_sync.hpp"
@@ -253,12 +254,11 @@ GossipRun gossip_round(int n, const std::string& topo, const std::optional<algo:
   comm::InProcCluster cluster(n);
   const topology::Topology t(topology::parse_kind(topo), n, 11);
   cluster.run([&](int rank, comm::Communicator& c) {
-    algo::RoundMixer mixer(t, nullptr);
-    if (o) mixer.compress(*o);
+    const auto mixer = algo::make_mix({.topology = t, .compression = o});
     auto x = wave(777, rank) * 0.01 + 1.0;
-    for (int k = 0; k < rounds; ++k) x = mixer.mix(k, x, c, torch::kFloat) + drift * wave(777, 7 * k + rank);
+    for (int k = 0; k < rounds; ++k) x = mixer->mix({.t = k, .x = x}, c) + drift * wave(777, 7 * k + rank);
     out.m[rank] = x;
-    if (mixer.compressor()) out.resends += mixer.compressor()->resends();
+    out.resends += mixer->stats().codec_resends.value_or(0);
   });
   return out;
 }

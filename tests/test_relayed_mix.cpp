@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gasloc/algo/compression.hpp"
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix/make_mix.hpp"
 #include "gasloc/algo/relayed_mix.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/error.hpp"
@@ -149,29 +149,28 @@ Rounds run_rounds(int n, const std::string& topo, const algo::CompressionOptions
   const topology::Topology t(topology::parse_kind(topo), n, 11);
   Rounds out{std::vector<torch::Tensor>(n), std::vector<int64_t>(n), {}};
   cluster.run([&](int rank, comm::Communicator& c) {
-    algo::RoundMixer mixer(t, nullptr);
-    mixer.compress(o);
+    const auto mixer = algo::make_mix({.topology = t, .compression = o, .overlapped = overlapped});
     auto x = wave(777, rank) * 0.01 + 1.0;
     // The all-reduce's anchor: theta, the same on every worker, moved to each round's result.
     auto anchor = torch::ones({777}) + 0.001 * wave(777, 99);
     for (int k = 0; k < rounds; ++k) {
       torch::Tensor m;
       if (overlapped) {
-        algo::MixInFlight f = mixer.start_mix(k, x, c, torch::kFloat, anchor);
+        algo::MixFlight f = mixer->start({.t = k, .x = x, .anchor = anchor, .overlapped = true}, c);
         for (int s = 0; s < 3; ++s) {
           c.compute(1);
-          mixer.progress(f);
+          mixer->progress(f);
         }
-        m = mixer.finish_mix(f, rank);
+        m = mixer->finish(f);
       } else {
-        m = mixer.mix(k, x, c, torch::kFloat, anchor);
+        m = mixer->mix({.t = k, .x = x, .anchor = anchor}, c);
         c.compute(3);
       }
       if (t.is_all_reduce()) anchor = m.clone();
       x = m + 1e-3 * wave(777, 7 * k + rank);
     }
     out.m[rank] = x;
-    out.resends[rank] = mixer.compressor()->resends();
+    out.resends[rank] = mixer->stats().codec_resends.value_or(0);
   });
   for (int r = 0; r < n; ++r) out.clock.push_back(cluster.clock(r));
   return out;

@@ -321,7 +321,7 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
   // the first round and every reference_every rounds.
   const bool first = !reference_.defined() || reference_.numel() != s.numel();
   if (o_.elastic) {
-    // The caller refreshed it over the view's members (RoundMixer, with retries); a joiner has its donor's.
+    // The caller refreshed it over the view's members (ElasticMix, with retries); a joiner has its donor's.
     if (first) throw Error(fmt::format("delta codec: worker {} has no reference at round {}", me, round),
                            "internal: an elastic round's reference is refreshed by the mixer and healed with the donor's state");
   } else if (first || (o_.reference_every > 0 && round % o_.reference_every == 0)) {

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix/mix.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/codec.hpp"
@@ -84,7 +84,7 @@ class Compressor {
                                    comm::Communicator& comm, bool& complete);
   // The codec's state, copied: what an aborted attempt restores with load_state.
   StateDict snapshot() const;
-  // The delta codec in elastic rounds, whose caller (RoundMixer) refreshes the reference over the
+  // The delta codec in elastic rounds, whose caller (ElasticMix, through CodecGossipMix) refreshes the reference over the
   // view's members with retries: whether round t refreshes it (round 0 and every K-th), one
   // attempt of the refresh (as all_reduce_attempt: x undefined for a worker that does not mix;
   // returns the new reference, undefined when incomplete), and setting it once the members agreed.
