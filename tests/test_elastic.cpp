@@ -11,6 +11,7 @@
 
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/mix/make_mix.hpp"
+#include "gasloc/algo/peer_clip.hpp"
 #include "gasloc/algo/membership.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/error.hpp"
@@ -203,6 +204,39 @@ TEST(ElasticMix, AnAllReduceRoundWithADeathIsRetriedOverTheSurvivors) {
     // Aborted at the detection (rank 2's clock 0 + heartbeat), then the retry over three.
     EXPECT_DOUBLE_EQ(res.clock[r], kHeartbeat + retry) << "rank " << r;
   }
+}
+
+// Issue 63: a clipped all-reduce in an elastic round. Worker 2 dies at round 0's exchange: the
+// attempt over the view is aborted by the members' vote and retried over the survivors, each of
+// which clips worker 3's poisoned message (x 50) to 2 x the lower median of the three norms and
+// ends with the same bits.
+TEST(ElasticMix, AClippedAllReduceIsRetriedOverTheSurvivors) {
+  const int n = 4;
+  const algo::Membership m(n, {{.id = 2, .round = 0}});
+  const algo::MixOptions options{.topology = topology::Topology(topology::Kind::complete, n, 0),
+                                 .membership = &m,
+                                 .clip = 2.0,
+                                 .poisons = {{.worker = 3, .round = 0, .factor = 50.0}}};
+  const torch::Tensor anchor = torch::zeros({4});
+  comm::NetworkModel net;
+  comm::InProcCluster cluster(n, net, 30.0, kHeartbeat);
+  std::vector<torch::Tensor> out(n);
+  std::vector<std::vector<int64_t>> clipped(n);
+  cluster.run([&](int r, comm::Communicator& c) {
+    const auto mixer = algo::make_mix(options);
+    if (mixer->mixes(r, 0)) out[r] = mixer->mix({.t = 0, .x = value_of(r), .anchor = anchor}, c);
+    else mixer->stand_by(0, c);
+    clipped[r] = mixer->stats().clipped_from.value_or(std::vector<int64_t>{});
+  });
+  const torch::Tensor g0 = anchor - value_of(0), g1 = anchor - value_of(1), g3 = anchor - value_of(3) * 50.0;
+  const double threshold = 2.0 * algo::lower_median({algo::l2_norm(g0), algo::l2_norm(g1), algo::l2_norm(g3)});
+  const torch::Tensor expected = anchor - g0.clone().add_(g1).add_(algo::clip_to(g3, algo::l2_norm(g3), threshold)) / 3.0;
+  EXPECT_FALSE(out[2].defined());
+  for (int r : {0, 1}) {
+    EXPECT_TRUE(torch::equal(out[r], expected)) << "rank " << r << ": " << out[r] << " vs " << expected;
+    EXPECT_EQ(clipped[r], (std::vector<int64_t>{0, 0, 0, 1})) << "rank " << r;
+  }
+  EXPECT_TRUE(out[3].defined());  // its own term is unpoisoned: its mean is its own
 }
 
 // A membership whose only fault lies beyond the rounds run: every view is the whole world, so

@@ -127,8 +127,6 @@ void AlgoConfig::validate_clip() const {
           "an all-reduce is clipped on its pseudo-gradients theta - x, and '" + name.str() +
               "' on the complete topology has no anchor theta; run diloco with algo.outer_lr = 1 and "
               "algo.outer_momentum = 0, which is the same round");
-  require(!all_reduces || overlap_steps == 0, "algo.clip_peers",
-          "a clipped all-reduce does not overlap: set algo.overlap_steps = 0 or algo.clip_peers = false");
 }
 
 }  // namespace gasloc::algo

@@ -4,13 +4,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "gasloc/algo/mix/gossip.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::algo {
 
 AllReduceMix::AllReduceMix(int world, std::unique_ptr<PeerClip> clip, MessageWatch watch)
-    : world_(world), clip_(std::move(clip)), watch_(std::move(watch)) {}
+    : UncompressedMix(std::move(clip), std::move(watch)), world_(world) {}
 
 void AllReduceMix::note_others(int64_t t, int me, const torch::Tensor& x) {
   std::vector<int> others;
@@ -52,9 +51,9 @@ torch::Tensor AllReduceMix::finish(MixFlight& f) {
 
 MixAttempt AllReduceMix::collective_attempt(const MixRound& r, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
-  if (clip_) throw Error("AllReduceMix: a clipped all-reduce over a view", "internal: make_mix refuses it");
   MixAttempt a;
   a.what = "all-reduce";
+  if (clip_) return clipped_attempt(r, comm);
   torch::Tensor buf;
   torch::Tensor sent;
   if (r.x.defined()) {
@@ -67,44 +66,58 @@ MixAttempt AllReduceMix::collective_attempt(const MixRound& r, comm::Communicato
   return a;
 }
 
-torch::Tensor AllReduceMix::clipped_all_gather(const MixRound& r, const torch::Tensor& sent, comm::Communicator& comm) {
+MixAttempt AllReduceMix::clipped_attempt(const MixRound& r, comm::Communicator& comm) {
+  MixAttempt a;
+  a.what = "clipped all-reduce";
+  a.self_agreed = false;  // a failed edge is seen by its ends only: the members vote
+  if (!r.x.defined()) {
+    // Sends nothing: a member that dies here lists the others (they see the failed edge).
+    const int me = comm.rank();
+    std::vector<int> others;
+    if (std::find(r.members.begin(), r.members.end(), me) != r.members.end())
+      for (int id : r.members)
+        if (id != me) others.push_back(id);
+    std::vector<torch::Tensor> recv;
+    comm.exchange(others, torch::Tensor(), recv);
+    return a;
+  }
+  note_others(r.t, comm.rank(), r.x);
+  a.m = clipped_all_gather(r, watch_.sent(r.x, comm.rank(), r.t), comm, &a.complete);
+  return a;
+}
+
+torch::Tensor AllReduceMix::clipped_all_gather(const MixRound& r, const torch::Tensor& sent, comm::Communicator& comm,
+                                               bool* complete) {
   if (!r.anchor.defined()) throw Error("AllReduceMix: a clipped all-reduce needs the anchor", "internal: pass theta");
   const torch::Tensor& x = r.x;
-  const int me = comm.rank(), n = world_;
+  const int me = comm.rank();
+  std::vector<int> members = r.members;
+  if (members.empty())
+    for (int id = 0; id < world_; ++id) members.push_back(id);
   std::vector<int> others;
-  for (int id = 0; id < n; ++id)
+  for (int id : members)
     if (id != me) others.push_back(id);
   std::vector<torch::Tensor> recv;
   comm.exchange(others, sent.to(r.wire), recv);
-  // Every worker's message as every other worker sees it (its own too: cast to the wire and back),
-  // so that all of them clip and sum the same bits.
-  std::vector<torch::Tensor> msgs;
-  for (int id = 0, k = 0; id < n; ++id) {
+  // Every member's message as every other member sees it (its own too: cast to the wire and
+  // back), so that all of them clip and sum the same bits; a worker outside the round has none.
+  std::vector<torch::Tensor> msgs(static_cast<size_t>(world_));
+  for (size_t k = 0; int id : members) {
     if (id == me) {
-      msgs.push_back(x.to(r.wire).to(x.scalar_type()));
+      msgs[static_cast<size_t>(id)] = x.to(r.wire).to(x.scalar_type());
       continue;
     }
-    torch::Tensor& got = recv[static_cast<size_t>(k++)];
+    torch::Tensor& got = recv[k++];
+    if (!got.defined() && complete) {
+      *complete = false;  // a failed edge: the members abort this attempt
+      return {};
+    }
     if (!got.defined())
       throw CommError(fmt::format("clipped all-reduce: worker {} sent nothing", id), "a clipped all-reduce needs every worker");
     // A non-finite message is dropped by every worker alike (each sees the same bits): the mean is the others'.
-    msgs.push_back(clip_->accept_finite(got, id) ? got.to(x.scalar_type()) : torch::Tensor());
+    if (clip_->accept_finite(got, id)) msgs[static_cast<size_t>(id)] = got.to(x.scalar_type());
   }
   return clip_->clipped_mean(r.anchor.to(x.scalar_type()), msgs);
-}
-
-StateDict AllReduceMix::state() const {
-  StateDict s;
-  save_clip(clip_.get(), s);
-  return s;
-}
-
-void AllReduceMix::load_state(const StateDict& s) { load_clip(clip_.get(), s); }
-
-MixStats AllReduceMix::stats() const {
-  MixStats s = clip_stats(clip_.get());
-  s.suspect = watch_.suspect();
-  return s;
 }
 
 }  // namespace gasloc::algo

@@ -5,24 +5,8 @@
 
 namespace gasloc::algo {
 
-MixStats clip_stats(const PeerClip* clip) {
-  MixStats s;
-  if (!clip) return s;
-  s.clipped_from = clip->clipped_from();
-  s.dropped_from = clip->dropped_from();
-  return s;
-}
-
-void save_clip(const PeerClip* clip, StateDict& s) {
-  if (clip) clip->save(s);
-}
-
-void load_clip(PeerClip* clip, const StateDict& s) {
-  if (clip) clip->load(s);
-}
-
 GossipMix::GossipMix(topology::Topology topo, std::unique_ptr<PeerClip> clip, MessageWatch watch)
-    : topo_(std::move(topo)), clip_(std::move(clip)), watch_(std::move(watch)) {}
+    : UncompressedMix(std::move(clip), std::move(watch)), topo_(std::move(topo)) {}
 
 MixFlight GossipMix::start(const MixRound& r, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
@@ -55,20 +39,6 @@ torch::Tensor GossipMix::finish(MixFlight& f) {
   f.pending->wait();
   f.pending.reset();
   return combine(f.graph, f.me, f.x, f.recv, clip_.get());
-}
-
-StateDict GossipMix::state() const {
-  StateDict s;
-  save_clip(clip_.get(), s);
-  return s;
-}
-
-void GossipMix::load_state(const StateDict& s) { load_clip(clip_.get(), s); }
-
-MixStats GossipMix::stats() const {
-  MixStats s = clip_stats(clip_.get());
-  s.suspect = watch_.suspect();
-  return s;
 }
 
 }  // namespace gasloc::algo

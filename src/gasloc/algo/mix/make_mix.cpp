@@ -23,13 +23,6 @@ void refuse_what_is_not_built(const MixOptions& o) {
     throw ConfigError("config key 'algo.clip_peers': compressed rounds are not clipped (a codec's message is not the "
                       "peer's parameters until decoded against shared state)",
                       "set algo.clip_peers = false or algo.compression = none");
-  if (o.clip && o.topology.is_all_reduce() && changes(o.membership))
-    throw ConfigError("config key 'algo.clip_peers': a clipped all-reduce gathers every worker's message and is built "
-                      "for a fixed membership; an elastic run changes it at rounds",
-                      "set algo.clip_peers = false, or cluster.elastic = false without [faults]");
-  if (o.clip && o.topology.is_all_reduce() && o.overlapped)
-    throw ConfigError("config key 'algo.clip_peers': a clipped all-reduce does not overlap",
-                      "set algo.overlap_steps = 0 or algo.clip_peers = false");
   if (o.compression && !o.poisons.empty())
     throw ConfigError("config key 'faults.poison': compressed rounds are not poisoned (a codec's message is not the "
                       "worker's parameters)",
@@ -47,6 +40,8 @@ std::unique_ptr<Mix> make_exchange(const MixOptions& o) {
     return std::make_unique<OverlappedMix>(std::move(codec));  // several exchanges in turn: relayed when overlapped
   }
   auto clip = o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr;
+  if (all_reduce && clip)  // an exchange with every worker, then the clipped sum: relayed when overlapped
+    return std::make_unique<OverlappedMix>(std::make_unique<AllReduceMix>(o.topology.size(), std::move(clip), MessageWatch(o.poisons)));
   if (all_reduce) return std::make_unique<AllReduceMix>(o.topology.size(), std::move(clip), MessageWatch(o.poisons));
   return std::make_unique<GossipMix>(o.topology, std::move(clip), MessageWatch(o.poisons));
 }
