@@ -918,6 +918,9 @@ TEST_F(Algo, ClipAndPoisonSettingsNameTheKey) {
   auto compressed = clipped(cfg("diloco"));
   compressed.compression = "int8";
   expect_algo(compressed, "algo.clip_peers");
+  auto compressed_gossip = clipped(cfg("gasloc"));  // issue 63: tests/test_compression.cpp
+  compressed_gossip.compression = "int8";
+  EXPECT_NO_THROW(compressed_gossip.validate(4));
   expect_algo(clipped(cfg("local_dadam", 5, 0.7, 0.9, "complete")), "algo.clip_peers");  // no anchor
   auto overlapped = clipped(cfg("diloco"));  // relayed (issue 63; tests/test_relayed_mix.cpp)
   overlapped.overlap_steps = 1;

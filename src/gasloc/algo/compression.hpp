@@ -29,6 +29,7 @@
 
 #include "gasloc/algo/mix/mix.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
+#include "gasloc/algo/peer_clip.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/codec.hpp"
 #include "gasloc/comm/communicator.hpp"
@@ -69,6 +70,9 @@ std::vector<std::vector<int>> pair_colours(const std::vector<std::vector<int>>& 
 class Compressor {
  public:
   explicit Compressor(CompressionOptions o);
+  // algo.clip_peers in gossip (nullptr: off): what a receiver adds from each peer (its decoded
+  // difference) is clipped (PeerClip::clip_differences); `clip` outlives the Compressor.
+  void clip(PeerClip* clip) { clip_ = clip; }
   const CompressionOptions& options() const { return o_; }
   // r - Delta^ (see the file comment) over `members` (ids ascending, the caller among them); x and
   // r of one shape, any float dtype, on any device; the result is fp32 on x's device. Every
@@ -133,6 +137,7 @@ class Compressor {
   torch::Tensor gaps_;            // modulo: per chunk, the largest |d| of the last exchange (-1: none yet)
   torch::Tensor reference_;       // delta: r, the same bits on every worker
   int64_t resends_ = 0;
+  PeerClip* clip_ = nullptr;
 };
 
 // The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).

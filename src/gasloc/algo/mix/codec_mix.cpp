@@ -47,6 +47,22 @@ int64_t OwnersAllReduceMix::message_bytes(int64_t p, torch::ScalarType, int64_t)
 
 // --- gossip through a codec --------------------------------------------------------------------
 
+CodecGossipMix::CodecGossipMix(topology::Topology topo, const CompressionOptions& o, std::unique_ptr<PeerClip> clip)
+    : CodecMix(std::move(topo), o), clip_(std::move(clip)) {
+  c_.clip(clip_.get());
+}
+
+StateDict CodecGossipMix::state() const {
+  StateDict s = c_.state();
+  if (clip_) clip_->save(s);
+  return s;
+}
+
+void CodecGossipMix::load_state(const StateDict& s) {
+  c_.load_state(s);
+  if (clip_) clip_->load(s);
+}
+
 MixFlight CodecGossipMix::start(const MixRound& r, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
   // Every worker's graph (the modulo codec pairs them by colours); one outside the round has none.
@@ -90,6 +106,10 @@ int64_t CodecGossipMix::message_bytes(int64_t p, torch::ScalarType, int64_t t) c
 MixStats CodecGossipMix::stats() const {
   MixStats s;
   if (c_.options().gossip == GossipCodec::modulo) s.codec_resends = c_.resends();
+  if (clip_) {
+    s.clipped_from = clip_->clipped_from();
+    s.dropped_from = clip_->dropped_from();
+  }
   return s;
 }
 

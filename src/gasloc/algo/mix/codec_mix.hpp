@@ -46,7 +46,10 @@ class OwnersAllReduceMix final : public CodecMix {
 // onto W_ii; the delta codec's reference refresh is the round's collective part.
 class CodecGossipMix final : public CodecMix {
  public:
-  using CodecMix::CodecMix;
+  // clip: algo.clip_peers' (nullptr: off), applied to what each peer's decoded message adds.
+  CodecGossipMix(topology::Topology topo, const CompressionOptions& o, std::unique_ptr<PeerClip> clip);
+  StateDict state() const override;
+  void load_state(const StateDict& s) override;
   MixFlight start(const MixRound& r, comm::Communicator& comm) override;
   torch::Tensor finish(MixFlight& f) override { return f.result; }
   bool has_collective(int64_t t) const override;
@@ -55,6 +58,9 @@ class CodecGossipMix final : public CodecMix {
   int64_t message_bytes(int64_t p, torch::ScalarType wire, int64_t t) const override;
   MixStats stats() const override;
   void keep_for_joiner(StateDict& state, const std::string& prefix, int64_t params) const override;
+
+ private:
+  std::unique_ptr<PeerClip> clip_;
 };
 
 }  // namespace gasloc::algo

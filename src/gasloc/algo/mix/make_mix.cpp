@@ -19,10 +19,10 @@ void refuse_what_is_not_built(const MixOptions& o) {
     throw ConfigError("config key 'algo.overlap_steps': overlapped rounds are built for a fixed membership; an elastic "
                       "run or a [faults] schedule changes it at rounds",
                       "set algo.overlap_steps = 0, or cluster.elastic = false without [faults]");
-  if (o.clip && o.compression)
-    throw ConfigError("config key 'algo.clip_peers': compressed rounds are not clipped (a codec's message is not the "
-                      "peer's parameters until decoded against shared state)",
-                      "set algo.clip_peers = false or algo.compression = none");
+  if (o.clip && o.compression && o.topology.is_all_reduce())
+    throw ConfigError("config key 'algo.clip_peers': a compressed all-reduce is not clipped (each owner sums shards of "
+                      "the messages and never sees a whole pseudo-gradient, whose norm clipping needs)",
+                      "set algo.clip_peers = false, algo.compression = none, or a gossip topology");
   if (o.compression && !o.poisons.empty())
     throw ConfigError("config key 'faults.poison': compressed rounds are not poisoned (a codec's message is not the "
                       "worker's parameters)",
@@ -36,7 +36,7 @@ std::unique_ptr<Mix> make_exchange(const MixOptions& o) {
     with.elastic = changes(o.membership);
     std::unique_ptr<Mix> codec;
     if (all_reduce) codec = std::make_unique<OwnersAllReduceMix>(o.topology, with);
-    else codec = std::make_unique<CodecGossipMix>(o.topology, with);
+    else codec = std::make_unique<CodecGossipMix>(o.topology, with, o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr);
     return std::make_unique<OverlappedMix>(std::move(codec));  // several exchanges in turn: relayed when overlapped
   }
   auto clip = o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr;
