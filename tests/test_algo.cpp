@@ -918,10 +918,13 @@ TEST_F(Algo, ClipAndPoisonSettingsNameTheKey) {
   auto compressed = clipped(cfg("diloco"));
   compressed.compression = "int8";
   expect_algo(compressed, "algo.clip_peers");
+  auto compressed_gossip = clipped(cfg("gasloc"));  // issue 63: tests/test_compression.cpp
+  compressed_gossip.compression = "int8";
+  EXPECT_NO_THROW(compressed_gossip.validate(4));
   expect_algo(clipped(cfg("local_dadam", 5, 0.7, 0.9, "complete")), "algo.clip_peers");  // no anchor
-  auto overlapped = clipped(cfg("diloco"));
+  auto overlapped = clipped(cfg("diloco"));  // relayed (issue 63; tests/test_relayed_mix.cpp)
   overlapped.overlap_steps = 1;
-  expect_algo(overlapped, "algo.clip_peers");
+  EXPECT_NO_THROW(overlapped.validate(4));
   EXPECT_NO_THROW(clipped(cfg("gasloc")).validate(4));
   EXPECT_NO_THROW(clipped(cfg("diloco")).validate(4));
   EXPECT_NO_THROW(clipped(cfg("dadam")).validate(4));
@@ -940,8 +943,9 @@ TEST_F(Algo, ClipAndPoisonSettingsNameTheKey) {
   expect_job({"algo.name=gasloc", "faults.poison=[{ worker = 1, round = 1, factor = 1.0 }]"}, "faults.poison[0].factor");
   expect_job({"algo.name=gasloc", "faults.poison=[{ worker = 1, round = 1, scale = 2.0 }]"}, "scale");
   expect_job({"algo.name=allreduce", "faults.poison=[{ worker = 1, round = 1 }]"}, "faults.poison[0]");
-  expect_job({"algo.name=diloco", "algo.clip_peers=true", "cluster.elastic=true",
-              "faults.kill=[{ id = 1, round = 2 }]"}, "algo.clip_peers");
+  // Issue 63: a clipped all-reduce runs in elastic rounds (tests/test_elastic.cpp).
+  EXPECT_NO_THROW(test_util::nano_job(data_, {"cluster.workers=4", "algo.name=diloco", "algo.clip_peers=true",
+                                              "cluster.elastic=true", "faults.kill=[{ id = 1, round = 2 }]"}));
   EXPECT_NO_THROW(test_util::nano_job(data_, {"cluster.workers=4", "algo.name=gasloc",
                                               "faults.poison=[{ worker = 1, round = 1, factor = -3.0 }]"}));
 }

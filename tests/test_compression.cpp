@@ -15,6 +15,7 @@
 #include "gasloc/algo/algo_config.hpp"
 #include "gasloc/algo/compressed_consensus.hpp"
 #include "gasloc/algo/compression.hpp"
+#include "gasloc/algo/mix/make_mix.hpp"
 #include "gasloc/algo/consensus.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
 #include "gasloc/algo/round_sync.hpp"
@@ -253,12 +254,11 @@ GossipRun gossip_round(int n, const std::string& topo, const std::optional<algo:
   comm::InProcCluster cluster(n);
   const topology::Topology t(topology::parse_kind(topo), n, 11);
   cluster.run([&](int rank, comm::Communicator& c) {
-    algo::RoundMixer mixer(t, nullptr);
-    if (o) mixer.compress(*o);
+    const auto mixer = algo::make_mix({.topology = t, .compression = o});
     auto x = wave(777, rank) * 0.01 + 1.0;
-    for (int k = 0; k < rounds; ++k) x = mixer.mix(k, x, c, torch::kFloat) + drift * wave(777, 7 * k + rank);
+    for (int k = 0; k < rounds; ++k) x = mixer->mix({.t = k, .x = x}, c) + drift * wave(777, 7 * k + rank);
     out.m[rank] = x;
-    if (mixer.compressor()) out.resends += mixer.compressor()->resends();
+    out.resends += mixer->stats().codec_resends.value_or(0);
   });
   return out;
 }
@@ -738,3 +738,35 @@ TEST(CompressionSettings, NonsenseIsRefusedNamingTheKey) {
 }
 
 }  // namespace
+
+// Issue 63: algo.clip_peers in compressed gossip. Worker 2's parameters are 1000 times the
+// others': each codec's receivers clip what worker 2's decoded message adds (2peer: a receiver's
+// two norms set its bar), so its neighbours move by a bounded amount and count the clip.
+TEST(CompressedGossip, EveryCodecClipsAFarOffPeer) {
+  const int n = 4;
+  const topology::Topology topo(topology::Kind::two_peer, n, 11);
+  for (const auto codec : {algo::GossipCodec::direct, algo::GossipCodec::delta, algo::GossipCodec::modulo}) {
+    SCOPED_TRACE(static_cast<int>(codec));
+    algo::CompressionOptions o{comm::Codec::int8(64)};
+    o.gossip = codec;
+    auto moved = [&](std::optional<double> clip, std::vector<std::vector<int64_t>>& clipped) {
+      std::vector<double> by_rank(n);
+      clipped.assign(n, {});
+      comm::InProcCluster cluster(n);
+      cluster.run([&](int rank, comm::Communicator& c) {
+        const auto mixer = algo::make_mix({.topology = topo, .compression = o, .clip = clip});
+        const auto x = (wave(777, rank) * 0.01 + 1.0) * (rank == 2 ? 1000.0 : 1.0);
+        by_rank[rank] = (mixer->mix({.t = 0, .x = x}, c) - x).abs().max().item<double>();
+        clipped[rank] = mixer->stats().clipped_from.value_or(std::vector<int64_t>{});
+      });
+      return by_rank;
+    };
+    std::vector<std::vector<int64_t>> clipped, unclipped;
+    const auto bounded = moved(2.0, clipped), free = moved(std::nullopt, unclipped);
+    for (int r : topo.peers(2, 0)) {
+      EXPECT_EQ(clipped[r].at(2), 1) << "rank " << r;
+      EXPECT_LT(bounded[r], free[r] / 100) << "rank " << r;
+    }
+    EXPECT_TRUE(unclipped[0].empty());  // without algo.clip_peers nothing is counted
+  }
+}

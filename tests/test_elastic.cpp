@@ -10,7 +10,8 @@
 #include <tuple>
 
 #include "gasloc/algo/algo_config.hpp"
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix/make_mix.hpp"
+#include "gasloc/algo/peer_clip.hpp"
 #include "gasloc/algo/membership.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/error.hpp"
@@ -123,14 +124,15 @@ struct Mixed {
   std::vector<torch::Tensor> out;
   std::vector<double> clock;
 };
-Mixed mix_round(int n, const algo::RoundMixer& mixer, int64_t round) {
+Mixed mix_round(int n, const algo::MixOptions& options, int64_t round) {
   comm::NetworkModel net;
   comm::InProcCluster cluster(n, net, 30.0, kHeartbeat);
   Mixed m;
   m.out.resize(n);
   cluster.run([&](int r, comm::Communicator& c) {
-    if (mixer.mixes(r, round)) m.out[r] = mixer.mix(round, value_of(r), c, torch::kFloat);
-    else mixer.stand_by(round, c);
+    const auto mixer = algo::make_mix(options);  // one per worker
+    if (mixer->mixes(r, round)) m.out[r] = mixer->mix({.t = round, .x = value_of(r)}, c);
+    else mixer->stand_by(round, c);
   });
   for (int r = 0; r < n; ++r) m.clock.push_back(cluster.clock(r));
   return m;
@@ -140,7 +142,7 @@ TEST(ElasticMix, AFailedEdgeMovesItsWeightOntoTheSelfWeight) {
   const int n = 4;
   const algo::Membership m(n, {{.id = 1, .round = 0}});
   const topology::Topology topo(topology::Kind::one_peer, n, 5);
-  const algo::RoundMixer mixer(topo, &m);
+  const algo::MixOptions mixer{.topology = topo, .membership = &m};
   const auto res = mix_round(n, mixer, 0);
   const int partner = topo.peers(1, 0).at(0);
   EXPECT_FALSE(res.out[1].defined());
@@ -162,14 +164,15 @@ TEST(ElasticMix, AFailedEdgeMovesItsWeightOntoTheSelfWeight) {
 TEST(ElasticMix, TheNextRoundMixesOverTheSurvivorsOnly) {
   const int n = 4;
   const algo::Membership m(n, {{.id = 1, .round = 0}});
-  const algo::RoundMixer mixer(topology::Topology(topology::Kind::one_peer, n, 5), &m);
+  const algo::MixOptions mixer{.topology = topology::Topology(topology::Kind::one_peer, n, 5), .membership = &m};
+  const auto graph = [&](int id, int64_t t) { return algo::round_graph(mixer.topology, m.view(t).members, id, t); };
   const auto res = mix_round(n, mixer, 1);
   EXPECT_FALSE(res.out[1].defined());
   int alone = 0;
   torch::Tensor sum = torch::zeros({4});
   for (int r : {0, 2, 3}) {
     sum += res.out[r];
-    const auto g = mixer.graph(r, 1);
+    const auto g = graph(r, 1);
     ASSERT_LE(g.peers.size(), 1u);
     if (g.peers.empty()) {
       ++alone;
@@ -177,7 +180,7 @@ TEST(ElasticMix, TheNextRoundMixesOverTheSurvivorsOnly) {
     } else {
       const int q = g.peers[0];
       EXPECT_NE(q, 1);
-      EXPECT_EQ(mixer.graph(q, 1).peers, std::vector<int>{r});  // symmetric
+      EXPECT_EQ(graph(q, 1).peers, std::vector<int>{r});  // symmetric
       EXPECT_TRUE(torch::allclose(res.out[r], (value_of(r) + value_of(q)) * 0.5, 0, 1e-6));
     }
   }
@@ -188,7 +191,7 @@ TEST(ElasticMix, TheNextRoundMixesOverTheSurvivorsOnly) {
 TEST(ElasticMix, AnAllReduceRoundWithADeathIsRetriedOverTheSurvivors) {
   const int n = 4;
   const algo::Membership m(n, {{.id = 2, .round = 0}});
-  const algo::RoundMixer mixer(topology::Topology(topology::Kind::complete, n, 0), &m);
+  const algo::MixOptions mixer{.topology = topology::Topology(topology::Kind::complete, n, 0), .membership = &m};
   const auto res = mix_round(n, mixer, 0);
   // The mean over the survivors, summed in id order: bit for bit.
   auto expected = value_of(0).clone();
@@ -203,6 +206,39 @@ TEST(ElasticMix, AnAllReduceRoundWithADeathIsRetriedOverTheSurvivors) {
   }
 }
 
+// Issue 63: a clipped all-reduce in an elastic round. Worker 2 dies at round 0's exchange: the
+// attempt over the view is aborted by the members' vote and retried over the survivors, each of
+// which clips worker 3's poisoned message (x 50) to 2 x the lower median of the three norms and
+// ends with the same bits.
+TEST(ElasticMix, AClippedAllReduceIsRetriedOverTheSurvivors) {
+  const int n = 4;
+  const algo::Membership m(n, {{.id = 2, .round = 0}});
+  const algo::MixOptions options{.topology = topology::Topology(topology::Kind::complete, n, 0),
+                                 .membership = &m,
+                                 .clip = 2.0,
+                                 .poisons = {{.worker = 3, .round = 0, .factor = 50.0}}};
+  const torch::Tensor anchor = torch::zeros({4});
+  comm::NetworkModel net;
+  comm::InProcCluster cluster(n, net, 30.0, kHeartbeat);
+  std::vector<torch::Tensor> out(n);
+  std::vector<std::vector<int64_t>> clipped(n);
+  cluster.run([&](int r, comm::Communicator& c) {
+    const auto mixer = algo::make_mix(options);
+    if (mixer->mixes(r, 0)) out[r] = mixer->mix({.t = 0, .x = value_of(r), .anchor = anchor}, c);
+    else mixer->stand_by(0, c);
+    clipped[r] = mixer->stats().clipped_from.value_or(std::vector<int64_t>{});
+  });
+  const torch::Tensor g0 = anchor - value_of(0), g1 = anchor - value_of(1), g3 = anchor - value_of(3) * 50.0;
+  const double threshold = 2.0 * algo::lower_median({algo::l2_norm(g0), algo::l2_norm(g1), algo::l2_norm(g3)});
+  const torch::Tensor expected = anchor - g0.clone().add_(g1).add_(algo::clip_to(g3, algo::l2_norm(g3), threshold)) / 3.0;
+  EXPECT_FALSE(out[2].defined());
+  for (int r : {0, 1}) {
+    EXPECT_TRUE(torch::equal(out[r], expected)) << "rank " << r << ": " << out[r] << " vs " << expected;
+    EXPECT_EQ(clipped[r], (std::vector<int64_t>{0, 0, 0, 1})) << "rank " << r;
+  }
+  EXPECT_TRUE(out[3].defined());  // its own term is unpoisoned: its mean is its own
+}
+
 // A membership whose only fault lies beyond the rounds run: every view is the whole world, so
 // the elastic paths (member all-reduce, view graphs) must give the fixed world's bits.
 TEST(ElasticMix, AWholeViewGivesTheFixedWorldsBits) {
@@ -210,8 +246,8 @@ TEST(ElasticMix, AWholeViewGivesTheFixedWorldsBits) {
   const algo::Membership late(n, {{.id = 0, .round = 1000}});
   for (auto kind : {topology::Kind::one_peer, topology::Kind::two_peer, topology::Kind::complete}) {
     const topology::Topology topo(kind, n, 9);
-    const auto elastic = mix_round(n, algo::RoundMixer(topo, &late), 3);
-    const auto fixed = mix_round(n, algo::RoundMixer(topo, nullptr), 3);
+    const auto elastic = mix_round(n, {.topology = topo, .membership = &late}, 3);
+    const auto fixed = mix_round(n, {.topology = topo}, 3);
     for (int r = 0; r < n; ++r) {
       EXPECT_TRUE(torch::equal(elastic.out[r], fixed.out[r])) << topology::to_string(kind) << " rank " << r;
       EXPECT_EQ(elastic.clock[r], fixed.clock[r]);

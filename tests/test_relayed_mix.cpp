@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gasloc/algo/compression.hpp"
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix/make_mix.hpp"
 #include "gasloc/algo/relayed_mix.hpp"
 #include "gasloc/comm/inproc.hpp"
 #include "gasloc/core/error.hpp"
@@ -138,43 +138,50 @@ struct Rounds {
   std::vector<torch::Tensor> m;
   std::vector<int64_t> resends;
   std::vector<double> clock;
+  std::vector<std::vector<int64_t>> clipped;  // algo.clip_peers' counts by sender, per rank
 };
 
-Rounds run_rounds(int n, const std::string& topo, const algo::CompressionOptions& o, bool overlapped, int rounds = 4) {
+Rounds run_rounds(int n, const algo::MixOptions& options, bool overlapped, int rounds = 4) {
   comm::NetworkModel net;
   net.step_time_s = 0.01;
   net.latency_s = 0.002;
   net.bandwidth_Bps = 1e5;
   comm::InProcCluster cluster(n, net);
-  const topology::Topology t(topology::parse_kind(topo), n, 11);
-  Rounds out{std::vector<torch::Tensor>(n), std::vector<int64_t>(n), {}};
+  const topology::Topology& t = options.topology;
+  Rounds out{std::vector<torch::Tensor>(n), std::vector<int64_t>(n), {}, std::vector<std::vector<int64_t>>(n)};
   cluster.run([&](int rank, comm::Communicator& c) {
-    algo::RoundMixer mixer(t, nullptr);
-    mixer.compress(o);
+    algo::MixOptions o = options;
+    o.overlapped = overlapped;
+    const auto mixer = algo::make_mix(o);
     auto x = wave(777, rank) * 0.01 + 1.0;
     // The all-reduce's anchor: theta, the same on every worker, moved to each round's result.
     auto anchor = torch::ones({777}) + 0.001 * wave(777, 99);
     for (int k = 0; k < rounds; ++k) {
       torch::Tensor m;
       if (overlapped) {
-        algo::MixInFlight f = mixer.start_mix(k, x, c, torch::kFloat, anchor);
+        algo::MixFlight f = mixer->start({.t = k, .x = x, .anchor = anchor, .overlapped = true}, c);
         for (int s = 0; s < 3; ++s) {
           c.compute(1);
-          mixer.progress(f);
+          mixer->progress(f);
         }
-        m = mixer.finish_mix(f, rank);
+        m = mixer->finish(f);
       } else {
-        m = mixer.mix(k, x, c, torch::kFloat, anchor);
+        m = mixer->mix({.t = k, .x = x, .anchor = anchor}, c);
         c.compute(3);
       }
       if (t.is_all_reduce()) anchor = m.clone();
       x = m + 1e-3 * wave(777, 7 * k + rank);
     }
     out.m[rank] = x;
-    out.resends[rank] = mixer.compressor()->resends();
+    out.resends[rank] = mixer->stats().codec_resends.value_or(0);
+    out.clipped[rank] = mixer->stats().clipped_from.value_or(std::vector<int64_t>{});
   });
   for (int r = 0; r < n; ++r) out.clock.push_back(cluster.clock(r));
   return out;
+}
+
+Rounds run_rounds(int n, const std::string& topo, const algo::CompressionOptions& o, bool overlapped, int rounds = 4) {
+  return run_rounds(n, {.topology = topology::Topology(topology::parse_kind(topo), n, 11), .compression = o}, overlapped, rounds);
 }
 
 }  // namespace
@@ -218,4 +225,21 @@ TEST(OverlappedCompressedRounds, EveryCodecGivesTheBlockingRoundsBits) {
     }
   }
   EXPECT_GT(resends, 0) << "no modulo chunk wrapped: the resend exchange was never relayed";
+}
+
+// Issue 63: a clipped all-reduce (an exchange with every worker, then the clipped sum) overlaps
+// through the relay, as compressed rounds do: the blocking round's bits and clipping decisions,
+// with transfer hidden. Worker 2's message is scaled by 50 at rounds 1 and 2 (faults.poison).
+TEST(OverlappedClippedAllReduce, GivesTheBlockingRoundsBitsAndClipsAlike) {
+  const int n = 5;
+  const algo::MixOptions o{.topology = topology::Topology(topology::Kind::complete, n, 0),
+                           .clip = 2.0,
+                           .poisons = {{.worker = 2, .round = 1, .factor = 50.0}, {.worker = 2, .round = 2, .factor = 50.0}}};
+  const Rounds blocking = run_rounds(n, o, false), overlapped = run_rounds(n, o, true);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(torch::equal(blocking.m[r], overlapped.m[r])) << "rank " << r;
+    EXPECT_EQ(blocking.clipped[r], overlapped.clipped[r]) << "rank " << r;
+    EXPECT_LT(overlapped.clock[r], blocking.clock[r]) << "rank " << r << ": nothing of the transfer was hidden";
+    if (r != 2) EXPECT_GE(overlapped.clipped[r].at(2), 2) << "rank " << r << " did not clip the poisoned messages";
+  }
 }

@@ -119,16 +119,15 @@ void AlgoConfig::validate_clip() const {
               (algo.sends_gradients ? "' averages every step's gradients in an all-reduce, which is not clipped"
                                     : "' sends nothing") +
               ": set algo.clip_peers = false");
-  require(compression == "none", "algo.clip_peers",
-          "compressed rounds are not clipped (a codec's message is not the peer's parameters until decoded against shared "
-          "state): set algo.clip_peers = false or algo.compression = none");
   const bool all_reduces = algo.all_reduces(topology);
+  require(compression == "none" || !all_reduces, "algo.clip_peers",
+          "a compressed all-reduce is not clipped (each owner sums shards of the messages and never sees a whole "
+          "pseudo-gradient, whose norm clipping needs): set algo.clip_peers = false, algo.compression = none, or a "
+          "gossip topology");
   require(!all_reduces || algo.has_outer, "algo.clip_peers",
           "an all-reduce is clipped on its pseudo-gradients theta - x, and '" + name.str() +
               "' on the complete topology has no anchor theta; run diloco with algo.outer_lr = 1 and "
               "algo.outer_momentum = 0, which is the same round");
-  require(!all_reduces || overlap_steps == 0, "algo.clip_peers",
-          "a clipped all-reduce does not overlap: set algo.overlap_steps = 0 or algo.clip_peers = false");
 }
 
 }  // namespace gasloc::algo

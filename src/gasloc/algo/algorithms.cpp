@@ -1,6 +1,7 @@
-// What the synchronizers share; see algorithms.hpp. all_reduce_mix is with the rounds over a
-// view, in elastic.cpp.
+// What the synchronizers share; see algorithms.hpp.
 #include "gasloc/algo/algorithms.hpp"
+
+#include "gasloc/algo/mix/make_mix.hpp"
 
 namespace gasloc::algo {
 
@@ -16,7 +17,7 @@ torch::ScalarType parse_wire_dtype(const std::string& name) {
 
 torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
                          comm::Communicator& comm, torch::ScalarType wire) {
-  return RoundMixer(topo, nullptr).mix(round, phi, comm, wire);
+  return make_mix({.topology = topo})->mix({.t = round, .x = phi, .wire = wire}, comm);
 }
 
 }  // namespace gasloc::algo

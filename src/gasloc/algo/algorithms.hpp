@@ -4,8 +4,8 @@
 //   round_sync.hpp   rounds of H local steps: DiLoCo (diloco), GASLoC (gasloc), Local-DAdam
 //                    (local_dadam), one round path, blocking or overlapped
 //   round_forms.hpp  the forms of a round, shared with the consensus simulation (consensus.hpp)
-// and what they share here: how a parameter message travels (gossip_mix, all_reduce_mix, the
-// wire dtype).
+// and what they share here: the gossip mix as one call (gossip_mix), the wire dtype. Every exchange
+// a round can make is a Mix (mix/mix.hpp).
 #pragma once
 #include <torch/types.h>
 
@@ -21,9 +21,6 @@ namespace gasloc::algo {
 // before anything is modified.
 torch::Tensor gossip_mix(const topology::Topology& topo, int64_t round, const torch::Tensor& phi,
                          comm::Communicator& comm, torch::ScalarType wire = torch::kFloat);
-// mean_i x_i by an all-reduce of x cast to `wire`, returned in x's dtype; non-finite results
-// are rejected (`what` names the exchange).
-torch::Tensor all_reduce_mix(const torch::Tensor& x, comm::Communicator& comm, torch::ScalarType wire, const char* what);
 // The dtypes parameter messages may travel in (algo.wire_dtype, `gasloc topo --wire-dtype`).
 const config::Choices& wire_dtype_choices();
 // "fp32" -> kFloat, "bf16" -> kBFloat16; ConfigError listing the choices otherwise.

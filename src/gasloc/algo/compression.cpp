@@ -321,7 +321,7 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
   // the first round and every reference_every rounds.
   const bool first = !reference_.defined() || reference_.numel() != s.numel();
   if (o_.elastic) {
-    // The caller refreshed it over the view's members (RoundMixer, with retries); a joiner has its donor's.
+    // The caller refreshed it over the view's members (ElasticMix, with retries); a joiner has its donor's.
     if (first) throw Error(fmt::format("delta codec: worker {} has no reference at round {}", me, round),
                            "internal: an elastic round's reference is refreshed by the mixer and healed with the donor's state");
   } else if (first || (o_.reference_every > 0 && round % o_.reference_every == 0)) {
@@ -338,15 +338,17 @@ torch::Tensor Compressor::delta(int64_t round, const std::vector<RoundGraph>& gr
   // terms are exact negations of each other.
   auto decoded = [&](const torch::Tensor& p, int from) { return decode_from(p, s.numel(), me, from).add_(reference_); };
   const auto own = decoded(payload, me);
+  std::vector<torch::Tensor> diffs(g.peers.size());
+  for (size_t k = 0; k < g.peers.size(); ++k) {
+    if (recv.at(k).defined()) diffs[k] = decoded(recv[k], g.peers[k]) - own;
+    else failed_edge(o_.elastic, me, g.peers[k]);  // its weight stays on W_ii
+  }
+  if (clip_) clip_->clip_differences(g.peers, diffs);
   auto m = s.clone();
   for (const auto& [j, w] : g.row) {
     if (j == me) continue;
     const auto k = std::find(g.peers.begin(), g.peers.end(), j) - g.peers.begin();
-    if (!recv.at(k).defined()) {
-      failed_edge(o_.elastic, me, j);
-      continue;  // its weight stays on W_ii
-    }
-    m.add_(decoded(recv[k], j) - own, w);
+    if (diffs.at(k).defined()) m.add_(diffs[k], w);
   }
   return m.view(x.sizes()).to(x.device());
 }
@@ -379,7 +381,7 @@ torch::Tensor Compressor::direct(const std::vector<RoundGraph>& graphs, const to
   comm.exchange(g.peers, encode_own(s, me), recv);
   for (size_t k = 0; k < recv.size(); ++k)
     if (recv[k].defined()) recv[k] = decode_from(recv[k], s.numel(), me, g.peers[k]);
-  return combine(g, me, s, recv).view(x.sizes()).to(x.device());
+  return combine(g, me, s, recv, clip_).view(x.sizes()).to(x.device());
 }
 
 namespace {
@@ -524,6 +526,7 @@ torch::Tensor Compressor::modulo(int64_t round, const std::vector<RoundGraph>& g
   }
   if (heard) gaps_ = new_gaps;
 
+  if (clip_) clip_->clip_differences(g.peers, diffs);
   // 3. m_i = s_i + sum_j W_ij d_ij, in the row's order.
   auto m = s.clone();
   for (const auto& [j, w] : g.row) {
@@ -556,7 +559,7 @@ torch::Tensor Compressor::first_modulo(const RoundGraph& g, const torch::Tensor&
     gaps = torch::maximum(gaps, std::get<0>(padded.view({chunks, C}).max(1)));
   }
   gaps_ = gaps;
-  return combine(g, me, s, recv);
+  return combine(g, me, s, recv, clip_);
 }
 
 StateDict Compressor::state() const {

@@ -27,8 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix/mix.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
+#include "gasloc/algo/peer_clip.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/codec.hpp"
 #include "gasloc/comm/communicator.hpp"
@@ -69,6 +70,9 @@ std::vector<std::vector<int>> pair_colours(const std::vector<std::vector<int>>& 
 class Compressor {
  public:
   explicit Compressor(CompressionOptions o);
+  // algo.clip_peers in gossip (nullptr: off): what a receiver adds from each peer (its decoded
+  // difference) is clipped (PeerClip::clip_differences); `clip` outlives the Compressor.
+  void clip(PeerClip* clip) { clip_ = clip; }
   const CompressionOptions& options() const { return o_; }
   // r - Delta^ (see the file comment) over `members` (ids ascending, the caller among them); x and
   // r of one shape, any float dtype, on any device; the result is fp32 on x's device. Every
@@ -84,7 +88,7 @@ class Compressor {
                                    comm::Communicator& comm, bool& complete);
   // The codec's state, copied: what an aborted attempt restores with load_state.
   StateDict snapshot() const;
-  // The delta codec in elastic rounds, whose caller (RoundMixer) refreshes the reference over the
+  // The delta codec in elastic rounds, whose caller (ElasticMix, through CodecGossipMix) refreshes the reference over the
   // view's members with retries: whether round t refreshes it (round 0 and every K-th), one
   // attempt of the refresh (as all_reduce_attempt: x undefined for a worker that does not mix;
   // returns the new reference, undefined when incomplete), and setting it once the members agreed.
@@ -133,6 +137,7 @@ class Compressor {
   torch::Tensor gaps_;            // modulo: per chunk, the largest |d| of the last exchange (-1: none yet)
   torch::Tensor reference_;       // delta: r, the same bits on every worker
   int64_t resends_ = 0;
+  PeerClip* clip_ = nullptr;
 };
 
 // The checked options of the [algo] keys (ConfigError naming the key when a value is out of range).

@@ -137,4 +137,17 @@ bool Membership::computes(int id, int64_t round) const {
   return s == State::member || s == State::dying;
 }
 
+std::optional<HealPlan> heal_plan(const View& v, int id) {
+  if (v.joining.empty()) return std::nullopt;
+  HealPlan p;
+  if (v.is_joining(id)) {
+    p.peers = {v.donor(id)};
+    p.receives = true;
+    return p;
+  }
+  for (int j : v.joining)
+    if (v.donor(j) == id) p.peers.push_back(j);
+  return p;
+}
+
 }  // namespace gasloc::algo

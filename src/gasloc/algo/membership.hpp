@@ -65,6 +65,8 @@ struct HealPlan {
   std::vector<int> peers;
   bool receives = false;
 };
+// Worker `id`'s part in the state transfer after a round of `view`, when it has joiners.
+std::optional<HealPlan> heal_plan(const View& view, int id);
 
 // Who acts in each round. This class is the in-process reference, a pure function of a fault
 // schedule; an elastic process run derives from it a source whose views the job's store pins

@@ -47,27 +47,38 @@ PeerClip::PeerClip(double factor, int world)
 void PeerClip::clip_received(const std::vector<int>& peers, const torch::Tensor& x, std::vector<torch::Tensor>& recv) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> diffs(recv.size());
-  std::vector<double> norms(recv.size(), 0.0);
+  for (size_t k = 0; k < recv.size(); ++k)
+    if (recv[k].defined()) diffs[k] = recv[k] - x;  // undefined: a failed edge
+  const std::vector<bool> clipped = clip_differences(peers, diffs);
+  for (size_t k = 0; k < recv.size(); ++k)
+    if (clipped[k]) recv[k] = x + diffs[k];
+}
+
+std::vector<bool> PeerClip::clip_differences(const std::vector<int>& peers, std::vector<torch::Tensor>& d) {
+  torch::NoGradGuard no_grad;
+  std::vector<bool> clipped(d.size(), false);
+  std::vector<double> norms(d.size(), 0.0);
   std::vector<double> pool(window_.begin(), window_.end());
-  for (size_t k = 0; k < recv.size(); ++k) {
-    if (!recv[k].defined()) continue;  // a failed edge
-    diffs[k] = recv[k] - x;
-    norms[k] = l2_norm(diffs[k]);
+  for (size_t k = 0; k < d.size(); ++k) {
+    if (!d[k].defined()) continue;  // a failed edge
+    norms[k] = l2_norm(d[k]);
     pool.push_back(norms[k]);
   }
-  if (pool.empty()) return;
+  if (pool.empty()) return clipped;
   const double threshold = factor_ * lower_median(pool);
-  for (size_t k = 0; k < recv.size(); ++k) {
-    if (!recv[k].defined()) continue;
-    bool clipped = false;
-    const auto d = clip_to(diffs[k], norms[k], threshold, &clipped);
-    if (clipped) {
-      recv[k] = x + d;
+  for (size_t k = 0; k < d.size(); ++k) {
+    if (!d[k].defined()) continue;
+    bool over = false;
+    auto c = clip_to(d[k], norms[k], threshold, &over);
+    if (over) {
+      d[k] = std::move(c);
+      clipped[k] = true;
       ++counts_.at(static_cast<size_t>(peers[k]));
     }
     window_.push_back(std::min(norms[k], threshold));
     if (window_.size() > static_cast<size_t>(kClipWindow)) window_.pop_front();
   }
+  return clipped;
 }
 
 bool PeerClip::accept_finite(const torch::Tensor& t, int sender) {

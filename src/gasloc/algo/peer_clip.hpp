@@ -57,6 +57,10 @@ class PeerClip {
   // Gossip: replaces each defined recv[k] (from peers[k], in x's dtype, finite) whose difference
   // to x exceeds the threshold by x + the clipped difference; records the accepted norms.
   void clip_received(const std::vector<int>& peers, const torch::Tensor& x, std::vector<torch::Tensor>& recv);
+  // Gossip through a codec, whose receiver adds differences d[k] = x^_j - x_i (from peers[k]; an
+  // undefined one is a failed edge): each beyond the threshold is scaled down to it in place, as
+  // clip_received does to recv - x; true at k where it was.
+  std::vector<bool> clip_differences(const std::vector<int>& peers, std::vector<torch::Tensor>& d);
   // All-reduce: the mean over the defined msgs[j] of anchor - clip(anchor - x_j), x_j = msgs[j]
   // (own included, ids ascending; an undefined one was dropped), summed in id order.
   torch::Tensor clipped_mean(const torch::Tensor& anchor, const std::vector<torch::Tensor>& msgs);

@@ -89,19 +89,15 @@ std::unique_ptr<Synchronizer> make_synchronizer(const AlgoConfig& cfg, int world
   if (membership && entry.single_worker)
     throw ConfigError("cluster.elastic: algo.name = " + cfg.name.str() + " trains one worker, which has nobody to lose",
                       "set cluster.elastic = false");
-  if (membership && cfg.overlap_steps > 0)
-    throw ConfigError("config key 'algo.overlap_steps': overlapped rounds are built for a fixed membership; an elastic "
-                      "run or a [faults] schedule changes it at rounds",
-                      "set algo.overlap_steps = 0, or cluster.elastic = false without [faults]");
   auto sync = entry.make(SyncContext{cfg, entry, world, seed, network, membership});
   if (const auto o = compression_options(cfg)) {
-    auto* rounds = dynamic_cast<ViewSync*>(sync.get());
+    auto* rounds = dynamic_cast<MixSync*>(sync.get());
     if (!rounds) throw ConfigError("config key 'algo.compression': " + cfg.name.str() + " sends no parameters", "set algo.compression = none");
     rounds->compress(*o);
   }
   if (cfg.clip_peers || !poisons.empty()) {
     // allreduce averages gradients without a mixer of parameters (AlgoConfig refuses clip_peers there).
-    auto* views = dynamic_cast<ViewSync*>(sync.get());
+    auto* views = dynamic_cast<MixSync*>(sync.get());
     if (!views || entry.sends_gradients)
       throw ConfigError("config key 'faults.poison': " + cfg.name.str() + " sends no parameters to poison",
                         "remove faults.poison, or choose one of " + algorithm_names(&AlgorithmEntry::sends_parameters));

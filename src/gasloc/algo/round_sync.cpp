@@ -55,9 +55,20 @@ Overlap parse_overlap(int64_t steps, const std::string& variant) {
 
 // ---------------------------------------------------------------------------------------------
 
-RoundSync::RoundSync(LocalSteps steps, std::optional<OuterStep> outer_step, RoundMixer mixer, torch::ScalarType wire,
+namespace {
+MixOptions overlapped_if(MixOptions o, const Overlap& overlap) {
+  o.overlapped = overlap.steps > 0;
+  return o;
+}
+}  // namespace
+
+RoundSync::RoundSync(LocalSteps steps, std::optional<OuterStep> outer_step, MixOptions mix, torch::ScalarType wire,
                      Overlap overlap)
-    : ViewSync(std::move(mixer)), rounds_(std::move(steps)), outer_step_(outer_step), wire_(wire), overlap_(overlap) {}
+    : MixSync(overlapped_if(std::move(mix), overlap)),
+      rounds_(std::move(steps)),
+      outer_step_(outer_step),
+      wire_(wire),
+      overlap_(overlap) {}
 
 void RoundSync::init(FlatParams& params) {
   numel_ = params.numel();
@@ -66,7 +77,7 @@ void RoundSync::init(FlatParams& params) {
 
 torch::Tensor RoundSync::anchor() const {
   // A compressed or a clipped all-reduce works on pseudo-gradients, theta - x.
-  if (!(mixer_.compressor() || mixer_.clipper()) || !mixer_.topology().is_all_reduce()) return {};
+  if (!mix().needs_anchor()) return {};
   const StateDict s = form().state();
   const auto it = s.find("theta");
   return it == s.end() ? torch::Tensor() : it->second;
@@ -79,7 +90,7 @@ RoundForm& RoundSync::form() const {
 
 bool RoundSync::wants_compute(int64_t, comm::Communicator& comm) {
   const int64_t round = rounds_.round();
-  return mixer_.computes(comm.rank(), round) && rounds_.computes_next(comm.rank(), mixer_.message_bytes(numel_, wire_, round));
+  return mix().computes(comm.rank(), round) && rounds_.computes_next(comm.rank(), mix().message_bytes(numel_, wire_, round));
 }
 
 bool RoundSync::sat_out(FlatParams& params, comm::Communicator& comm) {
@@ -97,7 +108,7 @@ bool RoundSync::after_step(int64_t, FlatParams& params, comm::Communicator& comm
   form();  // throws if init() was not called
   const bool round_end = rounds_.step_done();
   // A compressed round in flight moves on to its next exchange once the last one has landed.
-  if (flight_.active && !flight_.mixed.defined()) mixer_.progress(flight_.mix);
+  if (flight_.active && !flight_.mixed.defined()) mix().progress(flight_.mix);
   // tau < H_i: round t lands before round t + 1's send, so one round is in flight at most.
   if (flight_.active && rounds_.steps_in_round() == overlap_.steps) {
     optim::EvalScope at_x(optimizer());
@@ -120,7 +131,7 @@ void RoundSync::send(FlatParams& params, comm::Communicator& comm) {
     // phi stays phi_sent until the landing, which comes at once: no snapshot. Elastic rounds take
     // this path (their mix retries over the survivors); nothing changes if the mix throws.
     Sent sent = form().send(phi);
-    flight_.mixed = mixer_.mix(t, sent.x, comm, wire_, anchor());
+    flight_.mixed = mix().mix({.t = t, .x = sent.x, .wire = wire_, .anchor = anchor()}, comm);
     flight_.sent = std::move(sent);
     flight_.active = true;
     return;
@@ -128,7 +139,7 @@ void RoundSync::send(FlatParams& params, comm::Communicator& comm) {
   // A snapshot: the live parameters keep training while the message travels.
   const torch::Tensor phi_sent = phi.clone();
   flight_.sent = form().send(phi_sent);
-  flight_.mix = mixer_.start_mix(t, flight_.sent.x, comm, wire_, anchor());
+  flight_.mix = mix().start({.t = t, .x = flight_.sent.x, .wire = wire_, .anchor = anchor(), .overlapped = true}, comm);
   if (overlap_.variant == OverlapVariant::eager) {
     flight_.base = form().provisional(phi_sent, flight_.sent);
     phi.copy_(flight_.base);
@@ -140,7 +151,7 @@ void RoundSync::send(FlatParams& params, comm::Communicator& comm) {
 
 void RoundSync::settle(comm::Communicator& comm) {
   if (!flight_.active || flight_.mixed.defined()) return;
-  flight_.mixed = mixer_.finish_mix(flight_.mix, comm.rank());
+  flight_.mixed = mix().finish(flight_.mix);
   flight_.mix = {};
 }
 
@@ -170,20 +181,16 @@ bool RoundSync::flush(FlatParams& params, comm::Communicator& comm) {
 StateDict RoundSync::state() const {
   StateDict s = form_ ? form_->state() : StateDict{};
   rounds_.save(s);
-  save_restart_clock(s);
   save_flight(s);
-  save_compression(s);
-  save_clip(s);
+  for (auto& [k, t] : mix().state()) s[k] = t;
   return s;
 }
 
 void RoundSync::load_state(const StateDict& s) {
   rounds_.load(s);
-  load_restart_clock(s);
   form().load_state(s);
   load_flight(s);
-  load_compression(s);
-  load_clip(s);
+  mix().load_state(s);
 }
 
 void RoundSync::save_flight(StateDict& s) const {
@@ -217,15 +224,17 @@ void RoundSync::load_flight(const StateDict& s) {
 DiLoCoSync::DiLoCoSync(LocalSteps steps, OuterOptions outer, int world, const Membership* membership, torch::ScalarType wire,
                        Overlap overlap)
     : RoundSync(std::move(steps), OuterStep{outer.lr, outer.momentum},
-                RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership), wire, overlap) {}
+                MixOptions{.topology = topology::Topology(topology::Kind::complete, world, 0), .membership = membership}, wire,
+                overlap) {}
 
 GossipSync::GossipSync(LocalSteps steps, OuterOptions outer, topology::Topology topo, GossipForm form,
                        torch::ScalarType wire, const Membership* membership, Overlap overlap)
     : RoundSync(std::move(steps), OuterStep{outer.lr, outer.momentum, form.form, form.gossip_step},
-                RoundMixer(std::move(topo), membership), wire, overlap) {}
+                MixOptions{.topology = std::move(topo), .membership = membership}, wire, overlap) {}
 
 LocalDAdamSync::LocalDAdamSync(LocalSteps steps, topology::Topology topo, torch::ScalarType wire,
                                const Membership* membership, Overlap overlap)
-    : RoundSync(std::move(steps), std::nullopt, RoundMixer(std::move(topo), membership), wire, overlap) {}
+    : RoundSync(std::move(steps), std::nullopt, MixOptions{.topology = std::move(topo), .membership = membership}, wire,
+                overlap) {}
 
 }  // namespace gasloc::algo

@@ -1,5 +1,5 @@
 // The algorithms of rounds (DiLoCo, GASLoC, Local-DAdam): H_i local steps, then one mix over the
-// round's view through a RoundMixer, in the algorithm's form (round_forms.hpp). Every round takes
+// round through the worker's Mix (mix/mix.hpp), in the algorithm's form (round_forms.hpp). Every round takes
 // one path, blocking or overlapped (docs/design.md section 11):
 //   send:  s = the form's message from phi_sent; the mix of s starts (blocking: runs to the end)
 //   land:  theta' = the form's landing of the finished mix m; phi <- theta' + (phi - base)
@@ -10,7 +10,7 @@
 #include <memory>
 #include <optional>
 
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix_sync.hpp"
 #include "gasloc/algo/local_steps.hpp"
 #include "gasloc/algo/outer.hpp"
 #include "gasloc/algo/round_forms.hpp"
@@ -63,10 +63,11 @@ Overlap parse_overlap(int64_t steps, const std::string& variant);
 // at its landing, is dead, or joins) only stands by in the round's collectives, and a joiner
 // receives its state from a donor after the landing (Worker::heal). Nothing is modified before
 // a round's exchange succeeds; a non-finite message from a peer is refused.
-class RoundSync : public ViewSync {
+class RoundSync : public MixSync {
  public:
   // outer_step: the round's form and its outer step (nullopt: Local-DAdam's round, theta' = m).
-  RoundSync(LocalSteps steps, std::optional<OuterStep> outer_step, RoundMixer mixer, torch::ScalarType wire,
+  // mix: the exchange's options (make_mix); its `overlapped` is set from `overlap`.
+  RoundSync(LocalSteps steps, std::optional<OuterStep> outer_step, MixOptions mix, torch::ScalarType wire,
             Overlap overlap = {});
   // The form's anchor starts at the initial parameters.
   void init(FlatParams& params) override;
@@ -85,7 +86,7 @@ class RoundSync : public ViewSync {
   // overlapped.
   struct Flight {
     bool active = false;
-    MixInFlight mix;      // overlapped, until settled
+    MixFlight mix;        // overlapped, until settled
     torch::Tensor mixed;  // m, once settled (blocking: at once)
     Sent sent;
     torch::Tensor base;   // overlapped: where the tau steps started, E_i (eager) or phi_sent (delayed)

@@ -5,14 +5,6 @@
 
 namespace gasloc::algo {
 
-StateDict StepSync::state() const {
-  StateDict s;
-  save_restart_clock(s);
-  save_compression(s);
-  save_clip(s);
-  return s;
-}
-
 bool StepSync::enter_round(int64_t step, FlatParams& params, comm::Communicator& comm) {
   handled_ = step - 1;
   return stood_by(step - 1, params, comm);
@@ -26,24 +18,24 @@ void StepSync::end_step(int64_t step, FlatParams& params, comm::Communicator& co
 }
 
 AllReduceSync::AllReduceSync(int world, const Membership* membership)
-    : StepSync(RoundMixer(topology::Topology(topology::Kind::complete, world, 0), membership)) {}
+    : StepSync(MixOptions{.topology = topology::Topology(topology::Kind::complete, world, 0), .membership = membership}) {}
 
 void AllReduceSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
-  if (!mixer_.elastic()) {
+  if (!elastic()) {
     enter_round(step, params, comm);  // mixes: a fixed world has nobody to stand by
     comm.all_reduce_mean(params.grad());
     return;
   }
   if (enter_round(step, params, comm)) return;
   torch::NoGradGuard no_grad;
-  params.grad().copy_(mixer_.mix(step - 1, params.grad(), comm, torch::kFloat));
+  params.grad().copy_(mix().mix({.t = step - 1, .x = params.grad()}, comm));
 }
 
 void DAdamSync::after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) {
   // Round t = step - 1: the gradient was taken at the pre-mixing x_i; mix x before AdamW moves it.
   if (enter_round(step, params, comm)) return;
   optim::EvalScope at_x(optimizer());
-  auto m = mixer_.mix(step - 1, params.data(), comm, wire_);
+  auto m = mix().mix({.t = step - 1, .x = params.data(), .wire = wire_}, comm);
   torch::NoGradGuard no_grad;
   params.data().copy_(m);
 }

@@ -1,7 +1,7 @@
 // The algorithms that communicate at every step: All-Reduce AdamW (gradients) and DAdam
 // (parameters), docs/design.md section 3.
 #pragma once
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/mix_sync.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/topology/topology.hpp"
 
@@ -10,16 +10,12 @@ namespace gasloc::algo {
 // What the algorithms that communicate at every step share: step k is round k - 1, taken part in
 // from after_backward; a step a worker does not compute (dead or joining, in an elastic run)
 // stands by in its round from after_step.
-class StepSync : public ViewSync {
+class StepSync : public MixSync {
  public:
-  using ViewSync::ViewSync;
-  bool wants_compute(int64_t step, comm::Communicator& comm) override { return mixer_.computes(comm.rank(), step - 1); }
-  StateDict state() const override;
-  void load_state(const StateDict& s) override {
-    load_restart_clock(s);
-    load_compression(s);
-    load_clip(s);
-  }
+  using MixSync::MixSync;
+  bool wants_compute(int64_t step, comm::Communicator& comm) override { return mix().computes(comm.rank(), step - 1); }
+  StateDict state() const override { return mix().state(); }
+  void load_state(const StateDict& s) override { mix().load_state(s); }
 
  protected:
   int64_t current_round() const override { return steps_; }
@@ -55,7 +51,7 @@ class AllReduceSync final : public StepSync {
 class DAdamSync final : public StepSync {
  public:
   explicit DAdamSync(topology::Topology topo, torch::ScalarType wire = torch::kFloat, const Membership* membership = nullptr)
-      : StepSync(RoundMixer(std::move(topo), membership)), wire_(wire) {}
+      : StepSync(MixOptions{.topology = std::move(topo), .membership = membership}), wire_(wire) {}
   std::string name() const override { return "dadam"; }
   void after_backward(int64_t step, FlatParams& params, comm::Communicator& comm) override;
   bool after_step(int64_t step, FlatParams& params, comm::Communicator& comm) override {

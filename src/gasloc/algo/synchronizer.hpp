@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gasloc/algo/membership.hpp"
+#include "gasloc/algo/mix/stats.hpp"
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/core/flat_params.hpp"
 #include "gasloc/optim/optimizer.hpp"
@@ -29,16 +30,6 @@ namespace gasloc::algo {
 
 using StateDict = std::map<std::string, torch::Tensor>;
 
-// A peer whose message in a worker's last mix stood out, which a divergence right after it names
-// instead of blaming the step size: faults.poison scaled it, or (gossip) its largest |value| was
-// kOutlierRatio or more times the worker's own.
-struct MessageSuspect {
-  int sender = -1;
-  int64_t round = -1;  // the mix's round (dadam: its step - 1)
-  double ratio = 0;    // its largest |value| over the receiver's own; 0: not measured (an all-reduce)
-  double poison = 1;   // faults.poison's factor on it
-};
-inline constexpr double kOutlierRatio = 10.0;
 
 class Synchronizer {
  public:
@@ -67,14 +58,17 @@ class Synchronizer {
   // model now (evaluation averages over them); nullopt when the run is not elastic.
   virtual std::optional<View> take_ended_view() { return std::nullopt; }
   virtual std::optional<std::vector<int>> holders() const { return std::nullopt; }
-  // Compressed gossip's modulo codec: the chunks this worker resent in fp32 after a wrap, so far.
-  virtual std::optional<int64_t> codec_resends() const { return std::nullopt; }
-  // algo.clip_peers: the messages this worker clipped so far, by sender id; nullopt without it.
-  virtual std::optional<std::vector<int64_t>> clipped_from() const { return std::nullopt; }
-  // algo.clip_peers: the non-finite messages this worker dropped so far, by sender id.
-  virtual std::optional<std::vector<int64_t>> dropped_from() const { return std::nullopt; }
-  // The peer whose message stood out in this worker's last blocking mix (MessageSuspect), if one did.
-  virtual std::optional<MessageSuspect> message_suspect() const { return std::nullopt; }
+  // What this worker's exchanges counted (MixStats: the modulo codec's resends, algo.clip_peers'
+  // clipped and dropped messages by sender, the suspect of its last blocking mix); each field
+  // absent where its exchange does not count it.
+  virtual MixStats mix_stats() const { return {}; }
+  std::optional<int64_t> codec_resends() const { return mix_stats().codec_resends; }
+  std::optional<std::vector<int64_t>> clipped_from() const { return mix_stats().clipped_from; }
+  std::optional<std::vector<int64_t>> dropped_from() const { return mix_stats().dropped_from; }
+  std::optional<MessageSuspect> message_suspect() const { return mix_stats().suspect; }
+  // Elastic runs: a donor's state() (keys prefixed by `prefix`) as its joiner receives it: what
+  // is the donor's own is removed, what the job shares kept (Mix::keep_for_joiner).
+  virtual void keep_for_joiner(StateDict& state, const std::string& prefix, int64_t params) const {}
   // Algorithm state for checkpoints (keys are prefixed by the caller).
   virtual StateDict state() const { return {}; }
   virtual void load_state(const StateDict& state) {}

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/comm/store.hpp"
 #include "gasloc/core/error.hpp"
 #include "gasloc/core/interrupt.hpp"

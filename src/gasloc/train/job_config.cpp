@@ -364,11 +364,6 @@ void validate_faults_and_elastic(const JobConfig& job) {
                 algo.name.str() + "' sends none");
     require(algo.compression == "none", key, "compressed rounds are not poisoned: set algo.compression = none");
   }
-  // A clipped all-reduce gathers every worker's message: built for a fixed membership.
-  require(!algo.clip_peers || !algo::algorithm(algo.name).all_reduces(algo.topology) || (!cluster.elastic && !faults.any()),
-          "algo.clip_peers",
-          "a clipped all-reduce gathers every worker's message and is built for a fixed membership: set cluster.elastic = "
-          "false without [faults] kill or churn, or algo.clip_peers = false");
   for (const auto& k : faults.kill) {
     require((k.round >= 0) != (k.time_s >= 0), "faults.kill",
             fmt::format("worker {}'s entry needs a round or a time_s (>= 0), not both", k.id));

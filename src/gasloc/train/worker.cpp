@@ -213,17 +213,9 @@ bool Worker::heal(const algo::HealPlan& plan) {
   // Every worker calls the transfer (the in-process backend matches calls by order); only donors
   // and joiners list peers and pack their state.
   StateDict mine = plan.peers.empty() ? StateDict{} : state();
-  // The codec's state (error feedback, the modulo codec's gaps, resends) is the sender's own: a
-  // joiner starts its own at zero. The delta codec's reference is the job's (the same bits on every
-  // worker): it is sent, and a joiner that has none yet holds a placeholder of its shape, so that
-  // both ends pack the same keys.
-  std::erase_if(mine, [](const auto& kv) {
-    return kv.first.starts_with("sync.compression_") && kv.first != "sync.compression_reference";
-  });
-  const bool delta_gossip = job_.algo.compression != "none" && job_.algo.gossip_codec == "delta" &&
-                            !algo::algorithm(job_.algo.name).all_reduces(job_.algo.topology);
-  if (!plan.peers.empty() && delta_gossip && !mine.count("sync.compression_reference"))
-    mine["sync.compression_reference"] = torch::zeros({params_.numel()}, torch::kFloat);
+  // The synchronizer's Mix says which of its keys a joiner receives (the codec's own state
+  // stays with its sender; the state the job shares goes, a placeholder where the donor has none).
+  if (!plan.peers.empty()) sync_->keep_for_joiner(mine, "sync.", params_.numel());
   std::vector<torch::Tensor> recv;
   comm_.exchange(plan.peers, plan.peers.empty() ? torch::Tensor() : pack(mine), recv);
   if (!plan.receives) return true;

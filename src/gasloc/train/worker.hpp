@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "gasloc/algo/elastic.hpp"
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/communicator.hpp"
 #include "gasloc/core/error.hpp"
