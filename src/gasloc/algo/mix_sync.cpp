@@ -11,7 +11,7 @@ MixSync::MixSync(MixOptions o) : options_(std::move(o)) { rebuild(); }
 
 void MixSync::rebuild() {
   mix_ = make_mix(options_);
-  elastic_ = mix_->view(0).has_value();
+  elastic_ = options_.views_change();
 }
 
 void MixSync::compress(const CompressionOptions& o) {

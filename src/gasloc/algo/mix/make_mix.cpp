@@ -11,9 +11,6 @@
 namespace gasloc::algo {
 
 namespace {
-// Whether the membership changes at rounds (faults.restart_all keeps every worker).
-bool changes(const Membership* m) { return m && !m->trivial() && !m->restart_all(); }
-
 void refuse_what_is_not_built(const MixOptions& o) {
   if (o.membership && o.overlapped)
     throw ConfigError("config key 'algo.overlap_steps': overlapped rounds are built for a fixed membership; an elastic "
@@ -33,7 +30,7 @@ std::unique_ptr<Mix> make_exchange(const MixOptions& o) {
   const bool all_reduce = o.topology.is_all_reduce();
   if (o.compression) {
     CompressionOptions with = *o.compression;
-    with.elastic = changes(o.membership);
+    with.elastic = o.views_change();
     std::unique_ptr<Mix> codec;
     if (all_reduce) codec = std::make_unique<OwnersAllReduceMix>(o.topology, with);
     else codec = std::make_unique<CodecGossipMix>(o.topology, with, o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr);

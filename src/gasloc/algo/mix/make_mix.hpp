@@ -24,6 +24,9 @@ struct MixOptions {
   std::optional<double> clip = {};            // algo.clip_factor, with algo.clip_peers
   std::vector<Poison> poisons = {};
   bool overlapped = false;                 // algo.overlap_steps > 0
+  // Whether the round views change (an elastic run, a [faults] schedule; faults.restart_all keeps
+  // every worker). Read without pinning a view: a restarted joiner is in no early round's view.
+  bool views_change() const { return membership && !membership->trivial() && !membership->restart_all(); }
 };
 
 std::unique_ptr<Mix> make_mix(const MixOptions& o);
