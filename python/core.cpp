@@ -19,6 +19,7 @@
 #include "gasloc/core/error.hpp"
 #include "gasloc/train/job_config.hpp"
 #include "gasloc/train/user_run.hpp"
+#include "parts.hpp"
 
 namespace py = pybind11;
 using namespace gasloc;
@@ -87,6 +88,7 @@ PYBIND11_MODULE(_core, m) {
       PyErr_SetString(PyExc_RuntimeError, with_hint(e).c_str());
     }
   });
+  bind_parts(m);  // gasloc.models, gasloc.optim, gasloc.data (parts.cpp)
   m.def("describe_settings", &train::describe_job, "every key of the job file, its type, default and doc");
   m.def("refusal", &train::user_key_refusal, py::arg("key"),
         "why a key cannot be set for a Python run ('' when it can)");
@@ -115,5 +117,6 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("rank", [](PyRun& r) { return r.run().rank(); })
       .def_property_readonly("world", [](PyRun& r) { return r.run().world(); })
       .def_property_readonly("steps_done", [](PyRun& r) { return r.run().steps_done(); })
-      .def_property_readonly("run_dir", [](PyRun& r) { return r.run().run_dir().string(); });
+      .def_property_readonly("run_dir", [](PyRun& r) { return r.run().run_dir().string(); })
+      .def_property_readonly("user_run", [](PyRun& r) { return &r.run(); }, py::return_value_policy::reference_internal);
 }

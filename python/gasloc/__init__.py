@@ -164,6 +164,8 @@ class Run:
         self._state = state
         self._core = _core.Run(str(config or ""), _overrides(settings), named, type(optimizer).__name__,
                                _resume_step(resume))
+        if hasattr(optimizer, "_gasloc_bind"):
+            optimizer._gasloc_bind(self._core, named)  # gasloc.optim's: it steps the run's flat buffer from now on
         self._closed = False
         self._start_step = self._core.steps_done
         if resume:
@@ -275,3 +277,6 @@ class Run:
         # With peers, after an exception they may be elsewhere in the loop: no collective (a
         # checkpoint commits only once every rank wrote it), the process ends; Ctrl+C instead stops
         # every rank after the same step (step() above).
+
+
+from . import data, models, optim  # noqa: E402  (gasloc's own parts: they use _core and _overrides)

@@ -127,6 +127,9 @@ class UserRun {
   int64_t steps_done() const { return step_; }
   const std::filesystem::path& run_dir() const { return dir_; }
   FlatParams& params() { return params_; }
+  // gasloc's own inner optimizer stepping params() (gasloc.optim): the synchronizer reads and
+  // replaces the model at its evaluation point, as the CLI worker's does (null: none).
+  void attach_optimizer(optim::Optimizer* opt) { sync_->attach(opt); }
   const algo::Synchronizer& sync() const { return *sync_; }
 
  private:
