@@ -33,7 +33,16 @@ std::string env(const char* name) {
 
 // The job as a launcher started this process: one rank of WORLD_SIZE when it is set, and under
 // gasloc launch --secret-file the job's secret (GASLOC_SECRET_FILE) unless the settings name one.
-train::JobConfig launched_job(const std::string& config, const std::vector<std::string>& overrides) {
+// The incarnation of an elastic rank (GASLOC_INCARNATION): 0 founds the job, more joins it; -1
+// (unset) asks a gasloc store --elastic, as a gasloc train rank started by hand does.
+int64_t incarnation() {
+  const std::string inc = env("GASLOC_INCARNATION");
+  return inc.empty() ? -1 : std::stoll(inc);
+}
+
+// Under gasloc launch --elastic (GASLOC_ELASTIC), cluster.elastic.
+train::JobConfig launched_job(const std::string& config, std::vector<std::string> overrides) {
+  if (!env("GASLOC_ELASTIC").empty()) overrides.push_back("cluster.elastic=true");
   train::JobConfig job = train::user_job(config, overrides, !env("WORLD_SIZE").empty());
   if (job.cluster.secret_file.empty()) job.cluster.secret_file = env("GASLOC_SECRET_FILE");
   return job;
@@ -46,7 +55,7 @@ class PyRun {
         const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& optimizer,
         std::optional<int64_t> resume)
       : job_(launched_job(config, overrides)),
-        cluster_(train::open_user_cluster(job_, env("GASLOC_JOB_ID"))),
+        cluster_(train::open_user_cluster(job_, env("GASLOC_JOB_ID"), incarnation())),
         run_(std::make_unique<train::UserRun>(job_, params, *cluster_, cluster_->local_ranks().front(), optimizer,
                                               resume)) {}
   train::UserRun& run() { return *run_; }
@@ -62,6 +71,14 @@ using UserTensors = std::map<std::string, at::Tensor>;
 
 void checkpoint(PyRun& r, const UserTensors& tensors, const std::string& json) {
   r.run().checkpoint(train::UserState{tensors, nlohmann::json::parse(json)});
+}
+
+void heal(PyRun& r, const UserTensors& tensors, const std::string& json) {
+  r.run().heal(train::UserState{tensors, nlohmann::json::parse(json)});
+}
+
+void leave(PyRun& r, const UserTensors& tensors, const std::string& json) {
+  r.run().leave(train::UserState{tensors, nlohmann::json::parse(json)});
 }
 
 std::optional<std::pair<UserTensors, std::string>> resumed(PyRun& r) {
@@ -109,6 +126,10 @@ PYBIND11_MODULE(_core, m) {
       .def("checkpoint_due", [](PyRun& r) { return r.run().checkpoint_due(); })
       .def("checkpoint", &checkpoint, py::arg("tensors"), py::arg("json"), py::call_guard<py::gil_scoped_release>())
       .def("resumed", &resumed)
+      .def("heal_due", [](PyRun& r) { return r.run().heal_due(); })
+      .def("heal", &heal, py::arg("tensors"), py::arg("json"), py::call_guard<py::gil_scoped_release>())
+      .def("leave", &leave, py::arg("tensors"), py::arg("json"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("elastic", [](PyRun& r) { return r.run().elastic(); })
       .def("stop_agreed", [](PyRun& r) { return r.run().stop_agreed(); })
       .def("land", [](PyRun& r) { return r.run().land(); }, py::call_guard<py::gil_scoped_release>())
       .def("close", [](PyRun& r) { r.run().close(); }, py::call_guard<py::gil_scoped_release>())

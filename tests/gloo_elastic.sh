@@ -168,7 +168,7 @@ set -e
 set +e
 out=$("$G" launch --elastic -n 2 -- "$G" comm-check 2>&1); rc=$?
 set -e
-[ $rc -ne 0 ] && grep -q "runs gasloc train ranks only" <<<"$out" || fail "--elastic comm-check: $out"
+[ $rc -ne 0 ] && grep -q "runs gasloc train ranks" <<<"$out" || fail "--elastic comm-check: $out"
 set +e
 out=$("$G" launch --min-ranks 1 -n 2 -- "$G" train "${base[@]}" 2>&1); rc=$?
 set -e

@@ -781,8 +781,14 @@ TEST(UserJob, RefusesTheKeysTheUserOwnsAndNamesBadOnes) {
   EXPECT_NE(unknown.find("'algo.Hx'"), std::string::npos) << unknown;
   const std::string bad_value = config_error_of([] { train::user_job("", {"algo.H=0"}); });
   EXPECT_NE(bad_value.find("algo.H"), std::string::npos) << bad_value;
-  const std::string elastic = config_error_of([] { train::user_job("", {"cluster.elastic=true"}); });
-  EXPECT_NE(elastic.find("not built yet"), std::string::npos) << elastic;
+  // Elastic: a process run under gasloc launch --elastic (which sets it), not one process alone.
+  const std::string elastic = config_error_of([] { train::user_job("", {"algo.name=diloco", "cluster.elastic=true"}); });
+  EXPECT_NE(elastic.find("an elastic Python run is one of processes"), std::string::npos) << elastic;
+  EXPECT_TRUE(
+      train::user_job("", {"algo.name=diloco", "cluster.elastic=true", "cluster.heartbeat_timeout_s=5"}, true).cluster.elastic);
+  const std::string faults = config_error_of([] { train::user_job("", {"faults.poison=[]"}, true); });
+  EXPECT_NE(faults.find("'faults.poison'"), std::string::npos) << faults;
+  EXPECT_NE(faults.find("a Python rank is a process"), std::string::npos) << faults;
   EXPECT_EQ(train::user_job("", {"algo.name=allreduce"}).algo.name, "allreduce") << "run.sync_gradients()";
   EXPECT_EQ(train::user_job("", {"algo.name=diloco", "algo.H=7"}).algo.H, 7);
   EXPECT_EQ(train::user_job("", {}).cluster.backend, "inproc") << "alone";

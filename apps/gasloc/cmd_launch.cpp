@@ -254,45 +254,58 @@ int run_launch(const LaunchOptions& o) {
   // has a secret, which c10d's store cannot check: then the command's ranks are gasloc.Run's
   // (docs/python.md, "Launch"), meeting at gasloc's store with the job's token and the secret's
   // path in GASLOC_JOB_ID and GASLOC_SECRET_FILE; a torch.distributed script cannot join.
+  // An elastic job's roster, views and heartbeats live in gasloc's store too: under --elastic the
+  // command's ranks are gasloc.Run's as well (GASLOC_ELASTIC, and each incarnation in
+  // GASLOC_INCARNATION), joining and healing as gasloc train ranks do.
   const bool gasloc_ranks = self_cmd && (o.cmd[1] == "train" || o.cmd[1] == "comm-check");
-  const bool sealed_user_ranks = !gasloc_ranks && !o.secret_file.empty();
+  const bool self_train = self_cmd && o.cmd[1] == "train";
+  if (o.elastic && self_cmd && !self_train)
+    throw Error("launch --elastic runs gasloc train ranks, or a Python script's gasloc.Run ranks",
+                "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
+  const bool store_user_ranks = !gasloc_ranks && (!o.secret_file.empty() || o.elastic);
   comm::JobIdentity job{comm::random_job_token(), fmt::format("gasloc launch pid {}", ::getpid()), {}};
   if (!o.secret_file.empty()) job.secret = read_secret_file(o.secret_file);
   comm::StoreHost store_host(master_addr, o.port, std::max(60.0, o.timeout.value_or(0)), job,
-                             !gasloc_ranks && !sealed_user_ranks);
+                             !gasloc_ranks && !store_user_ranks);
   std::vector<std::string> args = rank_args(o, self_cmd, gasloc_ranks, job.token);
   auto envs = rank_envs(o.n, master_addr, store_host.port(), testbed != nullptr);
-  if (sealed_user_ranks)
+  if (store_user_ranks && !o.secret_file.empty())
     write_all(1, "launch: the job has a secret, which c10d's store cannot check: its ranks meet at gasloc's store, as "
                  "gasloc.Run's ranks do (a torch.distributed script cannot join; leave out --secret-file for one)\n");
-  if (sealed_user_ranks)
-    for (auto& env : envs)
-      env.insert(env.end(), {"GASLOC_JOB_ID=" + job.token,
-                             "GASLOC_SECRET_FILE=" + std::filesystem::absolute(o.secret_file).string()});
+  if (store_user_ranks)
+    for (auto& env : envs) {
+      env.push_back("GASLOC_JOB_ID=" + job.token);
+      if (!o.secret_file.empty()) env.push_back("GASLOC_SECRET_FILE=" + std::filesystem::absolute(o.secret_file).string());
+      if (o.elastic) env.push_back("GASLOC_ELASTIC=1");
+    }
 
-  if (o.elastic && !(self_cmd && o.cmd[1] == "train"))
-    throw Error("launch --elastic runs gasloc train ranks only", "e.g. gasloc launch --elastic -n 4 -- gasloc train --config JOB");
-  if (self_cmd && o.cmd[1] == "train") say_world(o);
+  if (self_train) say_world(o);
   const SignalCapture signals;
   // A run resumed on more ranks than saved it: those beyond start as joiners, with a donor's state.
-  const int members = founders(o);
+  const int members = self_train ? founders(o) : o.n;
   auto elastic_args = [&](int id, int64_t inc) {
+    if (!self_train) return args;  // a script's rank learns its incarnation from GASLOC_INCARNATION
     auto a = with_incarnation(args, inc);
     if (id >= members && inc == 0) a.insert(a.begin() + 2, {"--set", "cluster.join=true"});
     return a;
   };
+  auto elastic_env = [&](int id, int64_t inc) {
+    auto env = envs[id];
+    if (o.elastic && !self_train) env.push_back(fmt::format("GASLOC_INCARNATION={}", inc));
+    return env;
+  };
   if (members < o.n)
     write_all(1, fmt::format("launch: the run was saved by {} ranks; ranks {}..{} join it with a donor's state\n",
                              members, members, o.n - 1));
-  const double heartbeat_s = gasloc_ranks || sealed_user_ranks ? heartbeat_timeout(o) : 0.0;
+  const double heartbeat_s = gasloc_ranks || store_user_ranks ? heartbeat_timeout(o, self_train) : 0.0;
   const auto policy = o.elastic ? comm::ElasticHost::Options{o.n, members, o.max_restarts, o.min_ranks, heartbeat_s}
                                 : comm::ElasticHost::Options::fixed_world(o.n, heartbeat_s);
   std::vector<Rank> ranks;
   Supervisor supervisor(ranks, store_host.store(), policy, o.elastic, o.grace, [&](int id, int64_t inc) {
-    return spawn_rank(exe, elastic_args(id, inc), envs[id], testbed.get(), id);
+    return spawn_rank(exe, elastic_args(id, inc), elastic_env(id, inc), testbed.get(), id);
   });
   for (int i = 0; i < o.n; ++i)
-    ranks.push_back(spawn_rank(exe, o.elastic ? elastic_args(i, 0) : args, envs[i], testbed.get(), i));
+    ranks.push_back(spawn_rank(exe, o.elastic ? elastic_args(i, 0) : args, elastic_env(i, 0), testbed.get(), i));
   supervisor.run();
   if (o.elastic) return elastic_outcome(supervisor.host(), supervisor.outcome, ranks, store_host.store(), o.n);
   return fixed_outcome(supervisor.outcome, ranks, store_host.store(), o.n);
@@ -318,7 +331,7 @@ Action add_launch(CLI::App& app) {
                  "naming it (0 = off)")
       ->capture_default_str();
   auto* elastic = app.add_flag("--elastic", o->elastic,
-               "gasloc train ranks with cluster.elastic: a rank that dies leaves the others training, and restarts "
+               "gasloc train ranks with cluster.elastic (or a script's gasloc.Run ranks): a rank that dies leaves the others training, and restarts "
                "and rejoins (up to --max-restarts); the launcher keeps the roster of ranks in its store");
   // Without --elastic a failed rank stops every rank: these would be silently ignored.
   app.add_option("--max-restarts", o->max_restarts, "with --elastic: restarts of failed ranks over the whole job")

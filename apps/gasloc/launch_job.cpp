@@ -114,7 +114,8 @@ std::vector<std::vector<std::string>> rank_envs(int n, const std::string& master
   std::vector<std::string> base;
   auto overridden = [testbed](const std::string& kv) {
     for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                          "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_RESTART_COUNT=", "GASLOC_JOB_ID=", "GASLOC_SECRET_FILE="})
+                          "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_RESTART_COUNT=", "GASLOC_JOB_ID=", "GASLOC_SECRET_FILE=",
+                          "GASLOC_ELASTIC=", "GASLOC_INCARNATION="})
       if (kv.rfind(k, 0) == 0) return true;
     return testbed && kv.rfind("GLOO_SOCKET_IFNAME=", 0) == 0;
   };
@@ -149,9 +150,10 @@ void say_world(const LaunchOptions& o) {
 
 // The heartbeat timeout: --heartbeat-timeout, else an elastic job's cluster.heartbeat_timeout_s
 // (one setting for the in-process reference and the real job), else 30 s.
-double heartbeat_timeout(const LaunchOptions& o) {
+double heartbeat_timeout(const LaunchOptions& o, bool self_train) {
   if (o.heartbeat_timeout) return *o.heartbeat_timeout;
   if (!o.elastic) return 30;
+  if (!self_train) return train::JobConfig{}.cluster.heartbeat_timeout_s;  // a script's job file is not the launcher's to read
   const double s = train_job(o).cluster.heartbeat_timeout_s;
   comm::check_heartbeat_timeout(s, "launch: the job's cluster.heartbeat_timeout_s");
   write_all(1, fmt::format("launch: a rank without a heartbeat for {:g} s is killed and restarts (cluster.heartbeat_timeout_s; "

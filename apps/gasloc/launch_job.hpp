@@ -53,6 +53,8 @@ std::vector<double> testbed_links(const LaunchOptions& o, bool self_train);
 void say_world(const LaunchOptions& o);
 // The heartbeat timeout: --heartbeat-timeout, else an elastic job's cluster.heartbeat_timeout_s,
 // else 30 s.
-double heartbeat_timeout(const LaunchOptions& o);
+// `self_train`: the ranks are gasloc train's; a script's settings are not the launcher's to read, so an elastic
+// script's job gets the default of cluster.heartbeat_timeout_s (10 s) unless --heartbeat-timeout says otherwise.
+double heartbeat_timeout(const LaunchOptions& o, bool self_train);
 
 }  // namespace gasloc::app

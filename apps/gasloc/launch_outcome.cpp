@@ -45,10 +45,11 @@ int fixed_outcome(const Supervised& s, const std::vector<Rank>& ranks, c10d::Sto
 int elastic_outcome(const comm::ElasticHost& e, const Supervised& s, const std::vector<Rank>& ranks, c10d::Store& store,
                     int world) {
   const int code = s.first_failed >= 0 ? report_failure(ranks, s.first_failed, store, world) : 0;
-  std::vector<int> unfinished;
+  std::vector<int> unfinished, left;
   for (int id = 0; id < world; ++id) {
     write_all(2, fmt::format("launch: rank {}: {}\n", id, e.story(id).empty() ? "never ended" : fmt::format("{}", fmt::join(e.story(id), "; "))));
-    if (!e.ended_well(id)) unfinished.push_back(id);
+    if (e.left(id)) left.push_back(id);
+    else if (!e.ended_well(id)) unfinished.push_back(id);
   }
   if (code != 0) return code;
   if (s.interrupted) {
@@ -58,6 +59,11 @@ int elastic_outcome(const comm::ElasticHost& e, const Supervised& s, const std::
   if (!unfinished.empty()) {
     write_all(2, fmt::format("launch: the job did not finish: rank(s) {} ended with an error (above)\n", fmt::join(unfinished, ", ")));
     return 1;
+  }
+  if (!left.empty()) {
+    write_all(2, fmt::format("launch: the job finished; rank(s) {} left it before the end (announced, with a checkpoint; "
+                             "their output says why)\n", fmt::join(left, ", ")));
+    return 0;
   }
   write_all(2, "launch: the job finished: every rank ended well\n");
   return 0;

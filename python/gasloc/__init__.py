@@ -10,7 +10,9 @@
             run.step(loss=loss.item())   # True when a round ended
 
 Alone (python3 train.py) the process is one worker; under ``gasloc launch -n N -- python3 train.py``
-each process is one rank of an N-worker job over Gloo. docs/python.md says what is built.
+each process is one rank of an N-worker job over Gloo; under ``gasloc launch --elastic -n N`` a
+killed rank is restarted and healed from a donor (its ``gasloc.Run`` returns at the donor's step,
+with the donor's optimizer state). docs/python.md says what is built.
 """
 from __future__ import annotations
 
@@ -139,6 +141,11 @@ class Run:
             that committed step (when the newest is damaged): the parameters, the algorithm's
             state, the optimizer's state, ``state`` and the step (``run.start_step``).
 
+    Under ``gasloc launch --elastic`` a restarted rank's Run returns once it is healed: the donor's
+    parameters, algorithm state, optimizer state and ``state`` are in place and ``run.start_step``
+    is the donor's step. Ctrl+C at a rank, or an exception in the ``with`` block, makes that member
+    leave with its checkpoint (not counted as a death; the others go on).
+
     Checkpoints: every ``train.checkpoint_every`` steps (default 100) and at ``close()``, each rank
     writes its file and commits it once every rank has written (docs/python.md).
     """
@@ -168,8 +175,9 @@ class Run:
             optimizer._gasloc_bind(self._core, named)  # gasloc.optim's: it steps the run's flat buffer from now on
         self._closed = False
         self._start_step = self._core.steps_done
-        if resume:
-            self._restore(*self._core.resumed())
+        received = self._core.resumed()  # a resume's checkpoint, or an elastic joiner's donor's state
+        if received is not None:
+            self._restore(*received)
 
     def _restore(self, tensors: dict, text: str) -> None:
         """Puts a checkpoint's share of the user's back: the optimizer's state, then ``state``."""
@@ -186,12 +194,24 @@ class Run:
         average = float(self._evaluate()) if self._core.begin_evaluation() else None
         self._core.end_evaluation(own, average)
 
-    def _checkpoint(self) -> None:
+    def _user_share(self) -> tuple:
+        """What a checkpoint, a clean leave and a joiner's heal carry of the user's: the optimizer's
+        state_dict() and state's get(), as named tensors and a JSON text (nothing pickled)."""
         tensors: dict = {}
         saved = {"optimizer": _state.pack(self._optimizer.state_dict(), "optimizer.", tensors)}
         if self._state is not None:
             saved["state"] = _state.pack(self._state[0](), "state.", tensors)
-        self._core.checkpoint(tensors, _state.dumps(saved))
+        return tensors, _state.dumps(saved)
+
+    def _checkpoint(self) -> None:
+        self._core.checkpoint(*self._user_share())
+
+    def _leave(self) -> None:
+        """An elastic member leaves the job on purpose: its checkpoint, committed on its own, and
+        its leave announced (the launcher does not count it as a death, nor restart it)."""
+        if not self._closed:
+            self._closed = True
+            self._core.leave(*self._user_share())
 
     @property
     def rank(self) -> int:
@@ -241,10 +261,19 @@ class Run:
                 raise ValueError(f"run.step(loss={loss}): the loss is not finite; the worker diverged")
         lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
         round_done = self._core.step(loss, lr)
+        if self._core.heal_due():  # elastic: this rank is a joiner's donor at this round's end
+            self._core.heal(*self._user_share())
         if self._evaluate is not None and self._core.eval_due():
             self._evaluation()
         if self._core.checkpoint_due():
             self._checkpoint()
+        if self._core.stop_agreed() and self._core.elastic:
+            step = self._core.steps_done
+            self._leave()  # this member alone leaves; the others go on
+            raise KeyboardInterrupt(
+                f"gasloc: rank {self.rank} left the elastic job after step {step} (Ctrl+C or SIGTERM) with its "
+                f"checkpoint in {self.run_dir}"
+            )
         if self._core.stop_agreed():
             step = self._core.steps_done
             self.close()  # every rank stops after this step: a checkpoint of it, committed
@@ -274,9 +303,12 @@ class Run:
         if exc_type is None or (self.world == 1 and not self._closed):
             # Alone, an exception in the block leaves a checkpoint of the last step too.
             self.close()
-        # With peers, after an exception they may be elsewhere in the loop: no collective (a
-        # checkpoint commits only once every rank wrote it), the process ends; Ctrl+C instead stops
-        # every rank after the same step (step() above).
+        elif self._core.elastic:
+            # An elastic member commits its checkpoint on its own and leaves: the others go on.
+            self._leave()
+        # With peers and no elastic membership, after an exception they may be elsewhere in the
+        # loop: no collective (a checkpoint commits only once every rank wrote it), the process
+        # ends; Ctrl+C instead stops every rank after the same step (step() above).
 
 
 from . import data, models, optim  # noqa: E402  (gasloc's own parts: they use _core and _overrides)

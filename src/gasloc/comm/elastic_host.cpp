@@ -32,6 +32,19 @@ ElasticHost::Options checked(ElasticHost::Options o, const ProcessControl* contr
     throw ConfigError(fmt::format("elastic host: --min-ranks {} is outside 1..{}", o.min_ranks, o.world));
   return o;
 }
+
+// The step after which incarnation `inc` of `id` announced that it leaves the job (el/left/ID).
+std::optional<int64_t> announced_leave(c10d::Store& store, int id, int64_t inc) {
+  const std::string key = elastic_keys::left(id);
+  if (!store.check({key})) return std::nullopt;
+  const std::string text = to_text(store.get(key));
+  const auto colon = text.find(':');
+  try {
+    if (colon != std::string::npos && std::stoll(text.substr(0, colon)) == inc) return std::stoll(text.substr(colon + 1));
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 ElasticHost::ElasticHost(c10d::Store& store, Options opts, ProcessControl* control)
@@ -46,7 +59,8 @@ ElasticHost::ElasticHost(c10d::Store& store, Options opts, ProcessControl* contr
       running_(opts_.world, !opts_.by_hand),
       killing_(opts_.world, false),
       story_(opts_.world),
-      ended_well_(opts_.world, false) {
+      ended_well_(opts_.world, false),
+      left_(opts_.world, false) {
   if (opts_.by_hand) {
     store_.set(elastic_keys::founders(), to_bytes(std::to_string(opts_.founders)));
     store_.set(elastic_keys::world(), to_bytes(std::to_string(opts_.world)));
@@ -68,6 +82,16 @@ std::vector<HostEvent> ElasticHost::exited(int id, const ProcessEnd& end, double
   writer_.exited(id, inc);
   ended_well_[id] = end.ok();
   auto tell = [&](const std::string& what) { story_[id].push_back(fmt::format("incarnation {} {}", inc, what)); };
+  // It said it leaves (its checkpoint written): not a death, whatever its exit status, and not restarted.
+  if (const auto step = announced_leave(store_, id, inc)) {
+    left_[id] = true;
+    tell(fmt::format("left the job after step {} ({}; its checkpoint written; not restarted)", *step, end.status));
+    if (interrupted_ || stopped_) return {};
+    return {{HostEvent::Kind::left, id,
+             fmt::format("rank {} (incarnation {}) left the job after step {} with its checkpoint (it announced it: not "
+                         "a death, and not restarted); the others go on",
+                         id, inc, *step)}};
+  }
   if (end.ok()) {
     tell(interrupted_ ? "stopped as asked" : "finished");
     return {};

@@ -81,6 +81,7 @@ struct HostEvent {
     fenced,     // judged dead (a stalled heartbeat; reported and silent): killed, or dropped without a hook
     restarted,  // failed; its next incarnation was started
     lost,       // failed with no restart left; the others go on
+    left,       // ended after announcing that it leaves (ElasticRoster::announce_leave): not a death
     stop,       // the job cannot go on: the caller stops every rank
   };
   Kind kind;
@@ -126,6 +127,8 @@ class ElasticHost {
   // By id: what each of its incarnations did, and whether its newest one exited 0.
   const std::vector<std::string>& story(int id) const { return story_.at(id); }
   bool ended_well(int id) const { return ended_well_.at(id); }
+  // Its newest incarnation left the job on purpose (announced, its checkpoint written).
+  bool left(int id) const { return left_.at(id); }
   const Roster& roster() const { return writer_.roster(); }
 
  private:
@@ -151,6 +154,7 @@ class ElasticHost {
   std::vector<bool> killing_;         // by id: its kill was asked for and its exit not seen yet (asked once)
   std::vector<std::vector<std::string>> story_;
   std::vector<bool> ended_well_;
+  std::vector<bool> left_;
   std::map<int, double> failed_at_s_;  // by id: when the predecessor of its newest incarnation failed
 };
 

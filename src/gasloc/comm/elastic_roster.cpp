@@ -56,6 +56,7 @@ std::string any_behind() { return "el/behind"; }
 std::string files() { return "el/files"; }
 std::string files_ready() { return "el/files_ready"; }
 std::string finished() { return "el/finished"; }
+std::string left(int id) { return fmt::format("el/left/{}", id); }
 std::string all_reduce(int64_t call_id) { return fmt::format("el/ar/{}", call_id); }
 std::string all_reduce_ok(int64_t call_id, int id) { return fmt::format("el/ar/{}/ok/{}", call_id, id); }
 }  // namespace elastic_keys
@@ -183,6 +184,9 @@ bool ElasticRoster::gone(int id, int64_t inc) {
 
 void ElasticRoster::announce_up() { store_->set(elastic_keys::up(id_), to_bytes(std::to_string(incarnation_))); }
 void ElasticRoster::announce_member() { store_->set(elastic_keys::in(id_), to_bytes(std::to_string(incarnation_))); }
+void ElasticRoster::announce_leave(int64_t step) {
+  store_->set(elastic_keys::left(id_), to_bytes(fmt::format("{}:{}", incarnation_, step)));
+}
 void ElasticRoster::announce_behind() {
   store_->set(elastic_keys::behind(id_), to_bytes(std::to_string(incarnation_)));
   store_->set(elastic_keys::any_behind(), to_bytes("1"));

@@ -26,6 +26,9 @@
 //                      list it as joining (healed by a donor) until it announces `in`
 //   el/files, el/files_ready  who opens the run's files, and that they are open
 //   el/finished        the last step, once a rank reached it
+//   el/left/ID         "INC:STEP": this incarnation leaves the job on purpose after STEP, its
+//                      checkpoint written (a Python rank's Ctrl+C or exception, docs/python.md):
+//                      the launcher does not count its exit as a death nor restart it
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -78,6 +81,7 @@ std::string any_behind();
 std::string files();
 std::string files_ready();
 std::string finished();
+std::string left(int id);
 std::string all_reduce(int64_t call_id);
 std::string all_reduce_ok(int64_t call_id, int id);
 }  // namespace elastic_keys
@@ -107,6 +111,8 @@ class ElasticRoster {
   void announce_member();
   // This member resumes without a state of its own: views list it as joining until it is healed.
   void announce_behind();
+  // This incarnation leaves the job after `step` (its checkpoint written): its exit is not a death.
+  void announce_leave(int64_t step);
   // Reports incarnation `inc` of `peer`, whose link failed while the roster listed it alive.
   void suspect(int peer, int64_t inc);
   // The step every rank stops at: proposes `step` if nobody has yet; returns the agreed one.

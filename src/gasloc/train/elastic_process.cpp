@@ -169,6 +169,11 @@ void ElasticProcess::files_ready() { roster_.store().set(keys::files_ready(), to
 void ElasticProcess::finished(int64_t step) { roster_.store().set(keys::finished(), to_bytes(std::to_string(step))); }
 
 int64_t ElasticProcess::join(Worker& w) {
+  return join([&w](const algo::HealPlan& plan) { return w.heal(plan); }, [&w] { return w.steps_done(); });
+}
+
+int64_t ElasticProcess::join(const std::function<bool(const algo::HealPlan&)>& heal,
+                             const std::function<int64_t()>& steps_done) {
   const int me = roster_.id();
   // Views pinned before this announcement cannot list it: start looking at the newest of those.
   int64_t t = roster_.latest_round();
@@ -204,12 +209,12 @@ int64_t ElasticProcess::join(Worker& w) {
     last_news = now_s();
     if (pinned->is_joining(me)) {
       const auto plan = algo::heal_plan(*pinned, me);
-      if (plan && w.heal(*plan)) {
+      if (plan && heal(*plan)) {
         roster_.announce_member();
         spdlog::info("worker {} {} at round {} with worker {}'s state (step {})", me,
                      heals_ ? "caught up" : roster_.incarnation() == 0 ? "joined" : "rejoined", t, pinned->donor(me),
-                     w.steps_done());
-        return w.steps_done();
+                     steps_done());
+        return steps_done();
       }
       spdlog::warn("worker {}: its donor for round {} failed during the transfer; waiting for the next round", me, t);
     }

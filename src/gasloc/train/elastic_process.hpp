@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "gasloc/algo/store_views.hpp"
@@ -56,6 +57,10 @@ class ElasticProcess {
   // whose view lists it as joining, takes its donor's state at that round's merge, and becomes a
   // member. Returns the step it continues from; -1 when the job ended first.
   int64_t join(Worker& w);
+  // The same for a worker of another kind (a Python rank, train/user_run.hpp): `heal` takes part
+  // in the transfer of a HealPlan (false: its donor failed at it), `steps_done` is the step the
+  // healed worker holds.
+  int64_t join(const std::function<bool(const algo::HealPlan&)>& heal, const std::function<int64_t()>& steps_done);
   // This rank reached the job's last step: a joiner still waiting then knows the job finished.
   void finished(int64_t step);
   // True when this rank stops after `step`: an interrupt here proposes a step two rounds ahead,

@@ -67,6 +67,7 @@ json of(const ViewEvent& e) {
   json j = {{"event", "view"}, {"step", e.step}, {"worker", e.worker}, {"round", e.round}, {"members", e.members},
             {"died", e.died}, {"joined", e.joined}, {"virtual_time_s", e.virtual_time_s}};
   if (!e.joined_incarnations.empty()) j["joined_incarnations"] = e.joined_incarnations;
+  if (!e.left.empty()) j["left"] = e.left;
   return j;
 }
 json of(const MemoryEvent& e) {
@@ -170,7 +171,7 @@ std::optional<MetricsEvent> parse_metrics_line(const std::string& line) {
                      field(j, "eval_time_s", 0.0)};
   if (event == "view")
     return ViewEvent{step, worker, field<int64_t>(j, "round", 0), ids(j, "members"), ids(j, "died"), ids(j, "joined"),
-                     field(j, "virtual_time_s", 0.0), ids(j, "joined_incarnations")};
+                     field(j, "virtual_time_s", 0.0), ids(j, "joined_incarnations"), ids(j, "left")};
   if (event == "config_change")
     return ConfigChangeEvent{step, worker, field<std::string>(j, "key", ""), j.value("old", json()), j.value("new", json())};
   if (event == "memory")

@@ -68,6 +68,9 @@ struct ViewEvent {
   // Process runs: the incarnation of each id in `joined`, in its order (a restart is a new
   // incarnation; the same one listed again is another heal, not another restart). Empty in-process.
   std::vector<int64_t> joined_incarnations;
+  // Ids that left the job on purpose since the round before (they announced it, with their
+  // checkpoint: a Python rank's Ctrl+C or exception); never in `died`. Written when not empty.
+  std::vector<int64_t> left;
 };
 
 // What one worker holds besides its model ("memory"), once per run.

@@ -13,6 +13,7 @@
 #include "gasloc/core/atomic_file.hpp"
 #include "gasloc/core/config.hpp"
 #include "gasloc/core/error.hpp"
+#include "gasloc/train/elastic_process.hpp"
 #include "gasloc/train/run.hpp"
 #include "gasloc/train/run_start.hpp"
 
@@ -29,7 +30,6 @@ struct Refusal {
 
 constexpr const char* kLoopLength = "your loop decides how many steps run (for step in range(run.start_step, total_steps))";
 constexpr const char* kThreads = "your process sets its own threads (torch.set_num_threads)";
-constexpr const char* kNotBuilt = "not built yet in the Python API (docs/python.md lists what is)";
 
 const std::vector<Refusal>& refusals() {
   static const std::vector<Refusal> table = {
@@ -46,10 +46,8 @@ const std::vector<Refusal>& refusals() {
       {"train.divergence_factor", "your loop owns its loss"},
       {"cluster.workers", "a Python process is one worker: start N of them with gasloc launch -n N"},
       {"cluster.compute_slots", "it schedules the in-process workers of the CLI trainer; a Python process is one worker"},
-      {"cluster.elastic", kNotBuilt},
-      {"cluster.join", kNotBuilt},
-      {"cluster.heartbeat_timeout_s", kNotBuilt},
-      {"faults", kNotBuilt},
+      {"faults", "it schedules deaths and poisoned messages of the CLI trainer's in-process workers; a Python rank is a "
+                 "process: kill it, and gasloc launch --elastic restarts it and heals it from a donor"},
   };
   return table;
 }
@@ -111,6 +109,9 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
     sets.push_back(ov);
   }
   JobConfig job = job_from_json(doc, sets);
+  if (job.cluster.elastic && job.cluster.backend == "inproc")
+    throw ConfigError("config key 'cluster.elastic': an elastic Python run is one of processes, and this one runs alone",
+                      "start it under gasloc launch --elastic -n N -- python3 train.py (which sets it)");
   if (launched && job.cluster.backend == "inproc")
     throw ConfigError("config key 'cluster.backend': inproc trains this process alone, but a launcher started it as one "
                       "rank of WORLD_SIZE",
@@ -118,9 +119,10 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
   return job;
 }
 
-std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std::string& job_id) {
+std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std::string& job_id, int64_t incarnation) {
   TrainRequest req;
   req.job_id = job_id;
+  req.incarnation = incarnation;
   return open_cluster(req, job);
 }
 
@@ -136,11 +138,30 @@ UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, 
   nlohmann::json resolved = job_.to_json();
   resolved["model"] = model_shapes(params_);
   comm::Communicator* processes = cluster_.processes();
-  if (processes) agree_on_config(*processes, resolved, "");
+  if (comm::ElasticRoster* roster = cluster_.elastic_roster()) {
+    if (resume)
+      throw ConfigError("resume= of an elastic Python run is not built yet (its ranks commit their checkpoints on their own)",
+                        "resume it without --elastic (gasloc launch -n N), or start a new run");
+    const int64_t steps_per_round = algo::algorithm(job_.algo.name).has_rounds ? job_.algo.H : 1;
+    elastic_ = std::make_unique<ElasticProcess>(*roster, world(), steps_per_round, job_.cluster.timeout_s);
+    elastic_->agree(shared_config(resolved, ""));
+  } else if (processes) {
+    agree_on_config(*processes, resolved, "");
+  }
   network_ = job_.network.model(world());
-  sync_ = algo::make_synchronizer(job_.algo, world(), job_.train.seed, &network_, nullptr, job_.faults.poisons());
+  sync_ = algo::make_synchronizer(job_.algo, world(), job_.train.seed, &network_, elastic_ ? &elastic_->views() : nullptr,
+                                  job_.faults.poisons());
   const std::vector<int> mine{rank_};
-  if (resume) {
+  if (elastic_ && elastic_->joiner()) {
+    sync_->init(params_);  // replaced by the donor's at the heal (join_running_job, after the files)
+  } else if (elastic_) {
+    if (checkpoints_.any(&mine))
+      throw CheckpointError("run directory '" + dir_.string() + "' already holds checkpoints of rank " +
+                                std::to_string(rank_),
+                            "set another train.run_dir (resume= of an elastic Python run is not built yet)");
+    agree_initial_params();
+    sync_->init(params_);
+  } else if (resume) {
     sync_->init(params_);
     const int64_t step = agreed_resume_step(*resume);
     resume_from(step, checkpoints_.committed(rank_));
@@ -155,6 +176,7 @@ UserRun::UserRun(const JobConfig& job, const std::vector<std::pair<std::string, 
   }
   start_files(optimizer, resume.has_value());
   signals_.emplace();
+  if (elastic_ && elastic_->joiner()) join_running_job();
 }
 
 CheckpointMeta UserRun::meta() const { return {model_shapes(params_), optimizer_, job_.algo.name.str(), world()}; }
@@ -233,7 +255,8 @@ bool UserRun::eval_due() const {
 }
 
 bool UserRun::begin_evaluation() {
-  if (world() == 1) return false;
+  consensus_ = 0;
+  if (world() == 1 || elastic_) return false;  // elastic: each rank evaluates its own model, no collective
   torch::NoGradGuard no_grad;
   comm::Communicator& control = cluster_.control(rank_);
   torch::Tensor mean = params_.data().clone();
@@ -254,12 +277,20 @@ void UserRun::end_evaluation(double own_loss, std::optional<double> average_loss
     own_params_ = torch::Tensor();
   }
   // Row r holds rank r's loss, the others zeros: the mean times the world is every row.
+  evaluated_ = step_;
+  std::vector<double> by_rank{own_loss};
+  if (elastic_) {  // every elastic rank writes its own line, as gasloc train's do
+    const Counters c = counters();
+    metrics_->write(EvalEvent{.step = step_, .worker = rank_, .val_loss = own_loss, .worker_val_loss = by_rank,
+                              .consensus_distance = 0, .wall_time_s = c.wall_time_s, .virtual_time_s = c.virtual_time_s,
+                              .bytes_sent = c.bytes_sent, .members = {rank_}, .eval_time_s = 0});
+    return;
+  }
   auto losses = torch::zeros({world()}, torch::kFloat64);
   losses[rank_] = own_loss;
   if (world() > 1) cluster_.control(rank_).all_reduce_mean(losses);
   losses.mul_(world());
-  std::vector<double> by_rank(losses.data_ptr<double>(), losses.data_ptr<double>() + world());
-  evaluated_ = step_;
+  by_rank.assign(losses.data_ptr<double>(), losses.data_ptr<double>() + world());
   if (rank_ != 0) return;
   const Counters c = counters();
   metrics_->write(EvalEvent{.step = step_,
@@ -292,35 +323,43 @@ void UserRun::checkpoint(const UserState& user) {
   for (const auto& [k, v] : user.tensors) c.tensors["user." + k] = v;
   c.tensors["rng.cpu"] = at::detail::getDefaultCPUGenerator().get_state();
   checkpoints_.write(step_, rank_, c);
-  cluster_.control(rank_).barrier();  // every rank wrote this step before any commits it
+  // Every rank wrote this step before any commits it; an elastic rank commits its own (no collective).
+  if (!elastic_) cluster_.control(rank_).barrier();
   checkpoints_.commit(step_, rank_);
   checkpointed_ = step_;
 }
 
 UserRun::~UserRun() = default;
 
+// The settings this run used; of what the user owns, only the optimizer's name (for readers of runs).
+void UserRun::write_run_json(const std::string& optimizer) {
+  nlohmann::json config = job_.to_json();
+  for (auto& [section, table] : config.items())
+    for (auto it = table.begin(); it != table.end();)
+      it = user_key_refusal(section + "." + it.key()).empty() ? std::next(it) : table.erase(it);
+  config["optim"] = {{"name", optimizer}};
+  const nlohmann::json info = {{"config", config},
+                               {"model", {{"source", "python"}, {"params", params_.numel()}, {"shapes", model_shapes(params_)}}},
+                               {"world", world()},
+                               {"seed", job_.train.seed},
+                               {"versions", {{"gasloc", "0.1.0"}, {"torch", TORCH_VERSION}}}};
+  write_file_atomic_shared(dir_ / "run.json", info.dump(2) + "\n");
+}
+
 void UserRun::start_files(const std::string& optimizer, bool resumed) {
   const fs::path file = dir_ / "metrics.jsonl";
-  const bool leader = rank_ == 0;
+  // Elastic: the first rank to claim the files opens them (any id: rank 0 may have died starting);
+  // every other rank, and every incarnation restarted later, appends once they are open.
+  const bool leader = elastic_ ? elastic_->claim_files() : rank_ == 0;
   if (leader && resumed) {
     metrics_ = std::make_unique<MetricsLog>(file, step_);  // drops the lines after the checkpoint (a crash's tail)
   } else if (leader) {
-    // The settings this run used; of what the user owns, only the optimizer's name (for readers of runs).
-    nlohmann::json config = job_.to_json();
-    for (auto& [section, table] : config.items())
-      for (auto it = table.begin(); it != table.end();)
-        it = user_key_refusal(section + "." + it.key()).empty() ? std::next(it) : table.erase(it);
-    config["optim"] = {{"name", optimizer}};
-    const nlohmann::json info = {{"config", config},
-                                 {"model", {{"source", "python"}, {"params", params_.numel()}, {"shapes", model_shapes(params_)}}},
-                                 {"world", world()},
-                                 {"seed", job_.train.seed},
-                                 {"versions", {{"gasloc", "0.1.0"}, {"torch", TORCH_VERSION}}}};
-    write_file_atomic_shared(dir_ / "run.json", info.dump(2) + "\n");
+    write_run_json(optimizer);
     fs::remove(file);  // a new run: the previous run's lines go (as `gasloc train` does without checkpoints)
     metrics_ = std::make_unique<MetricsLog>(file);
   }
-  cluster_.control(rank_).barrier();  // the leader's new file exists before anyone appends to it
+  if (elastic_ && leader) elastic_->files_ready();
+  if (!elastic_) cluster_.control(rank_).barrier();  // the leader's new file exists before anyone appends to it
   if (!metrics_) metrics_ = std::make_unique<MetricsLog>(file);
   if (leader && !resumed) {
     int64_t sync_bytes = 0;
@@ -379,13 +418,16 @@ bool UserRun::step(std::optional<double> loss, double lr) {
   ++step_;
   if (computed) comm.compute(1);
   const bool round_done = sync_->after_step(step_, params_, comm);
+  if (elastic_) after_round_elastic();
   in_step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   if (loss) last_loss_ = loss;
   last_lr_ = lr;
   if (step_ % job_.train.log_every == 0) {
     write_train_line(round_done);
-    stop_agreed_ = agree_stop();
+    if (!elastic_) stop_agreed_ = agree_stop();
   }
+  // Elastic: Ctrl+C or SIGTERM at this rank is this member's leave (Run.step calls leave()).
+  if (elastic_) stop_agreed_ = stop_requested();
   return round_done;
 }
 
@@ -443,6 +485,7 @@ void UserRun::close() {
   land();
   closed_ = true;
   if (step_ > logged_step_) write_train_line(landed_);
+  if (elastic_) elastic_->finished(step_);  // a rank still waiting to join learns the job ended
   metrics_.reset();
   lock_.reset();
   signals_.reset();

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "gasloc/algo/membership.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/cluster.hpp"
 #include "gasloc/comm/network_model.hpp"
@@ -27,6 +28,8 @@
 #include "gasloc/train/signals.hpp"
 
 namespace gasloc::train {
+
+class ElasticProcess;  // train/elastic_process.hpp
 
 // Why `key` ("section.key") cannot be set for a user-owned run: the user owns what it sets (the
 // model, the data, the inner optimizer, the loop's length, device and threads) or this API does not
@@ -46,7 +49,9 @@ JobConfig user_job(const std::string& config_path, const std::vector<std::string
 // `job_id`: the job token gasloc launch hands a sealed job's ranks (GASLOC_JOB_ID): the rank then
 // meets at gasloc's store, authenticated with cluster.secret_file, and sends heartbeats, as a
 // `gasloc train` rank does; "" meets at the launcher's c10d store (or hosts gasloc's as rank 0 by hand).
-std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std::string& job_id = "");
+// `incarnation` (GASLOC_INCARNATION under gasloc launch --elastic): 0 for a founding rank, more for
+// a restarted one, which joins the running job; -1 asks a `gasloc store --elastic` (ranks by hand).
+std::unique_ptr<comm::Cluster> open_user_cluster(const JobConfig& job, const std::string& job_id = "", int64_t incarnation = -1);
 
 // The user's share of a checkpoint, which the Python package packs (nothing pickled): the tensors
 // of the optimizer's state_dict() and of `state=`'s value by name, and the rest as JSON.
@@ -70,6 +75,12 @@ class UserRun {
   // and the counters; resumed() then holds the user's share for the caller to restore. A run of
   // another world, or a checkpoint of another model, optimizer or algorithm, is a CheckpointError
   // naming what differs; a damaged file names the step to resume instead.
+  // Elastic (`cluster` has an elastic roster: gasloc launch --elastic, docs/python.md "Elastic
+  // runs"): the ranks agree in the store, with no collective over all of them; the founding ranks
+  // must start from the same parameters (there is no broadcast: a rank whose parameters differ
+  // is refused, naming the fix), and a restarted incarnation joins instead: it waits for a round
+  // whose view lists it, takes its donor's parameters, synchronizer state, step and user's share
+  // (resumed() then holds the share), and returns at the donor's step.
   UserRun(const JobConfig& job, const std::vector<std::pair<std::string, torch::Tensor>>& params, comm::Cluster& cluster,
           int rank, const std::string& optimizer, std::optional<int64_t> resume = std::nullopt);
   static constexpr int64_t kResumeNewest = -1;
@@ -113,8 +124,23 @@ class UserRun {
   // train.log_every steps whether any was asked to stop, so that all stop after the same step.
   // True once they agreed: the caller checkpoints, closes and leaves.
   bool stop_agreed() const { return stop_agreed_; }
-  // What a resumed run loaded of the user's share (nullopt for a new run).
+  // What a resumed run loaded, or an elastic joiner received from its donor, of the user's share
+  // (nullopt for a new run).
   const std::optional<UserState>& resumed() const { return resumed_; }
+
+  // --- Elastic runs ---
+  bool elastic() const { return elastic_ != nullptr; }
+  // A round that ended at this step admitted joiners whose donor this rank is: the caller hands
+  // heal() the user's share (the optimizer's state, state=), at once, before the next step.
+  bool heal_due() const { return pending_heal_.has_value(); }
+  // Sends this rank's whole state (parameters, the synchronizer's state as the joiner keeps it,
+  // the step, `user`) to the joiners of heal_due(). A joiner that died at it only costs its edge.
+  void heal(const UserState& user);
+  // Leaves the job on purpose (Ctrl+C, an exception in the with block): writes and commits this
+  // rank's checkpoint with `user` (each elastic rank commits its own), announces the leave in the
+  // store (the launcher does not count the exit as a death nor restart it; the others' view
+  // events list it as left) and closes without landing a round in flight. Elastic runs only.
+  void leave(const UserState& user);
   // Lands an overlapped round still in flight (collective: every rank lands at the same step).
   // True when one landed. close() does it too; call it first to checkpoint the landed state.
   bool land();
@@ -141,6 +167,13 @@ class UserRun {
   CheckpointMeta meta() const;
   Counters counters() const;
   bool agree_stop();
+  // Elastic: the founding ranks' parameters agree (no broadcast); a joiner's heal; a view change.
+  void agree_initial_params();
+  void join_running_job();
+  bool receive_heal(const algo::HealPlan& plan);
+  void after_round_elastic();
+  void report_view(const algo::View& v);
+  void write_run_json(const std::string& optimizer);
 
   JobConfig job_;
   comm::Cluster& cluster_;
@@ -149,7 +182,9 @@ class UserRun {
   std::optional<RunDirLock> lock_;
   FlatParams params_;
   comm::NetworkModel network_;  // the synchronizer prices rounds with it (make_synchronizer keeps a pointer)
+  std::unique_ptr<ElasticProcess> elastic_;  // before sync_: its views outlive the synchronizer's use of them
   std::unique_ptr<algo::Synchronizer> sync_;
+  std::optional<algo::HealPlan> pending_heal_;
   std::unique_ptr<MetricsLog> metrics_;
   RunCheckpoints checkpoints_;
   std::string optimizer_;
