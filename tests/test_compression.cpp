@@ -16,6 +16,8 @@
 #include "gasloc/algo/compressed_consensus.hpp"
 #include "gasloc/algo/compression.hpp"
 #include "gasloc/algo/mix/make_mix.hpp"
+#include "gasloc/algo/mix/owners_all_reduce.hpp"
+#include "gasloc/algo/mix/pair_exchange.hpp"
 #include "gasloc/algo/consensus.hpp"
 #include "gasloc/algo/modulo_codec.hpp"
 #include "gasloc/algo/round_sync.hpp"
@@ -196,8 +198,8 @@ TEST(CompressedAllReduce, EveryMemberEndsWithTheOwnersDecodedMean) {
       for (int i = 0; i < n; ++i) members[i] = i;
       comm::InProcCluster cluster(n);
       cluster.run([&](int rank, comm::Communicator& c) {
-        algo::Compressor comp({codec});
-        got[rank] = comp.all_reduce(xs[rank], r, members, c);
+        algo::OwnersAllReduce comp(codec, false, 1.0f);
+        got[rank] = comp.run(xs[rank], r, members, c);
       });
       const auto want = reference_all_reduce(codec, r, xs);
       for (int i = 0; i < n; ++i) EXPECT_TRUE(torch::equal(got[i], want)) << "rank " << i;
@@ -211,7 +213,7 @@ TEST(CompressedAllReduce, EveryMemberEndsWithTheOwnersDecodedMean) {
         EXPECT_LT((got[0] - exact).abs().max().item<double>(), bound);
       }
       const int64_t sent = cluster.comm(0).stats().bytes_sent;
-      EXPECT_EQ(sent, algo::Compressor({codec}).all_reduce_bytes(P, n));
+      EXPECT_EQ(sent, algo::compressed_all_reduce_bytes(codec, P, n));
     }
   }
 }
@@ -222,8 +224,8 @@ TEST(CompressedAllReduce, ANonFinitePseudoGradientNamesTheWorker) {
     cluster.run([&](int rank, comm::Communicator& c) {
       auto x = torch::zeros({10});
       if (rank == 1) x[3] = std::numeric_limits<float>::infinity();
-      algo::Compressor comp({comm::Codec::int8(4)});
-      comp.all_reduce(x, torch::zeros({10}), {0, 1}, c);
+      algo::OwnersAllReduce comp(comm::Codec::int8(4), false, 1.0f);
+      comp.run(x, torch::zeros({10}), {0, 1}, c);
     });
     ADD_FAILURE() << "expected an error";
   } catch (const CommError& e) {
@@ -489,7 +491,7 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
     // modulo's first round is fp32 (it measures the gaps); delta's refreshes of its reference (an
     // int8 all-reduce on rounds 0 and 5 of 5) are in its bytes.
     const bool measures_gaps = c.a.topology != "complete" && c.a.gossip_codec == "modulo";
-    const algo::Compressor codec(*algo::compression_options(c.a));
+    const algo::CompressionOptions codec = *algo::compression_options(c.a);
     const int64_t P = got.params[0].numel(), C = 256, peers = c.a.topology == "1peer" ? 1 : 2;
     for (int r = 0; r < 4; ++r) {
       EXPECT_NEAR(got.losses[r].back(), want.losses[r].back(), 0.02 * want.losses[r].back()) << "rank " << r;
@@ -497,7 +499,7 @@ TEST_F(Compressed, EveryAlgorithmTrainsLikeItsUncompressedTwinOnFewerBytes) {
       double sent = static_cast<double>(got.bytes_sent[r]);
       if (measures_gaps) {
         const int64_t resent = got.bytes_sent[r] - static_cast<int64_t>(plain_round) -
-                               static_cast<int64_t>(rounds - 1) * codec.gossip_bytes(P, static_cast<int>(peers));
+                               static_cast<int64_t>(rounds - 1) * peers * algo::gossip_message_bytes(codec, P);
         const int64_t most = 4 * C * got.resends[r], tails = static_cast<int64_t>(rounds - 1) * peers;
         EXPECT_LE(resent, most) << "rank " << r;
         EXPECT_GE(resent, most - 4 * (C - P % C) * tails) << "rank " << r;

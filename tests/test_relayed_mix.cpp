@@ -1,7 +1,7 @@
 // Overlapped compressed rounds (algo/relayed_mix.hpp): a blocking mix of several exchanges run
 // against a relay, its exchanges started and landed between inner steps. The relay's clock is
 // pinned to hand-computed values, its failures to the blocking mix's, and every codec's
-// overlapped round to its blocking round (algo/compression.hpp), bit for bit.
+// overlapped round to its blocking round (algo/mix/codec_mix.hpp), bit for bit.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -111,19 +111,17 @@ void print_cost(const topology::Topology& t, const TopoOptions& o, c10::ScalarTy
   const algo::AlgoConfig a = gossip_config(o);
   a.validate_compression();
   const auto opts = *algo::compression_options(a);
-  const algo::Compressor codec(opts);
   double bytes = 0;
   std::string how;
   if (t.is_all_reduce()) {
-    bytes = static_cast<double>(codec.all_reduce_bytes(params, n));
+    bytes = static_cast<double>(algo::compressed_all_reduce_bytes(opts.codec, params, n));
     how = o.compression == "topk" ? "an all-gather of every member's payload" : "to chunk owners and back, 2(n-1) payloads of P/n";
   } else {
-    bytes = static_cast<double>(deg) * static_cast<double>(codec.gossip_bytes(params, 1));
+    bytes = static_cast<double>(deg) * static_cast<double>(algo::gossip_message_bytes(opts, params));
     how = fmt::format("{} x the {} codec's payload", deg, o.gossip_codec);
     if (opts.gossip == algo::GossipCodec::delta && opts.reference_every > 0) {
-      auto int8 = opts;
-      int8.codec = comm::Codec::int8(opts.codec.chunk);
-      bytes += static_cast<double>(algo::Compressor(int8).all_reduce_bytes(params, n)) / static_cast<double>(opts.reference_every);
+      const auto int8 = comm::Codec::int8(opts.codec.chunk);
+      bytes += static_cast<double>(algo::compressed_all_reduce_bytes(int8, params, n)) / static_cast<double>(opts.reference_every);
       how += fmt::format(", and its reference's int8 all-reduce every {} rounds", opts.reference_every);
     } else if (opts.gossip == algo::GossipCodec::modulo) {
       how += "; plus an fp32 first round and the chunks resent after a wrap, which depend on the run";

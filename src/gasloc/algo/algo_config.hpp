@@ -7,6 +7,7 @@
 #include "gasloc/algo/algorithms.hpp"
 #include "gasloc/algo/compression.hpp"
 #include "gasloc/algo/membership.hpp"
+#include "gasloc/algo/peer_clip.hpp"
 #include "gasloc/algo/registry.hpp"
 #include "gasloc/algo/synchronizer.hpp"
 #include "gasloc/comm/codec.hpp"

@@ -1,5 +1,5 @@
 // An overlapped round for a mix of several exchanges in sequence (the compressed collectives of
-// algo/compression.hpp: an all-to-all then an all-gather, a prelude then residues then resends, a
+// algo/mix/codec_mix.hpp: an all-to-all then an all-gather, a prelude then residues then resends, a
 // reference refresh then the payload), written once as blocking code.
 //
 // The mix runs on a thread of its own against a relay communicator whose exchange() hands the

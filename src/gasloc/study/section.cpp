@@ -120,18 +120,15 @@ Projection project_run(const fs::path& run_dir, const std::string& model) {
   std::optional<double> refresh;  // delta: the reference's all-reduce, as a ring's message
   int64_t refresh_every = 0;
   if (const auto o = algo::compression_options(job.algo)) {
-    const algo::Compressor codec(*o);
     const auto params = static_cast<int64_t>(P) / std::max<int64_t>(1, job.network.simulated_element_bytes);
     const double ring_share = 2.0 * (n - 1) / n;
     if (all_reduce) {
-      total = static_cast<double>(codec.all_reduce_bytes(params, n));
+      total = static_cast<double>(algo::compressed_all_reduce_bytes(o->codec, params, n));
       message = total / ring_share;
     } else {
-      message = static_cast<double>(codec.gossip_bytes(params, 1));
+      message = static_cast<double>(algo::gossip_message_bytes(*o, params));
       if (o->gossip == algo::GossipCodec::delta) {
-        algo::CompressionOptions int8 = *o;
-        int8.codec = comm::Codec::int8(o->codec.chunk);
-        refresh = static_cast<double>(algo::Compressor(int8).all_reduce_bytes(params, n)) / ring_share;
+        refresh = static_cast<double>(algo::compressed_all_reduce_bytes(comm::Codec::int8(o->codec.chunk), params, n)) / ring_share;
         refresh_every = o->reference_every;
       }
     }

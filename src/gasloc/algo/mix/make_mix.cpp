@@ -2,10 +2,13 @@
 #include "gasloc/algo/mix/make_mix.hpp"
 
 #include "gasloc/algo/mix/all_reduce.hpp"
-#include "gasloc/algo/mix/codec_mix.hpp"
 #include "gasloc/algo/mix/elastic_mix.hpp"
 #include "gasloc/algo/mix/gossip.hpp"
+#include "gasloc/algo/mix/gossip_delta.hpp"
+#include "gasloc/algo/mix/gossip_direct.hpp"
+#include "gasloc/algo/mix/gossip_modulo.hpp"
 #include "gasloc/algo/mix/overlapped.hpp"
+#include "gasloc/algo/mix/owners_all_reduce.hpp"
 #include "gasloc/core/error.hpp"
 
 namespace gasloc::algo {
@@ -26,6 +29,16 @@ void refuse_what_is_not_built(const MixOptions& o) {
                       "set algo.compression = none, or remove faults.poison");
 }
 
+std::unique_ptr<Mix> make_codec_gossip(const MixOptions& o, const CompressionOptions& with) {
+  auto clip = o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr;
+  switch (with.gossip) {
+    case GossipCodec::direct: return std::make_unique<DirectGossipMix>(o.topology, with, std::move(clip));
+    case GossipCodec::delta: return std::make_unique<DeltaGossipMix>(o.topology, with, std::move(clip));
+    case GossipCodec::modulo: break;
+  }
+  return std::make_unique<ModuloGossipMix>(o.topology, with, std::move(clip));
+}
+
 std::unique_ptr<Mix> make_exchange(const MixOptions& o) {
   const bool all_reduce = o.topology.is_all_reduce();
   if (o.compression) {
@@ -33,7 +46,7 @@ std::unique_ptr<Mix> make_exchange(const MixOptions& o) {
     with.elastic = o.views_change();
     std::unique_ptr<Mix> codec;
     if (all_reduce) codec = std::make_unique<OwnersAllReduceMix>(o.topology, with);
-    else codec = std::make_unique<CodecGossipMix>(o.topology, with, o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr);
+    else codec = make_codec_gossip(o, with);
     return std::make_unique<OverlappedMix>(std::move(codec));  // several exchanges in turn: relayed when overlapped
   }
   auto clip = o.clip ? std::make_unique<PeerClip>(*o.clip, o.topology.size()) : nullptr;

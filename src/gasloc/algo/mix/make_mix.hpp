@@ -2,7 +2,7 @@
 // combination is accepted or refused (a ConfigError naming the key, the reason and the fix).
 //   topology      all-reduce (complete) or gossip
 //   compression   the owners' compressed all-reduce, or gossip through the direct, delta or
-//                 modulo codec (codec_mix.hpp); overlapped, relayed (overlapped.hpp)
+//                 modulo codec (codec_mix.hpp lists their files); overlapped, relayed (overlapped.hpp)
 //   clip          algo.clip_peers: the clipped all-reduce, or gossip clipping each message
 //   poisons       faults.poison (poison.hpp)
 //   membership    elastic runs and stop-and-resume: ElasticMix around the exchange
