@@ -95,12 +95,16 @@ export CCACHE_BASEDIR=$PWD CCACHE_SLOPPINESS=pch_defines,time_macros,include_fil
 launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 case "$mode" in
   all)
-    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DGASLOC_BUILD_TESTS=ON -DGASLOC_BUILD_BENCH=ON \
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DGASLOC_BUILD_TESTS=ON -DGASLOC_BUILD_BENCH=ON -DCMAKE_UNITY_BUILD=OFF \
       -DGASLOC_BUILD_PYTHON=ON >/dev/null
     cmake --build build -j"$(nproc)" ;;
   program)
     # A build directory that has the tests keeps them; a new one is configured without.
-    [ -f build/CMakeCache.txt ] || launcher+=(-DGASLOC_BUILD_TESTS=OFF -DGASLOC_BUILD_BENCH=OFF)
+    # A new one also compiles each layer as a few unity batches: LibTorch's headers cost every
+    # object about 7 s of CPU however small its source, so batches of 8 need about a third of the
+    # CPU (a bare 2-core machine's first command; docs/testing.md). The tests' build turns them
+    # off: one object a source keeps rebuilds small and ccache's keys the same in every checkout.
+    [ -f build/CMakeCache.txt ] || launcher+=(-DGASLOC_BUILD_TESTS=OFF -DGASLOC_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON)
     cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
     echo "setup: building the program (build/gasloc; the tests are built by scripts/test.sh)"
     cmake --build build -j"$(nproc)" --target gasloc ;;
